@@ -1,0 +1,28 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Team(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.name
+
+
+class Membership(models.Model):
+    """A user belongs to exactly one team; everything they see is scoped to it."""
+
+    OWNER = "owner"
+    MEMBER = "member"
+    ROLES = [(OWNER, "Owner"), (MEMBER, "Member")]
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=ROLES, default=MEMBER)
+
+    def __str__(self):
+        return f"{self.user} in {self.team} ({self.role})"

@@ -1,0 +1,52 @@
+from django.conf import settings
+from django.utils import timezone
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from accounts.access import require_team
+from billing import statements
+from billing.views import month_records, month_usage
+
+
+@api_view(["GET"])
+def usage(request):
+    team = require_team(request.user)
+    try:
+        year, month = statements.parse_month(request.query_params.get("month", ""), timezone.now())
+    except ValueError as error:
+        raise ValidationError({"month": [str(error)]}) from None
+    records = list(month_records(team, year, month))
+    statement = month_usage(team, year, month, records)
+    return Response(
+        {
+            "month": f"{year:04d}-{month:02d}",
+            "currency": settings.E31_CURRENCY,
+            "lines": [
+                {
+                    "job_id": line.job_id,
+                    "job": line.job_name,
+                    "gpus": line.gpus,
+                    "gpu_type": line.gpu_type,
+                    "held_seconds": line.held_seconds,
+                    "rates": [str(r) for r in line.rates],
+                    "amount": str(line.amount),
+                }
+                for line in statement.lines
+            ],
+            "records": [
+                {
+                    "job_id": str(r.job_id),
+                    "started_at": r.started_at,
+                    "ended_at": r.ended_at,
+                    "gpus": r.gpus,
+                    "gpu_type": r.gpu_type,
+                    "held_seconds": r.held_seconds,
+                    "rate": str(r.rate),
+                    "amount": str(r.amount),
+                }
+                for r in records
+            ],
+            "total": str(statement.total),
+        }
+    )

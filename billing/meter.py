@@ -1,0 +1,106 @@
+"""Meter arithmetic: pure functions over plain numbers, no database.
+
+The meter runs while compute is held. Billing is per second: the held time of an allocation is
+counted in whole seconds, a partial last second is not charged. Money is Decimal throughout;
+amounts keep 8 decimal places here and are rounded once, per invoice line, elsewhere.
+"""
+
+import math
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
+
+SECONDS_PER_HOUR = 3600
+AMOUNT_PLACES = Decimal("0.00000001")
+CENTS = Decimal("0.01")
+
+
+def held_seconds(started_at, ended_at):
+    """Whole seconds between two datetimes (never negative)."""
+    return max(0, math.floor((ended_at - started_at).total_seconds()))
+
+
+def charge(gpus, seconds, rate_per_gpu_hour, cap=None):
+    """GPUs x held seconds x rate (per GPU-hour); never more than cap when a cap is given."""
+    amount = Decimal(gpus * seconds) * Decimal(rate_per_gpu_hour) / SECONDS_PER_HOUR
+    amount = amount.quantize(AMOUNT_PLACES, rounding=ROUND_HALF_EVEN)
+    if cap is not None and amount > cap:
+        return Decimal(cap).quantize(AMOUNT_PLACES)
+    return amount
+
+
+def round_money(amount):
+    """Round once, half-even, to the currency's minor unit."""
+    return Decimal(amount).quantize(CENTS, rounding=ROUND_HALF_EVEN)
+
+
+def seconds_for_money(amount, gpus, rate_per_gpu_hour):
+    """The most whole seconds of gpus that amount pays for at the rate."""
+    rate = Decimal(rate_per_gpu_hour)
+    if rate <= 0:
+        return None
+    return math.floor(Decimal(amount) * SECONDS_PER_HOUR / (gpus * rate))
+
+
+@dataclass(frozen=True)
+class Request:
+    """The compute request of a job, as the meter sees it."""
+
+    gpus: int
+    span_hours: Decimal | None = None  # a fixed span
+    ceiling_amount: Decimal | None = None  # "until done", capped by money
+    ceiling_gpu_hours: Decimal | None = None  # "until done", capped by GPU-hours
+
+
+def held_limit_seconds(request, rate_per_gpu_hour):
+    """How long compute may be held for the request at the rate; None when unbounded."""
+    limits = []
+    if request.span_hours is not None:
+        limits.append(math.floor(Decimal(request.span_hours) * SECONDS_PER_HOUR))
+    if request.ceiling_gpu_hours is not None:
+        limits.append(math.floor(Decimal(request.ceiling_gpu_hours) * SECONDS_PER_HOUR / request.gpus))
+    if request.ceiling_amount is not None:
+        seconds = seconds_for_money(request.ceiling_amount, request.gpus, rate_per_gpu_hour)
+        if seconds is not None:
+            limits.append(seconds)
+    return min(limits) if limits else None
+
+
+def cost_cap(request, rate_per_gpu_hour):
+    """The most the job may be billed: its money ceiling, or what its GPU-hour ceiling costs."""
+    caps = []
+    if request.ceiling_amount is not None:
+        caps.append(Decimal(request.ceiling_amount))
+    if request.ceiling_gpu_hours is not None:
+        caps.append(Decimal(request.ceiling_gpu_hours) * Decimal(rate_per_gpu_hour))
+    return min(caps) if caps else None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    amount: Decimal  # the most the request can cost
+    hours: Decimal  # wall-clock hours of compute it buys
+    gpu_hours: Decimal
+
+
+def estimate(request, rate_per_gpu_hour):
+    """What a request costs at most: span x GPUs x rate, or the ceiling for "until done"."""
+    rate = Decimal(rate_per_gpu_hour)
+    gpus = Decimal(request.gpus)
+    if request.span_hours is not None:
+        hours = Decimal(request.span_hours)
+        return Estimate(amount=gpus * hours * rate, hours=hours, gpu_hours=gpus * hours)
+    if request.ceiling_gpu_hours is not None:
+        gpu_hours = Decimal(request.ceiling_gpu_hours)
+        return Estimate(amount=gpu_hours * rate, hours=gpu_hours / gpus, gpu_hours=gpu_hours)
+    if request.ceiling_amount is not None:
+        amount = Decimal(request.ceiling_amount)
+        gpu_hours = amount / rate if rate > 0 else Decimal(0)
+        return Estimate(amount=amount, hours=gpu_hours / gpus, gpu_hours=gpu_hours)
+    raise ValueError("a request needs a span or a ceiling")
+
+
+def format_duration(seconds):
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours:d}:{minutes:02d}:{secs:02d}"

@@ -1,0 +1,87 @@
+"""Monthly usage statements: pure functions over plain records, no database."""
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal
+
+from billing import meter
+
+
+@dataclass(frozen=True)
+class Usage:
+    job_id: str
+    job_name: str
+    gpus: int
+    gpu_type: str
+    held_seconds: int
+    rate: Decimal
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class Line:
+    job_id: str
+    job_name: str
+    gpus: int
+    gpu_type: str
+    held_seconds: int
+    gpu_seconds: int
+    rates: tuple[Decimal, ...]
+    amount: Decimal  # rounded once, here
+
+    @property
+    def held_hours(self):
+        return Decimal(self.held_seconds) / 3600
+
+    @property
+    def gpu_hours(self):
+        return Decimal(self.gpu_seconds) / 3600
+
+
+@dataclass(frozen=True)
+class Statement:
+    lines: list[Line]
+    total: Decimal  # the sum of the rounded lines
+
+    @property
+    def held_seconds(self):
+        return sum(line.held_seconds for line in self.lines)
+
+
+def statement(usages):
+    """One line per job (its allocations summed), each rounded once; the total sums the lines."""
+    by_job = {}
+    for usage in usages:
+        by_job.setdefault(usage.job_id, []).append(usage)
+    lines = []
+    for job_id, items in by_job.items():
+        first = items[0]
+        lines.append(
+            Line(
+                job_id=job_id,
+                job_name=first.job_name,
+                gpus=max(u.gpus for u in items),
+                gpu_type=", ".join(sorted({u.gpu_type for u in items})),
+                held_seconds=sum(u.held_seconds for u in items),
+                gpu_seconds=sum(u.held_seconds * u.gpus for u in items),
+                rates=tuple(sorted({u.rate for u in items})),
+                amount=meter.round_money(sum((u.amount for u in items), Decimal(0))),
+            )
+        )
+    return Statement(lines=lines, total=sum((line.amount for line in lines), Decimal("0.00")))
+
+
+def month_bounds(year, month):
+    start = datetime(year, month, 1, tzinfo=timezone.utc)
+    end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=timezone.utc)
+    return start, end
+
+
+def parse_month(text, today):
+    """'YYYY-MM' to (year, month); today's month when empty. ValueError on anything else."""
+    if not text:
+        return today.year, today.month
+    year, sep, month = text.partition("-")
+    if not (sep and year.isdigit() and month.isdigit() and len(year) == 4 and 1 <= int(month) <= 12):
+        raise ValueError(f"{text!r} is not a month: use YYYY-MM")
+    return int(year), int(month)

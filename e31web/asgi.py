@@ -1,0 +1,21 @@
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "e31web.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from e31web.ws_auth import TokenOrSessionAuth  # noqa: E402
+from jobs.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        # Static files are served by the app itself in the embedded default; a production
+        # deployment may put them behind a CDN with collectstatic instead.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "websocket": TokenOrSessionAuth(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,95 @@
+"""Read settings from environment variables, failing loudly on a bad value.
+
+A typo in production must be an error at start-up, never a silent default.
+"""
+
+import os
+from decimal import Decimal, InvalidOperation
+from urllib.parse import urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off"}
+
+
+def _raw(name):
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def env_str(name, default=None):
+    value = _raw(name)
+    return default if value is None else value
+
+
+def env_bool(name, default):
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def env_int(name, default, minimum=None):
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_float(name, default, minimum=None):
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_decimal(name, default):
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        return Decimal(value)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a decimal number") from None
+
+
+def env_list(name, default):
+    value = _raw(name)
+    if value is None:
+        return list(default)
+    items = [item.strip() for item in value.split(",")]
+    if any(not item for item in items):
+        raise ImproperlyConfigured(f"{name}={value!r} has an empty item")
+    return items
+
+
+def env_url(name, default, schemes):
+    value = _raw(name)
+    if value is None:
+        return default
+    parsed = urlparse(value)
+    if parsed.scheme not in schemes:
+        allowed = ", ".join(f"{s}://" for s in sorted(schemes))
+        raise ImproperlyConfigured(f"{name}={value!r} must start with one of: {allowed}")
+    if parsed.scheme not in ("sqlite",) and not parsed.hostname:
+        raise ImproperlyConfigured(f"{name}={value!r} has no host")
+    return value

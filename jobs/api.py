@@ -1,0 +1,224 @@
+"""The REST API: the same jobs, validation and team scoping as the pages."""
+
+import json
+import shlex
+
+from django.conf import settings
+from django.urls import reverse
+from rest_framework import status
+from rest_framework.decorators import api_view, parser_classes
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+
+from accounts.access import require_team
+from jobs.forms import JobForm, keep_uploads
+from jobs.models import Dataset, Job
+from jobs.spec import format_env
+from jobs.views import artifact_response, get_artifact, get_job
+
+SPEC_FIELDS = {
+    "name",
+    "entrypoint",
+    "args",
+    "config",
+    "env",
+    "train_dataset",
+    "heldout_dataset",
+    "gpus",
+    "gpu_type",
+    "mode",
+    "span_hours",
+    "ceiling_kind",
+    "ceiling",
+    "not_before",
+    "deadline",
+}
+MAX_LOG_LIMIT = 5000
+
+
+def spec_to_form_data(spec, team):
+    """The API's JSON spec as the job form's fields; raises ValidationError on a malformed spec."""
+    if not isinstance(spec, dict):
+        raise ValidationError({"spec": ["The spec must be a JSON object."]})
+    unknown = sorted(set(spec) - SPEC_FIELDS)
+    if unknown:
+        raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
+    data = dict(spec)
+    if isinstance(data.get("args"), list):
+        data["args"] = shlex.join(str(a) for a in data["args"])
+    if isinstance(data.get("config"), (dict, list)):
+        data["config"] = json.dumps(data["config"])
+    if isinstance(data.get("env"), dict):
+        data["env"] = format_env(data["env"])
+    if "mode" not in data:
+        data["mode"] = "until_done" if data.get("ceiling") is not None and data.get("span_hours") is None else "span"
+    for field in ("train_dataset", "heldout_dataset"):
+        if data.get(field):
+            data[field] = dataset_id(team, data[field], field)
+    return data
+
+
+def dataset_id(team, ref, field):
+    """A dataset named by id or by name."""
+    datasets = Dataset.objects.filter(team=team)
+    found = datasets.filter(name=str(ref)).first()
+    if found is None:
+        try:
+            found = datasets.filter(pk=str(ref)).first()
+        except ValueError:
+            found = None
+    if found is None:
+        raise ValidationError({field: [f"No dataset {ref!r} in your team."]})
+    return str(found.pk)
+
+
+def job_json(job, request):
+    seconds, amount = job.held()
+    allocation = job.latest_allocation()
+    return {
+        "id": str(job.pk),
+        "name": job.name,
+        "kind": job.kind,
+        "state": job.state,
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+        "entrypoint": job.entrypoint,
+        "args": job.args,
+        "config": job.config,
+        "gpus": job.gpus,
+        "gpu_type": job.gpu_type,
+        "mode": job.mode,
+        "span_hours": decimal_str(job.span_hours),
+        "ceiling_amount": decimal_str(job.ceiling_amount),
+        "ceiling_gpu_hours": decimal_str(job.ceiling_gpu_hours),
+        "not_before": job.not_before,
+        "deadline": job.deadline,
+        "wait_reason": job.wait_reason,
+        "exit_code": job.exit_code,
+        "reason": job.reason,
+        "restarts": job.restarts,
+        "held_seconds": seconds,
+        "cost": str(amount),
+        "currency": settings.E31_CURRENCY,
+        "allocation": allocation_json(allocation) if allocation else None,
+        "timeline": [
+            {"seq": e.seq, "at": e.at, "state": e.data.get("state"), "from": e.data.get("from"), "reason": e.data.get("reason", "")}
+            for e in job.timeline()
+        ],
+        "last_seq": job.last_seq,
+        "url": request.build_absolute_uri(reverse("jobs:detail", args=[job.pk])),
+    }
+
+
+def decimal_str(value):
+    return None if value is None else str(value)
+
+
+def allocation_json(allocation):
+    return {
+        "node": allocation.node.name,
+        "devices": allocation.devices,
+        "device_type": allocation.device_type,
+        "rate": str(allocation.rate),
+        "started_at": allocation.started_at,
+        "ended_at": allocation.ended_at,
+    }
+
+
+@api_view(["GET", "POST"])
+@parser_classes([MultiPartParser, FormParser, JSONParser])
+def jobs(request):
+    team = require_team(request.user)
+    if request.method == "GET":
+        queryset = Job.objects.filter(team=team).prefetch_related("allocations")
+        state = request.query_params.get("state")
+        if state:
+            queryset = queryset.filter(state=state)
+        return Response([job_json(job, request) for job in queryset[:200]])
+
+    raw = request.data.get("spec")
+    if raw is None:
+        raise ValidationError({"spec": ["Send the job as a 'spec' field (a JSON object) with files 'code' and 'data'."]})
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
+    data = spec_to_form_data(raw, team)
+    data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
+    form = JobForm(data, team=team)
+    if not form.is_valid() or upload_errors:
+        # An API client sends its files again with the fixed spec: keep nothing half-made.
+        for upload in created:
+            upload.delete()
+        errors = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
+        for field, errs in upload_errors.items():
+            errors.setdefault(field, []).extend(errs)
+        if "__all__" in errors:
+            errors["non_field_errors"] = errors.pop("__all__")
+        return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+    job = form.save(request.user)
+    return Response(job_json(job, request), status=status.HTTP_201_CREATED)
+
+
+@api_view(["GET"])
+def job_detail(request, job_id):
+    return Response(job_json(get_job(request, job_id), request))
+
+
+@api_view(["POST"])
+def job_cancel(request, job_id):
+    job = get_job(request, job_id)
+    if job.is_terminal:
+        return Response(
+            {"detail": f"The job has already ended ({job.state}).", "state": job.state}, status=status.HTTP_409_CONFLICT
+        )
+    job.request_cancel()
+    return Response(job_json(job, request), status=status.HTTP_202_ACCEPTED)
+
+
+def int_param(request, name, default, minimum=0, maximum=None):
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValidationError({name: [f"{value!r} is not a whole number."]}) from None
+    if number < minimum or (maximum is not None and number > maximum):
+        raise ValidationError({name: [f"must be between {minimum} and {maximum}."]})
+    return number
+
+
+@api_view(["GET"])
+def job_logs(request, job_id):
+    job = get_job(request, job_id)
+    after = int_param(request, "after", 0)
+    limit = int_param(request, "limit", 1000, minimum=1, maximum=MAX_LOG_LIMIT)
+    rows = list(job.events.filter(kind="log", seq__gt=after).order_by("seq")[:limit])
+    lines = [{"seq": e.seq, "at": e.at, "stream": e.stream, "text": e.text} for e in rows]
+    next_after = rows[-1].seq if rows else after
+    more = job.events.filter(kind="log", seq__gt=next_after).exists()
+    return Response({"lines": lines, "next_after": next_after, "more": more, "state": job.state, "done": job.is_terminal and not more})
+
+
+@api_view(["GET"])
+def job_artifacts(request, job_id):
+    job = get_job(request, job_id)
+    return Response(
+        [
+            {
+                "name": a.name,
+                "size": a.size,
+                "sha256": a.sha256,
+                "url": request.build_absolute_uri(reverse("api:job-artifact", args=[job.pk, a.name])),
+            }
+            for a in job.artifacts.all()
+        ]
+    )
+
+
+@api_view(["GET"])
+def job_artifact(request, job_id, name):
+    return artifact_response(get_artifact(get_job(request, job_id), name))

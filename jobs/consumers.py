@@ -1,0 +1,68 @@
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from accounts.access import team_of
+from jobs import live
+from jobs.models import Job, JobEvent
+
+BATCH = 1000
+
+
+class JobConsumer(AsyncJsonWebsocketConsumer):
+    """Streams a job's events: the backlog after ?after=<seq>, then each new one, in order, once."""
+
+    async def connect(self):
+        self.job_id = await self.job_for_user(self.scope.get("user"), self.scope["url_route"]["kwargs"]["job_id"])
+        if self.job_id is None:
+            await self.close(code=4404)
+            return
+        self.group = live.group_name(self.job_id)
+        self.last_seq = self.after_from_query()
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_events(backlog=True)
+        live.relay.ensure_started()
+
+    async def disconnect(self, code):
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def job_events(self, message):
+        if message["last_seq"] > self.last_seq:
+            await self.send_events()
+
+    async def send_events(self, backlog=False):
+        # Old meter ticks are history: a (re)connecting client needs only the latest one.
+        skip_meter_below = await self.latest_meter_seq() if backlog else 0
+        while True:
+            events = await self.fetch(self.last_seq, skip_meter_below)
+            if not events:
+                return
+            self.last_seq = events[-1]["seq"]
+            await self.send_json({"type": "events", "events": events})
+
+    def after_from_query(self):
+        for pair in self.scope.get("query_string", b"").decode().split("&"):
+            name, _, value = pair.partition("=")
+            if name == "after" and value.isdigit():
+                return int(value)
+        return 0
+
+    @database_sync_to_async
+    def job_for_user(self, user, job_id):
+        team = team_of(user)
+        if team is None:
+            return None
+        return Job.objects.filter(pk=job_id, team=team).values_list("pk", flat=True).first()
+
+    @database_sync_to_async
+    def latest_meter_seq(self):
+        rows = JobEvent.objects.filter(job_id=self.job_id, kind="meter").order_by("-seq")
+        return rows.values_list("seq", flat=True).first() or 0
+
+    @database_sync_to_async
+    def fetch(self, after, skip_meter_below):
+        rows = JobEvent.objects.filter(job_id=self.job_id, seq__gt=after).order_by("seq")
+        if skip_meter_below:
+            rows = rows.exclude(kind="meter", seq__lt=skip_meter_below)
+        return [event.as_message() for event in rows[:BATCH]]

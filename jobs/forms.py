@@ -1,0 +1,310 @@
+"""The job form: one validation for the browser and the API.
+
+Files are saved as Upload rows before the form is validated (see keep_uploads), so a refused
+form keeps what the user uploaded: the page lists the kept files and sends their ids back.
+"""
+
+import uuid
+from pathlib import PurePosixPath
+
+from django import forms
+from django.conf import settings
+from django.db import transaction
+from django.http import QueryDict
+from django.utils import timezone
+
+from billing import meter
+from billing.models import NoRateInForce, Rate
+from e31web.storage import get_storage
+from jobs import archive, spec
+from jobs.models import Dataset, Job, Upload
+from scheduler.models import Node
+
+FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT}
+KEPT_FIELD = {Upload.CODE: "kept_code", Upload.TRAIN: "kept_data", Upload.HELDOUT: "kept_heldout"}
+
+
+class MultipleFileInput(forms.ClearableFileInput):
+    allow_multiple_selected = True
+
+
+class DateTimeLocalInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self, **kwargs):
+        super().__init__(format="%Y-%m-%dT%H:%M", **kwargs)
+
+
+def keep_uploads(request_files, data, team, user):
+    """Save every uploaded file as an Upload and add its id to the form data.
+
+    Returns (data with kept ids, {field: [error]}, [new uploads]). Files over the size limit
+    are not kept and get an error on their field."""
+    data = data.copy() if isinstance(data, QueryDict) else _as_querydict(data)
+    errors = {}
+    created = []
+    storage = get_storage()
+    for field, role in FILE_ROLES.items():
+        for uploaded in request_files.getlist(field):
+            if uploaded.size > settings.E31_MAX_UPLOAD_BYTES:
+                limit_mb = settings.E31_MAX_UPLOAD_BYTES // (1024 * 1024)
+                errors.setdefault(field, []).append(f"{uploaded.name} is larger than the {limit_mb} MB limit for one file.")
+                continue
+            name = PurePosixPath(uploaded.name.replace("\\", "/")).name or "upload"
+            upload = Upload(team=team, uploaded_by=user, role=role, name=name, size=0, sha256="", key="")
+            upload.key = f"uploads/{team.pk}/{upload.pk}/{name}"
+            upload.size, upload.sha256 = storage.save(upload.key, uploaded)
+            upload.save()
+            created.append(upload)
+            kept = KEPT_FIELD[role]
+            if role == Upload.CODE:
+                data.setlist(kept, [str(upload.pk)])  # a new script replaces the kept one
+            else:
+                data.appendlist(kept, str(upload.pk))
+    return data, errors, created
+
+
+def _as_querydict(mapping):
+    query = QueryDict(mutable=True)
+    for name, value in mapping.items():
+        if isinstance(value, (list, tuple)):
+            query.setlist(name, [str(v) for v in value])
+        elif value is not None:
+            query[name] = str(value)
+    return query
+
+
+def device_type_choices():
+    types = set(Node.objects.values_list("device_type", flat=True)) | set(
+        Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True)
+    )
+    return [("", "Any type")] + [(t, t) for t in sorted(types)]
+
+
+class RequestForm(forms.Form):
+    """The compute request: GPUs, how long, and what it may cost. Also the form's live estimate."""
+
+    # Request
+    gpus = forms.IntegerField(
+        min_value=1, max_value=1024, initial=1, label="GPUs", error_messages={"min_value": "Ask for at least 1 GPU."}
+    )
+    gpu_type = forms.ChoiceField(required=False, label="GPU type", choices=[("", "Any type")])
+    mode = forms.ChoiceField(
+        choices=[("span", "A fixed span"), ("until_done", "Until done, with a ceiling")],
+        initial="span",
+        widget=forms.RadioSelect,
+        label="How long",
+    )
+    span_hours = forms.DecimalField(required=False, max_digits=10, decimal_places=4, label="Hours", initial=1)
+    ceiling_kind = forms.ChoiceField(
+        choices=[("money", f"Money ({settings.E31_CURRENCY})"), ("gpu_hours", "GPU-hours")], initial="money", required=False
+    )
+    ceiling = forms.DecimalField(required=False, max_digits=14, decimal_places=2)
+    not_before = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Not before")
+    deadline = forms.DateTimeField(required=False, widget=DateTimeLocalInput, help_text="When the results are needed.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_type"].choices = device_type_choices()
+        self.rate = None
+        self.estimate = None
+
+    def clean_span_hours(self):
+        return self._positive("span_hours", "The span must be longer than 0 hours.")
+
+    def clean_ceiling(self):
+        return self._positive("ceiling", "The ceiling must be more than 0.")
+
+    def _positive(self, field, message):
+        value = self.cleaned_data.get(field)
+        if value is not None and value <= 0:
+            raise forms.ValidationError(message)
+        return value
+
+    def clean(self):
+        cleaned = super().clean()
+        self._clean_request(cleaned)
+        return cleaned
+
+    def _clean_request(self, cleaned):
+        mode = cleaned.get("mode")
+        # The fields of the mode not chosen are ignored, errors and all.
+        self._errors.pop("ceiling" if mode == "span" else "span_hours", None)
+        if mode == "span":
+            if cleaned.get("span_hours") is None and "span_hours" not in self.errors:
+                self.add_error("span_hours", "Give the span in hours.")
+            cleaned["ceiling"] = None
+        elif mode == "until_done":
+            if cleaned.get("ceiling") is None and "ceiling" not in self.errors:
+                self.add_error("ceiling", "Until done needs a ceiling: the most you will pay, or GPU-hours.")
+            if not cleaned.get("ceiling_kind"):
+                cleaned["ceiling_kind"] = "money"
+            cleaned["span_hours"] = None
+        if self.errors.keys() & {"gpus", "span_hours", "ceiling", "mode"}:
+            return
+        try:
+            gpu_type = cleaned.get("gpu_type") or ""
+            rates = Rate.objects
+            rate = rates.in_force(gpu_type) if gpu_type else rates.worst_case()
+        except NoRateInForce as error:
+            self.add_error(None, str(error))
+            return
+        self.rate = rate.per_gpu_hour
+        self.estimate = meter.estimate(self.meter_request(), self.rate)
+
+    def meter_request(self):
+        cleaned = self.cleaned_data
+        ceiling, kind = cleaned.get("ceiling"), cleaned.get("ceiling_kind")
+        return meter.Request(
+            gpus=cleaned["gpus"],
+            span_hours=cleaned.get("span_hours"),
+            ceiling_amount=ceiling if kind == "money" else None,
+            ceiling_gpu_hours=ceiling if kind == "gpu_hours" else None,
+        )
+
+
+class JobForm(RequestForm):
+    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the entrypoint's name.")
+
+    # Work
+    code = forms.FileField(required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive.")
+    kept_code = forms.ModelChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.HiddenInput)
+    entrypoint = forms.CharField(max_length=500, required=False, help_text="The script in the archive to run (.py or .sh).")
+    args = forms.CharField(max_length=4000, required=False, label="Arguments", help_text="As on a command line.")
+    config = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4}), help_text="JSON or YAML; the job reads it from $E31_CONFIG."
+    )
+    env = forms.CharField(
+        required=False, label="Environment", widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value, one per line."
+    )
+
+    # Data
+    train_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Training dataset")
+    data = forms.FileField(required=False, widget=MultipleFileInput, label="Training files")
+    kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    heldout_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Held-out dataset")
+    heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
+    kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.team = team
+        datasets = Dataset.objects.filter(team=team)
+        self.fields["train_dataset"].queryset = datasets
+        self.fields["heldout_dataset"].queryset = datasets
+        pending = Upload.objects.filter(team=team, job__isnull=True)
+        self.fields["kept_code"].queryset = pending.filter(role=Upload.CODE)
+        self.fields["kept_data"].queryset = pending.filter(role=Upload.TRAIN)
+        self.fields["kept_heldout"].queryset = pending.filter(role=Upload.HELDOUT)
+        self.entries = None
+
+    # Kept uploads, for the page to list.
+    def kept(self, field):
+        if not self.is_bound:
+            return []
+        ids = self.data.getlist(field) if hasattr(self.data, "getlist") else []
+        return list(self.fields[field].queryset.filter(pk__in=[i for i in ids if _is_uuid(i)]))
+
+    def clean_args(self):
+        try:
+            return spec.parse_args(self.cleaned_data["args"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_config(self):
+        try:
+            return spec.parse_config(self.cleaned_data["config"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_env(self):
+        try:
+            return spec.parse_env(self.cleaned_data["env"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean(self):
+        cleaned = super().clean()  # the request, and its estimate
+        for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout")):
+            if self._errors.pop(kept, None):
+                self.add_error(visible, "An earlier upload is no longer available: please upload it again.")
+        self._clean_work(cleaned)
+        self._clean_data(cleaned)
+        self._clean_window(cleaned)
+        if not cleaned.get("name") and cleaned.get("entrypoint"):
+            cleaned["name"] = PurePosixPath(cleaned["entrypoint"]).stem
+        return cleaned
+
+    def _clean_work(self, cleaned):
+        upload = cleaned.get("kept_code")
+        if upload is None:
+            if "code" not in self.errors:
+                self.add_error("code", "Upload a training script (.py) or an archive (.zip, .tar.gz).")
+            return
+        try:
+            self.entries = archive.list_entries(get_storage().path(upload.key), upload.name)
+        except archive.ArchiveError as error:
+            # An unusable file is not worth keeping: the user has to send a new one.
+            self.add_error("code", f"{upload.name}: {error}")
+            cleaned["kept_code"] = None
+            return
+        entrypoint = cleaned.get("entrypoint") or ""
+        if archive.kind_of(upload.name) == "script" and not entrypoint:
+            entrypoint = upload.name
+        try:
+            cleaned["entrypoint"] = archive.check_entrypoint(self.entries, entrypoint)
+        except archive.ArchiveError as error:
+            self.add_error("entrypoint", str(error))
+
+    def _clean_data(self, cleaned):
+        for field, dataset_field, what in (("kept_data", "train_dataset", "training"), ("kept_heldout", "heldout_dataset", "held-out")):
+            names = [u.name for u in cleaned.get(field) or []]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                self.add_error(field.removeprefix("kept_"), f"Two {what} files are named {', '.join(dupes)}.")
+        if not cleaned.get("kept_data") and not cleaned.get("train_dataset") and "data" not in self.errors:
+            self.add_error("data", "Give the training set: upload files or choose a dataset.")
+
+    def _clean_window(self, cleaned):
+        not_before, deadline = cleaned.get("not_before"), cleaned.get("deadline")
+        if deadline is not None:
+            if not_before is not None and deadline <= not_before:
+                self.add_error("deadline", "The deadline must be after the not-before time.")
+            elif deadline <= timezone.now():
+                self.add_error("deadline", "The deadline is already past.")
+
+    @transaction.atomic
+    def save(self, user):
+        cleaned = self.cleaned_data
+        request = self.meter_request()
+        job = Job.objects.create(
+            team=self.team,
+            created_by=user,
+            name=cleaned["name"],
+            entrypoint=cleaned["entrypoint"],
+            args=cleaned["args"],
+            config=cleaned["config"],
+            env=cleaned["env"],
+            train_dataset=cleaned.get("train_dataset"),
+            heldout_dataset=cleaned.get("heldout_dataset"),
+            gpus=cleaned["gpus"],
+            gpu_type=cleaned.get("gpu_type") or "",
+            span_hours=request.span_hours,
+            ceiling_amount=request.ceiling_amount,
+            ceiling_gpu_hours=request.ceiling_gpu_hours,
+            not_before=cleaned.get("not_before"),
+            deadline=cleaned.get("deadline"),
+        )
+        uploads = [cleaned["kept_code"], *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
+        Upload.objects.filter(pk__in=[u.pk for u in uploads]).update(job=job)
+        job.record("state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
+        job.refresh_from_db()
+        return job
+
+
+def _is_uuid(value):
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,36 @@
+from decimal import Decimal
+
+from django import template
+from django.conf import settings
+
+from billing import meter
+
+register = template.Library()
+
+
+@register.filter
+def money(amount, places=2):
+    """An amount with the currency: 'USD 1.23' (more places for the live meter)."""
+    if amount in (None, ""):
+        return ""
+    value = Decimal(str(amount)).quantize(Decimal(1).scaleb(-int(places)))
+    return f"{settings.E31_CURRENCY} {value:,}"
+
+
+@register.filter
+def duration(seconds):
+    if seconds in (None, ""):
+        return ""
+    return meter.format_duration(seconds)
+
+
+@register.filter
+def hours(value):
+    if value in (None, ""):
+        return ""
+    return f"{Decimal(str(value)).normalize():f}"
+
+
+@register.filter
+def state_class(state):
+    return f"state state-{state}"

@@ -1,0 +1,35 @@
+import os
+import socket
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduler.management.commands._loop import stop_on_signals
+from scheduler.runner import Runner
+
+
+class Command(BaseCommand):
+    help = "Offer this machine's devices (GPUs, or CPU slots without CUDA) and run the jobs placed on them."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--devices", type=int, required=True, help="how many devices (GPUs or CPU slots) to offer")
+        parser.add_argument("--name", default=os.environ.get("E31_RUNNER_NAME") or socket.gethostname())
+        parser.add_argument("--work-dir", default=str(settings.RUNNER_WORK_DIR))
+        parser.add_argument("--device-type", default=None, help="override the detected type (e.g. 'cpu')")
+
+    def handle(self, *args, devices, name, work_dir, device_type, **options):
+        if devices < 1:
+            raise CommandError("--devices must be at least 1")
+        runner = Runner(name=name, devices=devices, work_dir=work_dir, device_type=device_type)
+
+        def stop():
+            runner.shutdown = True
+
+        with stop_on_signals(stop):
+            try:
+                runner.register()
+            except RuntimeError as error:
+                raise CommandError(str(error)) from None
+            self.stdout.write(f"runner {name}: offering {devices} {runner.device_type} device(s)")
+            runner.run()
+        self.stdout.write(f"runner {name}: stopped")

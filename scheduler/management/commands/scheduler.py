@@ -1,0 +1,49 @@
+import logging
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from scheduler import services
+from scheduler.management.commands._loop import stop_on_signals
+
+log = logging.getLogger("scheduler")
+
+
+class Command(BaseCommand):
+    help = "Place queued jobs on the free devices of live runners, and declare silent runners lost."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--interval", type=float, default=settings.E31_SCHEDULER_INTERVAL_SECONDS)
+        parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+
+    def handle(self, *args, interval, once, **options):
+        self.shutdown = False
+        if once:
+            self.handle_one_cycle()
+            return
+        self.stdout.write(f"scheduler: placing queued jobs every {interval:g} s")
+        with stop_on_signals(self.stop):
+            while not self.shutdown:
+                self.handle_one_cycle()
+                close_old_connections()
+                self.sleep(interval)
+        self.stdout.write("scheduler: stopped")
+
+    def stop(self):
+        self.shutdown = True
+
+    def sleep(self, seconds):
+        deadline = time.monotonic() + seconds
+        while not self.shutdown and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def handle_one_cycle(self):
+        try:
+            services.expire_lost_nodes()
+            for allocation in services.schedule():
+                log.info("placed job %s: %s", allocation.job_id, allocation.describe())
+        except Exception:
+            # A bad cycle (a database hiccup) must not end the loop; the next cycle retries.
+            log.exception("scheduling cycle failed")

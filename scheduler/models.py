@@ -1,0 +1,129 @@
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models, transaction
+from django.utils import timezone
+
+from billing import meter
+
+
+class NodeQuerySet(models.QuerySet):
+    def live(self, now=None):
+        now = now or timezone.now()
+        cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
+        return self.filter(lost_at__isnull=True, stopped_at__isnull=True, last_heartbeat__gte=cutoff)
+
+
+class Node(models.Model):
+    """A machine whose runner offers devices: GPUs where CUDA is present, CPU slots otherwise."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    device_type = models.CharField(max_length=100)
+    devices = models.PositiveIntegerField()
+    registered_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+    lost_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def used_devices(self):
+        used = set()
+        for devices in self.allocations.filter(ended_at__isnull=True).values_list("devices", flat=True):
+            used.update(devices)
+        return used
+
+    def free_devices(self):
+        used = self.used_devices()
+        return tuple(d for d in range(self.devices) if d not in used)
+
+
+class Allocation(models.Model):
+    """Compute held for a job: the meter runs from started_at to ended_at."""
+
+    EXITED = "exited"
+    CANCELLED = "cancelled"
+    LIMIT = "limit"
+    NODE_LOST = "node_lost"
+    RUNNER_STOPPED = "runner_stopped"
+    START_FAILED = "start_failed"
+    END_REASONS = [
+        (EXITED, "Process exited"),
+        (CANCELLED, "Cancelled"),
+        (LIMIT, "Span or ceiling reached"),
+        (NODE_LOST, "Node lost"),
+        (RUNNER_STOPPED, "Runner stopped"),
+        (START_FAILED, "Could not start"),
+    ]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    devices = models.JSONField(help_text="device indices on the node")
+    device_type = models.CharField(max_length=100)
+    rate = models.DecimalField(max_digits=12, decimal_places=4, help_text="per GPU-hour, in force at started_at")
+    limit_seconds = models.PositiveBigIntegerField(null=True, blank=True, help_text="held time the job may use")
+    cost_cap = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    started_at = models.DateTimeField()
+    launched_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=20, choices=END_REASONS, blank=True)
+
+    class Meta:
+        ordering = ["started_at"]
+        indexes = [models.Index(fields=["node", "ended_at"])]
+
+    def __str__(self):
+        return f"{self.job_id} on {self.node_id} {self.devices}"
+
+    @property
+    def gpus(self):
+        return len(self.devices)
+
+    def describe(self):
+        noun = "device" if self.gpus == 1 else "devices"
+        return f"{self.gpus} {self.device_type} {noun} on {self.node.name} ({', '.join(map(str, self.devices))})"
+
+    def meter(self, now=None):
+        """(held seconds, amount) so far: live while held, frozen once released."""
+        end = self.ended_at or now or timezone.now()
+        seconds = meter.held_seconds(self.started_at, end)
+        return seconds, meter.charge(self.gpus, seconds, self.rate, cap=self.cost_cap)
+
+    def release(self, at, reason):
+        """End the allocation (the meter stops at `at`) and write its usage record.
+
+        Claimed with a conditional update: if another process (the scheduler declaring the node
+        lost, say) released it first, this returns None and writes nothing."""
+        from billing.models import UsageRecord
+
+        at = max(at, self.started_at)
+        with transaction.atomic():
+            claimed = Allocation.objects.filter(pk=self.pk, ended_at__isnull=True).update(ended_at=at, end_reason=reason)
+            if claimed != 1:
+                return None
+            self.ended_at, self.end_reason = at, reason
+            seconds, amount = self.meter()
+            usage = UsageRecord.objects.create(
+                team_id=self.job.team_id,
+                job_id=self.job_id,
+                allocation=self,
+                gpu_type=self.device_type,
+                gpus=self.gpus,
+                started_at=self.started_at,
+                ended_at=at,
+                held_seconds=seconds,
+                rate=self.rate,
+                amount=amount,
+            )
+            self.job.record("meter", at=at, data=self.job.meter_event(at))
+        return usage

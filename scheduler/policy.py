@@ -1,0 +1,75 @@
+"""The placement policy: pure functions over plain data, no ORM.
+
+This issue's policy is first come, first served with gang placement on one node (best fit).
+The scheduler command and any simulator call the same code.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    gpus: int
+    submitted_at: datetime
+    gpu_type: str = ""  # "" takes any type
+    not_before: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    id: str
+    device_type: str
+    devices: int  # how many the node has
+    free: tuple[int, ...]  # indices of its free devices
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    node_id: str
+    devices: tuple[int, ...]
+
+
+@dataclass
+class Plan:
+    placements: list[Placement] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits
+
+
+def _fits(job, node):
+    return (not job.gpu_type or job.gpu_type == node.device_type) and node.devices >= job.gpus
+
+
+def place_fcfs(queue, nodes, now):
+    """Place jobs in submission order; the first that cannot start now holds back the rest,
+    so a large job is not overtaken forever by small ones. Jobs that no live node could ever
+    hold, or that must not start yet, do not hold anyone back."""
+    plan = Plan()
+    free = {node.id: list(node.free) for node in nodes}
+    blocked_by = None
+    for job in sorted(queue, key=lambda j: (j.submitted_at, j.id)):
+        if job.not_before is not None and job.not_before > now:
+            plan.waiting[job.id] = f"not before {job.not_before:%Y-%m-%d %H:%M} UTC"
+            continue
+        candidates = [n for n in nodes if _fits(job, n)]
+        if not candidates:
+            kind = f"{job.gpu_type} " if job.gpu_type else ""
+            plan.waiting[job.id] = f"waiting for a node with {job.gpus} {kind}devices; none is online"
+            continue
+        if blocked_by is not None:
+            plan.waiting[job.id] = f"waiting behind job {blocked_by[:8]}, submitted earlier"
+            continue
+        # Best fit: the node left with the fewest free devices, keeping roomy nodes whole.
+        fitting = [n for n in candidates if len(free[n.id]) >= job.gpus]
+        if not fitting:
+            most = max(len(free[n.id]) for n in candidates)
+            plan.waiting[job.id] = f"waiting for {job.gpus} devices on one node; at most {most} free"
+            blocked_by = job.id
+            continue
+        node = min(fitting, key=lambda n: (len(free[n.id]), n.id))
+        devices = tuple(sorted(free[node.id])[: job.gpus])
+        free[node.id] = [d for d in free[node.id] if d not in devices]
+        plan.placements.append(Placement(job.id, node.id, devices))
+    return plan

@@ -1,0 +1,426 @@
+"""The runner: holds a node's devices, runs the jobs placed on it, and reports everything.
+
+One runner per node. Each job runs as a child process in its own session (process group) and
+its own working folder. Every line it prints is stored with a sequence number before it is
+announced; the meter ticks once a second while compute is held.
+"""
+
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from e31web.storage import get_storage
+from jobs import archive, states
+from jobs.models import Artifact, Job, JobEvent
+from scheduler.launch import JobDirs, build_environment, command_for
+from scheduler.models import Allocation, Node
+from scheduler.services import release_node
+
+log = logging.getLogger(__name__)
+
+PUMP_BATCH = 5000
+READER_JOIN_SECONDS = 5.0
+
+
+def detect_device_type():
+    """'cpu', or the name of the first GPU where NVIDIA's tools are present."""
+    if shutil.which("nvidia-smi") is None:
+        return "cpu"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return names[0] if out.returncode == 0 and names else "cpu"
+
+
+class OutputReader:
+    """Reads a process's stdout and stderr line by line on two threads into one queue."""
+
+    def __init__(self, process, max_line_bytes):
+        self.lines = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=self._read, args=(pipe, name, max_line_bytes), daemon=True)
+            for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, pipe, stream, max_line_bytes):
+        try:
+            # A line longer than max_line_bytes comes through as several lines: split, never dropped.
+            for raw in iter(lambda: pipe.readline(max_line_bytes), b""):
+                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self.lines.put((stream, timezone.now(), text))
+        finally:
+            pipe.close()
+
+    def drain(self, limit):
+        batch = []
+        while len(batch) < limit:
+            try:
+                batch.append(self.lines.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def join(self, timeout):
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def done(self):
+        return not any(thread.is_alive() for thread in self.threads)
+
+
+@dataclass
+class StopRequest:
+    reason: str  # an Allocation end reason
+    state: str  # the job's final state
+    message: str
+    term_sent_at: float  # monotonic
+    release_at: object = None  # when the meter stops (datetime), if fixed in advance
+
+
+class RunningJob:
+    def __init__(self, allocation, process, dirs, max_line_bytes):
+        self.allocation = allocation
+        self.job = allocation.job
+        self.process = process
+        self.dirs = dirs
+        self.reader = OutputReader(process, max_line_bytes)
+        self.stop = None
+        self.exited_at = None
+        self.last_tick = 0.0
+        limit = allocation.limit_seconds
+        self.limit_at = allocation.started_at + timedelta(seconds=limit) if limit is not None else None
+
+    # Output and the meter -------------------------------------------------------------------
+
+    def pump(self):
+        """Store what the process printed since the last call; True if there may be more."""
+        batch = self.reader.drain(PUMP_BATCH)
+        if batch:
+            JobEvent.append(self.job.pk, [JobEvent(kind="log", at=at, stream=s, text=t) for s, at, t in batch])
+        return len(batch) == PUMP_BATCH
+
+    def tick(self, now_monotonic):
+        if now_monotonic - self.last_tick >= 1.0:
+            self.last_tick = now_monotonic
+            self.job.record("meter", data=self.job.meter_event())
+
+    # Stopping ---------------------------------------------------------------------------------
+
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def request_stop(self, reason, state, message, release_at=None):
+        if self.stop is not None:
+            return
+        log.info("stopping job %s: %s", self.job.pk, message)
+        self.job.record("notice", data={"text": message})
+        self.signal_group(signal.SIGTERM)
+        self.stop = StopRequest(reason, state, message, time.monotonic(), release_at)
+
+    def enforce_limit(self, now, grace):
+        """Stop the job so that it is down by the end of its span or ceiling: SIGTERM goes out a
+        grace period before, and the meter is never run past the limit."""
+        if self.limit_at is None or self.stop is not None:
+            return
+        if now >= self.limit_at - timedelta(seconds=grace):
+            what = "span" if self.job.span_hours is not None else "ceiling"
+            self.request_stop(
+                Allocation.LIMIT, states.STOPPED, f"the job's {what} is reached: stopping it", release_at=self.limit_at
+            )
+
+    def escalate(self, grace):
+        if self.stop is not None and self.exited_at is None and time.monotonic() - self.stop.term_sent_at >= grace:
+            self.signal_group(signal.SIGKILL)
+
+    def poll(self):
+        if self.exited_at is None and self.process.poll() is not None:
+            self.exited_at = timezone.now()
+            # Whatever the job left behind in its process group goes with it.
+            self.signal_group(signal.SIGKILL)
+        return self.exited_at is not None
+
+    def kill(self):
+        self.signal_group(signal.SIGKILL)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("job %s process %s did not die", self.job.pk, self.process.pid)
+        if self.exited_at is None:
+            self.exited_at = timezone.now()
+
+    # The end ------------------------------------------------------------------------------------
+
+    def drain_output(self):
+        self.reader.join(READER_JOIN_SECONDS)
+        while self.pump():
+            pass
+        self.pump()
+
+    def outcome(self):
+        """(allocation end reason, job state, reason text) from how the process ended."""
+        code = self.process.returncode
+        if self.stop is not None:
+            return self.stop.reason, self.stop.state, self.stop.message
+        if code == 0:
+            return Allocation.EXITED, states.SUCCEEDED, "the process exited with code 0"
+        if code is not None and code < 0:
+            return Allocation.EXITED, states.FAILED, f"the process was killed by signal {signal.Signals(-code).name}"
+        return Allocation.EXITED, states.FAILED, f"the process exited with code {code}"
+
+    def store_artifacts(self):
+        storage = get_storage()
+        stored = 0
+        for path in sorted(self.dirs.output.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            name = path.relative_to(self.dirs.output).as_posix()
+            key = f"jobs/{self.job.pk}/artifacts/{name}"
+            size, sha256 = storage.save_file(key, path)
+            Artifact.objects.update_or_create(job=self.job, name=name, defaults={"key": key, "size": size, "sha256": sha256})
+            stored += 1
+        return stored
+
+    def finish(self):
+        """After the process ended: keep every line and output file, stop the meter, set the state."""
+        self.drain_output()
+        reason, state, message = self.outcome()
+        try:
+            count = self.store_artifacts()
+            if count:
+                self.job.record("notice", data={"text": f"kept {count} output file{'s' if count != 1 else ''}"})
+        except OSError as error:
+            log.exception("could not keep the outputs of job %s", self.job.pk)
+            state, message = states.FAILED, f"its output files could not be kept: {error}"
+        # The meter stops when the process ended (not after the outputs were copied), and never
+        # later than the job's limit.
+        release_at = self.exited_at
+        if self.limit_at is not None:
+            release_at = min(release_at, self.limit_at)
+        with transaction.atomic():
+            if self.allocation.release(release_at, reason) is not None:
+                job = Job.objects.get(pk=self.job.pk)
+                if job.state in states.HOLDING:
+                    job.finish(state, reason=message, exit_code=self.process.returncode, at=release_at)
+        shutil.rmtree(self.dirs.root, ignore_errors=True)
+
+
+class Runner:
+    def __init__(self, name, devices, work_dir, device_type=None, stdout=None):
+        self.name = name
+        self.devices = devices
+        self.device_type = device_type or detect_device_type()
+        self.work_dir = Path(work_dir)
+        self.running = {}  # allocation id -> RunningJob
+        self.node = None
+        self.shutdown = False
+        self.grace = settings.E31_STOP_GRACE_SECONDS
+        self.max_line_bytes = settings.E31_LOG_LINE_MAX_BYTES
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread = None
+
+    # Registration and heartbeats ----------------------------------------------------------------
+
+    def register(self):
+        now = timezone.now()
+        node = Node.objects.filter(name=self.name).first()
+        if node is not None and node.stopped_at is None and Node.objects.live(now).filter(pk=node.pk).exists():
+            age = (now - node.last_heartbeat).total_seconds()
+            raise RuntimeError(f"a runner named {self.name!r} is already running (heartbeat {age:.0f} s ago)")
+        last_seen = node.last_heartbeat if node is not None else now
+        node, _ = Node.objects.update_or_create(
+            name=self.name,
+            defaults={
+                "hostname": socket.gethostname(),
+                "device_type": self.device_type,
+                "devices": self.devices,
+                "registered_at": now,
+                "last_heartbeat": now,
+                "lost_at": None,
+                "stopped_at": None,
+            },
+        )
+        self.node = node
+        # Allocations left open by an earlier runner of this node died with it: they end when it
+        # was last heard from, and their jobs go back to the queue.
+        release_node(node, at=last_seen, reason=Allocation.RUNNER_STOPPED, why="its runner restarted")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        return node
+
+    def heartbeat(self):
+        Node.objects.filter(pk=self.node.pk).update(last_heartbeat=timezone.now(), lost_at=None)
+
+    def start_heartbeats(self):
+        """Heartbeat on a thread of its own, so a long copy in the main loop cannot make the
+        node look lost."""
+
+        def beat():
+            while not self._heartbeat_stop.wait(settings.E31_HEARTBEAT_SECONDS):
+                try:
+                    self.heartbeat()
+                except Exception:  # noqa: BLE001 - a missed beat is retried on the next one
+                    log.exception("heartbeat failed")
+                finally:
+                    close_old_connections()
+
+        self._heartbeat_thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def stop_heartbeats(self):
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(5)
+
+    # Launching ----------------------------------------------------------------------------------
+
+    def claim_new(self):
+        """Allocations the scheduler placed on this node that no runner has launched yet."""
+        claimed = []
+        fresh = Allocation.objects.filter(node=self.node, launched_at__isnull=True, ended_at__isnull=True)
+        for allocation in fresh.select_related("job", "node"):
+            if Allocation.objects.filter(pk=allocation.pk, launched_at__isnull=True).update(launched_at=timezone.now()) == 1:
+                claimed.append(allocation)
+        return claimed
+
+    def launch(self, allocation):
+        job = allocation.job
+        job.refresh_from_db()
+        if job.cancel_requested_at is not None:
+            with transaction.atomic():
+                allocation.release(timezone.now(), Allocation.CANCELLED)
+                job.finish(states.CANCELLED, reason="cancelled before its process started")
+            return None
+        dirs = JobDirs(self.work_dir / f"{job.pk}-{str(allocation.pk)[:8]}")
+        try:
+            self.stage(job, dirs)
+            process = subprocess.Popen(
+                command_for(job.entrypoint, job.args),
+                cwd=dirs.code,
+                env=build_environment(
+                    job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: signals reach all of it, and only it
+            )
+        except (OSError, ValueError, archive.ArchiveError) as error:
+            log.exception("job %s could not start", job.pk)
+            with transaction.atomic():
+                allocation.release(timezone.now(), Allocation.START_FAILED)
+                job.finish(states.FAILED, reason=f"could not start: {error}")
+            shutil.rmtree(dirs.root, ignore_errors=True)
+            return None
+        job.mark_running()
+        running = RunningJob(allocation, process, dirs, self.max_line_bytes)
+        self.running[allocation.pk] = running
+        return running
+
+    def stage(self, job, dirs):
+        """Put the work, the config and the data in the job's folder."""
+        storage = get_storage()
+        dirs.create()
+        dirs.config.write_text(json.dumps(job.config, indent=2))
+        for upload in job.uploads.all():
+            if upload.role == "code":
+                archive.extract(storage.path(upload.key), upload.name, dirs.code)
+            else:
+                storage.copy_to(upload.key, dirs.data / upload.role / upload.name)
+        for role, dataset in (("train", job.train_dataset), ("heldout", job.heldout_dataset)):
+            if dataset is not None:
+                for item in dataset.files.all():
+                    storage.copy_to(item.key, dirs.data / role / item.path)
+
+    # The loop -------------------------------------------------------------------------------------
+
+    def check_orders(self):
+        """Cancellations asked for, and allocations ended elsewhere (node declared lost)."""
+        if not self.running:
+            return
+        rows = Allocation.objects.filter(pk__in=list(self.running)).values_list("pk", "ended_at", "job__cancel_requested_at")
+        for pk, ended_at, cancel_requested_at in rows:
+            running = self.running[pk]
+            if ended_at is not None:
+                log.warning("allocation %s was ended elsewhere; killing its process", pk)
+                running.kill()
+                running.reader.join(READER_JOIN_SECONDS)
+                shutil.rmtree(running.dirs.root, ignore_errors=True)
+                del self.running[pk]
+            elif cancel_requested_at is not None:
+                running.request_stop(Allocation.CANCELLED, states.CANCELLED, "cancelled by the team")
+
+    def step(self):
+        """One pass over the node's work; returns True if there is more output waiting."""
+        for allocation in self.claim_new():
+            self.launch(allocation)
+        self.check_orders()
+        now = timezone.now()
+        busy = False
+        for pk, running in list(self.running.items()):
+            busy |= running.pump()
+            running.enforce_limit(now, self.grace)
+            running.escalate(self.grace)
+            if running.poll():
+                running.finish()
+                del self.running[pk]
+            else:
+                running.tick(time.monotonic())
+        return busy
+
+    def stop_all(self, reason=Allocation.RUNNER_STOPPED):
+        """The runner is going away: stop every job, release its compute, and requeue it."""
+        for running in self.running.values():
+            running.request_stop(reason, states.QUEUED, "the runner is stopping; the job goes back to the queue")
+        deadline = time.monotonic() + self.grace
+        while any(r.process.poll() is None for r in self.running.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for running in self.running.values():
+            running.kill()
+            running.drain_output()
+            with transaction.atomic():
+                if running.allocation.release(running.exited_at, reason) is not None:
+                    job = Job.objects.get(pk=running.job.pk)
+                    if job.state in states.HOLDING:
+                        job.requeue("requeued: its runner stopped", at=running.exited_at)
+            shutil.rmtree(running.dirs.root, ignore_errors=True)
+        self.running.clear()
+        if self.node is not None:
+            Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())
+
+    def run(self, interval=0.1):
+        if self.node is None:
+            self.register()
+        self.start_heartbeats()
+        try:
+            while not self.shutdown:
+                busy = self.step()
+                close_old_connections()
+                if not busy:
+                    time.sleep(interval)
+        finally:
+            self.stop_all()
+            self.stop_heartbeats()

@@ -1,0 +1,189 @@
+"""A whole E31 Network on this machine, as real processes, for end-to-end tests and benchmarks.
+
+The web server (daphne), the scheduler and a runner each run as their own process against a
+fresh database (a SQLite file, or a new PostgreSQL database on 127.0.0.1:5432), optionally with
+the Redis channel layer. Nothing here imports Django: the system is driven over HTTP and
+websockets, as a user would.
+"""
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_ADMIN_URL = os.environ.get("E31_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("E31_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+TERMINAL = {"succeeded", "failed", "stopped", "cancelled"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveSystem:
+    def __init__(self, database="sqlite", redis=False, devices=2, stop_grace=1.0, env=None):
+        self.database = database
+        self.redis = redis
+        self.devices = devices
+        self.var_dir = Path(tempfile.mkdtemp(prefix="e31-system-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes = {}
+        self.pg_name = None
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", str(self.var_dir)),
+            "E31_VAR_DIR": str(self.var_dir),
+            "E31_SCHEDULER_INTERVAL_SECONDS": "0.2",
+            "E31_HEARTBEAT_SECONDS": "0.5",
+            "E31_STOP_GRACE_SECONDS": str(stop_grace),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        if database == "postgres":
+            self.pg_name = f"e31_e2e_{secrets.token_hex(4)}"
+            self._postgres(f'CREATE DATABASE "{self.pg_name}"')
+            self.env["DATABASE_URL"] = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{self.pg_name}"
+        if redis:
+            self.env["REDIS_URL"] = REDIS_URL
+        self.token = None
+
+    # Processes ------------------------------------------------------------------------------
+
+    def manage(self, *args, timeout=120):
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def spawn(self, name, args):
+        log = open(self.var_dir / f"{name}.log", "wb")
+        self.processes[name] = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def start(self, runner=True):
+        self.manage("migrate", "--noinput", "-v", "0")
+        self.manage("demo")
+        self.token = self.manage("apitoken", "demo").strip()
+        self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "e31web.asgi:application"])
+        self.spawn("scheduler", [sys.executable, "manage.py", "scheduler"])
+        if runner:
+            self.start_runner()
+        self.wait_until(self._web_is_up, 30, "the web server to answer")
+        return self
+
+    def start_runner(self, name="runner", devices=None):
+        self.spawn(name, [sys.executable, "manage.py", "runner", "--devices", str(devices or self.devices), "--name", f"e2e-{name}"])
+
+    def _web_is_up(self):
+        try:
+            return httpx.get(f"{self.url}/accounts/login/", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self):
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if self.pg_name:
+            self._postgres(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
+        shutil.rmtree(self.var_dir, ignore_errors=True)
+
+    def logs(self):
+        return {p.stem: p.read_text(errors="replace")[-4000:] for p in self.var_dir.glob("*.log")}
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @staticmethod
+    def _postgres(sql):
+        import psycopg
+
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(sql)
+
+    # Driving it -----------------------------------------------------------------------------
+
+    @staticmethod
+    def wait_until(predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise TimeoutError(f"gave up waiting for {what} after {timeout} s")
+
+    def api(self, method, path, **kwargs):
+        headers = {"Authorization": f"Token {self.token}", **kwargs.pop("headers", {})}
+        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60, **kwargs)
+
+    def submit(self, spec, code_path, data_paths=()):
+        files = [("code", (Path(code_path).name, Path(code_path).read_bytes()))]
+        files += [("data", (Path(p).name, Path(p).read_bytes())) for p in data_paths]
+        response = self.api("POST", "/api/jobs/", data={"spec": json.dumps(spec)}, files=files)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def job(self, job_id):
+        response = self.api("GET", f"/api/jobs/{job_id}/")
+        response.raise_for_status()
+        return response.json()
+
+    def wait_for_state(self, job_id, wanted=TERMINAL, timeout=120):
+        wanted = {wanted} if isinstance(wanted, str) else set(wanted)
+
+        def reached():
+            job = self.job(job_id)
+            return job if job["state"] in wanted else None
+
+        try:
+            return self.wait_until(reached, timeout, f"job {job_id} to be {'/'.join(sorted(wanted))}")
+        except TimeoutError:
+            raise TimeoutError(f"job {job_id}: {self.job(job_id)}\nprocess logs: {self.logs()}") from None
+
+    def ws_url(self, job_id, after=0):
+        return f"ws://127.0.0.1:{self.port}/ws/jobs/{job_id}/?after={after}"
+
+    def browser_session(self, username="demo", password="demo-e31"):
+        """An httpx client logged in through the login form, CSRF and all."""
+        client = httpx.Client(base_url=self.url, timeout=60, follow_redirects=False)
+        page = client.get("/accounts/login/")
+        token = csrf_from(page.text)
+        response = client.post(
+            "/accounts/login/", data={"username": username, "password": password, "csrfmiddlewaretoken": token}
+        )
+        assert response.status_code == 302, response.text
+        return client
+
+
+def csrf_from(html):
+    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert match, "no CSRF token on the page"
+    return match.group(1)
