@@ -104,6 +104,9 @@ def _database(url):
             "transaction_mode": "IMMEDIATE",
             "timeout": 30,
         }
+        # Tests use a file too: an in-memory database has table locks that ignore the busy
+        # timeout, so concurrent writers would fail there where they wait here.
+        config["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
     elif config["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_URL must be a sqlite:// or postgres:// URL")
     return config

@@ -12,7 +12,7 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.access import require_team
-from jobs.forms import JobForm, keep_uploads
+from jobs.forms import JobForm, is_uuid, keep_uploads
 from jobs.models import Dataset, Job
 from jobs.spec import format_env
 from jobs.views import artifact_response, get_artifact, get_job
@@ -63,11 +63,8 @@ def dataset_id(team, ref, field):
     """A dataset named by id or by name."""
     datasets = Dataset.objects.filter(team=team)
     found = datasets.filter(name=str(ref)).first()
-    if found is None:
-        try:
-            found = datasets.filter(pk=str(ref)).first()
-        except ValueError:
-            found = None
+    if found is None and is_uuid(ref):
+        found = datasets.filter(pk=str(ref)).first()
     if found is None:
         raise ValidationError({field: [f"No dataset {ref!r} in your team."]})
     return str(found.pk)
@@ -99,7 +96,7 @@ def job_json(job, request):
         "reason": job.reason,
         "restarts": job.restarts,
         "held_seconds": seconds,
-        "cost": str(amount),
+        "cost": f"{amount:f}",
         "currency": settings.E31_CURRENCY,
         "allocation": allocation_json(allocation) if allocation else None,
         "timeline": [
@@ -147,14 +144,12 @@ def jobs(request):
             raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
     data = spec_to_form_data(raw, team)
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
-    form = JobForm(data, team=team)
-    if not form.is_valid() or upload_errors:
+    form = JobForm(data, team=team, upload_errors=upload_errors)
+    if not form.is_valid():
         # An API client sends its files again with the fixed spec: keep nothing half-made.
         for upload in created:
             upload.delete()
         errors = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
-        for field, errs in upload_errors.items():
-            errors.setdefault(field, []).extend(errs)
         if "__all__" in errors:
             errors["non_field_errors"] = errors.pop("__all__")
         return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)

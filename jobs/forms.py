@@ -186,9 +186,10 @@ class JobForm(RequestForm):
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
 
-    def __init__(self, *args, team, **kwargs):
+    def __init__(self, *args, team, upload_errors=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.team = team
+        self.upload_errors = upload_errors or {}
         datasets = Dataset.objects.filter(team=team)
         self.fields["train_dataset"].queryset = datasets
         self.fields["heldout_dataset"].queryset = datasets
@@ -203,7 +204,7 @@ class JobForm(RequestForm):
         if not self.is_bound:
             return []
         ids = self.data.getlist(field) if hasattr(self.data, "getlist") else []
-        return list(self.fields[field].queryset.filter(pk__in=[i for i in ids if _is_uuid(i)]))
+        return list(self.fields[field].queryset.filter(pk__in=[i for i in ids if is_uuid(i)]))
 
     def clean_args(self):
         try:
@@ -225,6 +226,9 @@ class JobForm(RequestForm):
 
     def clean(self):
         cleaned = super().clean()  # the request, and its estimate
+        for field, errors in self.upload_errors.items():
+            for error in errors:
+                self.add_error(field, error)
         for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout")):
             if self._errors.pop(kept, None):
                 self.add_error(visible, "An earlier upload is no longer available: please upload it again.")
@@ -302,7 +306,7 @@ class JobForm(RequestForm):
         return job
 
 
-def _is_uuid(value):
+def is_uuid(value):
     try:
         uuid.UUID(str(value))
     except ValueError:

@@ -196,7 +196,7 @@ class Job(models.Model):
         current = next((a for a in allocations if a.ended_at is None), allocations[-1] if allocations else None)
         return {
             "held_seconds": seconds,
-            "amount": str(amount),
+            "amount": f"{amount:f}",
             "gpus": current.gpus if current else self.gpus,
             "rate": str(current.rate) if current else None,
             "currency": settings.E31_CURRENCY,

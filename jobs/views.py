@@ -32,14 +32,11 @@ def job_new(request):
     team = require_team(request.user)
     if request.method == "POST":
         data, upload_errors, _ = keep_uploads(request.FILES, request.POST, team, request.user)
-        form = JobForm(data, team=team)
-        if form.is_valid() and not upload_errors:
+        form = JobForm(data, team=team, upload_errors=upload_errors)
+        if form.is_valid():
             job = form.save(request.user)
             messages.success(request, f"Job {job.name} is queued.")
             return redirect("jobs:detail", job_id=job.pk)
-        for field, errors in upload_errors.items():
-            for error in errors:
-                form.add_error(field, error)
         estimate_form = form
     else:
         form = JobForm(team=team)

@@ -38,6 +38,10 @@ class Plan:
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits
 
 
+def _devices(n):
+    return f"{n} device" if n == 1 else f"{n} devices"
+
+
 def _fits(job, node):
     return (not job.gpu_type or job.gpu_type == node.device_type) and node.devices >= job.gpus
 
@@ -56,7 +60,7 @@ def place_fcfs(queue, nodes, now):
         candidates = [n for n in nodes if _fits(job, n)]
         if not candidates:
             kind = f"{job.gpu_type} " if job.gpu_type else ""
-            plan.waiting[job.id] = f"waiting for a node with {job.gpus} {kind}devices; none is online"
+            plan.waiting[job.id] = f"waiting for a node with {job.gpus} {kind}device{'s' if job.gpus != 1 else ''}; none is online"
             continue
         if blocked_by is not None:
             plan.waiting[job.id] = f"waiting behind job {blocked_by[:8]}, submitted earlier"
@@ -65,7 +69,7 @@ def place_fcfs(queue, nodes, now):
         fitting = [n for n in candidates if len(free[n.id]) >= job.gpus]
         if not fitting:
             most = max(len(free[n.id]) for n in candidates)
-            plan.waiting[job.id] = f"waiting for {job.gpus} devices on one node; at most {most} free"
+            plan.waiting[job.id] = f"waiting for {_devices(job.gpus)} on one node; at most {most} free"
             blocked_by = job.id
             continue
         node = min(fitting, key=lambda n: (len(free[n.id]), n.id))

@@ -16,6 +16,11 @@ SCRIPT = b"print('hello from the job')\n"
 
 
 @pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def storage_dir(settings, tmp_path):
     settings.STORAGE_DIR = tmp_path / "storage"
     settings.RUNNER_WORK_DIR = tmp_path / "runs"

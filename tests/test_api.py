@@ -1,0 +1,156 @@
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+from rest_framework.authtoken.models import Token
+
+from jobs.models import Job, JobEvent, Upload
+from tests.conftest import make_job
+
+
+@pytest.fixture
+def api(client, token, rate):
+    client.defaults["HTTP_AUTHORIZATION"] = f"Token {token}"
+    return client
+
+
+def files(code=b"print(1)\n", name="train.py"):
+    return {"code": io.BytesIO(code), "data": io.BytesIO(b"x,y\n")}
+
+
+def submit(api, spec, code=b"print(1)\n", code_name="train.py", data=True):
+    payload = {"spec": json.dumps(spec) if not isinstance(spec, str) else spec}
+    code_file = io.BytesIO(code)
+    code_file.name = code_name
+    payload["code"] = code_file
+    if data:
+        data_file = io.BytesIO(b"x,y\n1,2\n")
+        data_file.name = "train.csv"
+        payload["data"] = data_file
+    return api.post(reverse("api:jobs"), payload)
+
+
+def test_a_job_is_submitted_with_a_spec_and_files(api, alice):
+    response = submit(api, {"name": "api-run", "gpus": 2, "span_hours": 1.5, "args": ["--lr", "0.1"], "config": {"epochs": 3}})
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    job = Job.objects.get(pk=body["id"])
+    assert (body["state"], body["gpus"], body["span_hours"], body["mode"]) == ("queued", 2, "1.5000", "span")
+    assert job.args == ["--lr", "0.1"] and job.config == {"epochs": 3}
+    assert [t["state"] for t in body["timeline"]] == ["queued"]
+    assert body["last_seq"] == 1
+    assert sorted(job.uploads.values_list("role", flat=True)) == ["code", "train"]
+
+
+def test_until_done_is_inferred_from_a_ceiling(api):
+    body = submit(api, {"gpus": 1, "ceiling": "20", "ceiling_kind": "money"}).json()
+    assert body["mode"] == "until_done" and body["ceiling_amount"] == "20.00"
+
+
+def test_datasets_are_named_by_name_or_id(api, dataset):
+    assert submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "numbers"}, data=False).status_code == 201
+    assert submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": str(dataset.pk)}, data=False).status_code == 201
+    response = submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "nope"}, data=False)
+    assert response.status_code == 400 and "No dataset 'nope'" in response.json()["train_dataset"][0]
+
+
+@pytest.mark.parametrize(
+    "spec,field,message",
+    [
+        ({"gpus": 0, "span_hours": 1}, "gpus", "Ask for at least 1 GPU."),
+        ({"gpus": 1, "ceiling": 0}, "ceiling", "The ceiling must be more than 0."),
+        ({"gpus": 1, "span_hours": 1, "config": "a: [1"}, "config", "not valid YAML"),
+        (
+            {"gpus": 1, "span_hours": 1, "not_before": "2030-01-02T08:00:00Z", "deadline": "2030-01-01T08:00:00Z"},
+            "deadline",
+            "after the not-before time",
+        ),
+    ],
+)
+def test_the_api_validates_like_the_form(api, spec, field, message):
+    response = submit(api, spec)
+    assert response.status_code == 400
+    assert any(message in e for e in response.json()["errors"][field])
+    assert not Job.objects.exists()
+    assert not Upload.objects.exists(), "a refused API call leaves no files behind"
+
+
+def test_an_archive_without_the_entrypoint_is_refused(api):
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("src/run.py", "x")
+    response = submit(api, {"gpus": 1, "span_hours": 1, "entrypoint": "main.py"}, code=buffer.getvalue(), code_name="w.zip")
+    assert response.status_code == 400
+    assert "is not in the archive" in response.json()["errors"]["entrypoint"][0]
+
+
+def test_a_malformed_spec_is_a_400_with_a_reason(api):
+    response = submit(api, '{"gpus": 1,,}')
+    assert response.status_code == 400 and "not valid JSON" in response.json()["spec"][0]
+    response = submit(api, {"gpus": 1, "span_hours": 1, "gpu": 4})
+    assert response.status_code == 400 and "Unknown field(s): gpu" in response.json()["spec"][0]
+    response = api.post(reverse("api:jobs"), {})
+    assert response.status_code == 400 and "spec" in response.json()
+    response = submit(api, "[1, 2]")
+    assert response.status_code == 400 and "JSON object" in response.json()["spec"][0]
+
+
+def test_jobs_are_listed(api, alice, bob):
+    make_job(alice, name="one")
+    make_job(bob, name="two")
+    names = [j["name"] for j in api.get(reverse("api:jobs")).json()]
+    assert sorted(names) == ["one", "two"]
+    assert [j["name"] for j in api.get(reverse("api:jobs") + "?state=running").json()] == []
+
+
+def test_logs_are_paged_by_sequence_number(api, alice):
+    job = make_job(alice)
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=job.created_at, stream="stdout", text=f"line {i}") for i in range(5)])
+    first = api.get(reverse("api:job-logs", args=[job.pk]) + "?limit=3").json()
+    assert [line["text"] for line in first["lines"]] == ["line 0", "line 1", "line 2"]
+    assert first["more"] is True
+    rest = api.get(reverse("api:job-logs", args=[job.pk]) + f"?after={first['next_after']}").json()
+    assert [line["text"] for line in rest["lines"]] == ["line 3", "line 4"] and rest["more"] is False
+
+
+@pytest.mark.parametrize("query", ["?after=x", "?limit=0", "?limit=100000", "?after=-1"])
+def test_bad_log_parameters_are_a_400(api, alice, query):
+    job = make_job(alice)
+    response = api.get(reverse("api:job-logs", args=[job.pk]) + query)
+    assert response.status_code == 400
+
+
+def test_cancelling_a_queued_job(api, alice):
+    job = make_job(alice)
+    response = api.post(reverse("api:job-cancel", args=[job.pk]))
+    assert response.status_code == 202 and response.json()["state"] == "cancelled"
+    response = api.post(reverse("api:job-cancel", args=[job.pk]))
+    assert response.status_code == 409 and "already ended" in response.json()["detail"]
+
+
+def test_an_unknown_job_is_a_404(api):
+    import uuid
+
+    assert api.get(reverse("api:job", args=[uuid.uuid4()])).status_code == 404
+
+
+def test_usage_needs_a_proper_month(api):
+    response = api.get(reverse("api:usage") + "?month=2026-13")
+    assert response.status_code == 400 and "YYYY-MM" in response.json()["month"][0]
+
+
+def test_apitoken_prints_a_user_s_token(alice, capsys):
+    call_command("apitoken", "alice")
+    key = capsys.readouterr().out.strip()
+    assert Token.objects.get(user=alice).key == key
+
+
+def test_apitoken_refuses_an_unknown_user(db):
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="No user named 'nobody'"):
+        call_command("apitoken", "nobody")

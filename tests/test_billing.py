@@ -1,0 +1,121 @@
+import csv
+import io
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+
+from billing.models import NoRateInForce, Rate
+from scheduler import services
+from scheduler.models import Allocation, Node
+from tests.conftest import make_job
+
+
+@pytest.fixture
+def node(db):
+    return Node.objects.create(name="n1", device_type="cpu", devices=4)
+
+
+def run_for(job, seconds):
+    [allocation] = [a for a in services.schedule() if a.job_id == job.pk]
+    ended = allocation.started_at + timedelta(seconds=seconds)
+    usage = allocation.release(ended, Allocation.EXITED)
+    job.refresh_from_db()
+    job.mark_running()
+    job.finish("succeeded", at=ended)
+    return usage
+
+
+def test_the_rate_in_force_is_the_latest_effective_one(db):
+    now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("1"), effective_from=now - timedelta(days=30))
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("2"), effective_from=now - timedelta(days=1))
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("3"), effective_from=now + timedelta(days=1))
+    Rate.objects.create(gpu_type="H100", per_gpu_hour=Decimal("9"), effective_from=now - timedelta(days=2))
+    assert Rate.objects.in_force("cpu", now).per_gpu_hour == 2
+    assert Rate.objects.in_force("H100", now).per_gpu_hour == 9
+    assert Rate.objects.in_force("cpu", now + timedelta(days=2)).per_gpu_hour == 3
+    assert Rate.objects.worst_case(now).per_gpu_hour == 9
+    with pytest.raises(NoRateInForce):
+        Rate.objects.in_force("cpu", now - timedelta(days=60))
+
+
+def test_a_usage_record_is_gpus_times_held_seconds_times_rate(alice, rate, node):
+    job = make_job(alice, gpus=3)
+    usage = run_for(job, 1234)
+    assert (usage.gpus, usage.held_seconds, usage.rate) == (3, 1234, Decimal("2.40"))
+    assert usage.amount == Decimal("2.468")  # 3 x 1234 x 2.40 / 3600
+    assert usage.team == alice.membership.team and usage.job == job
+
+
+def test_releasing_twice_bills_once(alice, rate, node):
+    job = make_job(alice)
+    [allocation] = services.schedule()
+    assert allocation.release(allocation.started_at + timedelta(seconds=10), Allocation.EXITED) is not None
+    assert allocation.release(allocation.started_at + timedelta(seconds=99), Allocation.NODE_LOST) is None
+    assert job.usage.get().held_seconds == 10
+
+
+def test_the_billing_page_lists_jobs_and_the_month_total(client, alice, rate, node):
+    run_for(make_job(alice, name="first-run"), 3600)
+    run_for(make_job(alice, name="second-run", gpus=2), 1800)
+    client.force_login(alice)
+    page = client.get(reverse("billing:usage")).content.decode()
+    assert "first-run" in page and "second-run" in page
+    assert page.count("USD 2.40<") == 2  # 1 GPU x 1 h, and 2 GPUs x 0.5 h, at 2.40
+    assert 'id="month-total">USD 4.80<' in page
+    assert "Holding compute now" not in page
+
+
+def test_the_month_downloads_as_csv(client, alice, rate, node):
+    job = make_job(alice, name="csv-run")
+    usage = run_for(job, 7200)
+    month = usage.ended_at.strftime("%Y-%m")
+    client.force_login(alice)
+    response = client.get(reverse("billing:usage_csv") + f"?month={month}")
+    assert response["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert rows[0]["job"] == "csv-run" and rows[0]["held_seconds"] == "7200" and rows[0]["amount"] == "4.80"
+    assert rows[-1]["job"] == "total" and rows[-1]["amount"] == "4.80"
+
+
+def test_other_months_are_empty(client, alice, rate, node):
+    run_for(make_job(alice), 60)
+    client.force_login(alice)
+    rows = list(csv.reader(io.StringIO(client.get(reverse("billing:usage_csv") + "?month=2001-01").content.decode())))
+    assert len(rows) == 2 and rows[-1][1] == "total" and rows[-1][-2] == "0.00"
+
+
+def test_a_bad_month_is_a_400(client, alice):
+    client.force_login(alice)
+    response = client.get(reverse("billing:usage") + "?month=13-2026")
+    assert response.status_code == 400 and b"YYYY-MM" in response.content
+
+
+def test_rates_are_set_in_the_admin(admin_client):
+    response = admin_client.post(
+        reverse("admin:billing_rate_add"),
+        {"gpu_type": "H100", "per_gpu_hour": "3.25", "effective_from_0": "2026-12-01", "effective_from_1": "00:00:00"},
+    )
+    assert response.status_code == 302
+    assert Rate.objects.get().per_gpu_hour == Decimal("3.25")
+
+
+def test_the_ledger_cannot_be_edited_in_the_admin(admin_client, alice, rate, node):
+    usage = run_for(make_job(alice), 60)
+    assert admin_client.get(reverse("admin:billing_usagerecord_change", args=[usage.pk])).status_code in (200, 403)
+    response = admin_client.post(reverse("admin:billing_usagerecord_change", args=[usage.pk]), {"held_seconds": 1})
+    assert response.status_code == 403
+    usage.refresh_from_db()
+    assert usage.held_seconds == 60
+
+
+def test_no_rate_is_written_in_code():
+    """Rates come from the operator: no number in billing code stands for a price."""
+    import pathlib
+    import re
+
+    for path in pathlib.Path("billing").glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"per_gpu_hour\s*=\s*Decimal\(\"\d", text), path

@@ -1,0 +1,193 @@
+"""The job websocket against the real ASGI app: backlog, live events, reconnects, scoping,
+in the embedded default (database relay) and on the Redis channel layer."""
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+from e31web.asgi import application
+from jobs import live
+from jobs.models import JobEvent
+from tests.conftest import make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["db", "redis"])
+def live_mode(request, settings):
+    settings.E31_LIVE_MODE = request.param
+    if request.param == "redis":
+        settings.CHANNEL_LAYERS = {
+            "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}
+        }
+    else:
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends = {}
+    live.relay.known.clear()
+    yield request.param
+    channel_layers.backends = {}
+
+
+def logs(job, texts):
+    return JobEvent.append(job.pk, [JobEvent(kind="log", at=timezone.now(), stream="stdout", text=t) for t in texts])
+
+
+def communicator(job, key=None, after=0, headers=None):
+    headers = list(headers or [])
+    if key:
+        headers.append((b"authorization", f"Token {key}".encode()))
+    return WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/?after={after}", headers=headers)
+
+
+async def receive_until(comm, last_seq, timeout=5):
+    events = []
+    while not events or events[-1]["seq"] < last_seq:
+        message = await comm.receive_json_from(timeout=timeout)
+        assert message["type"] == "events"
+        events.extend(message["events"])
+    return events
+
+
+def stop_relay():
+    if live.relay.task is not None:
+        live.relay.task.cancel()
+        live.relay.task = None
+
+
+def test_the_backlog_then_live_events(live_mode, alice, rate):
+    job = make_job(alice)
+    logs(job, ["one", "two"])
+    key = Token.objects.create(user=alice).key
+
+    async def scenario():
+        comm = communicator(job, key)
+        connected, _ = await comm.connect()
+        assert connected
+        backlog = await receive_until(comm, 3)
+        assert [e.get("text") for e in backlog] == [None, "one", "two"]  # the "queued" state event first
+        last = await sync_to_async(logs)(job, ["three", "four"])
+        fresh = await receive_until(comm, last)
+        assert [e["text"] for e in fresh] == ["three", "four"]
+        await comm.disconnect()
+
+    try:
+        async_to_sync(scenario)()
+    finally:
+        stop_relay()
+
+
+def test_a_reconnect_gets_what_it_missed_once_in_order(live_mode, alice, rate):
+    job = make_job(alice)
+    logs(job, [f"line {i}" for i in range(10)])
+    key = Token.objects.create(user=alice).key
+
+    async def scenario():
+        comm = communicator(job, key)
+        assert (await comm.connect())[0]
+        seen = await receive_until(comm, 11)
+        await comm.disconnect()
+        # While away, more lines arrive; come back after the last one seen.
+        await sync_to_async(logs)(job, [f"line {i}" for i in range(10, 15)])
+        comm = communicator(job, key, after=seen[-1]["seq"])
+        assert (await comm.connect())[0]
+        seen += await receive_until(comm, 16)
+        await comm.disconnect()
+        return seen
+
+    try:
+        seen = async_to_sync(scenario)()
+    finally:
+        stop_relay()
+    assert [e["seq"] for e in seen] == list(range(1, 17))
+    assert [e["text"] for e in seen if e["kind"] == "log"] == [f"line {i}" for i in range(15)]
+
+
+def test_a_backlog_skips_old_meter_ticks(live_mode, alice, rate):
+    job = make_job(alice)
+    for held in range(3):
+        job.record("meter", data={"held_seconds": held, "amount": "0", "running": True})
+    logs(job, ["after"])
+    key = Token.objects.create(user=alice).key
+
+    async def scenario():
+        comm = communicator(job, key)
+        assert (await comm.connect())[0]
+        events = await receive_until(comm, 5)
+        await comm.disconnect()
+        return events
+
+    try:
+        events = async_to_sync(scenario)()
+    finally:
+        stop_relay()
+    assert [(e["kind"], e.get("held_seconds")) for e in events] == [("state", None), ("meter", 2), ("log", None)]
+
+
+@pytest.mark.parametrize("persona", ["charlie", None])
+def test_outsiders_and_anonymous_users_are_refused(live_mode, alice, charlie, rate, persona):
+    job = make_job(alice)
+    key = Token.objects.create(user=charlie).key if persona else None
+
+    async def scenario():
+        comm = communicator(job, key, headers=[(b"origin", b"http://localhost")])
+        connected, code = await comm.connect()
+        assert not connected and code == 4404
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_a_bad_token_is_refused(live_mode, alice, rate):
+    job = make_job(alice)
+
+    async def scenario():
+        connected, _ = await communicator(job, "not-a-token").connect()
+        assert not connected
+
+    async_to_sync(scenario)()
+
+
+def test_a_session_socket_must_come_from_our_origin(live_mode, alice, rate, client):
+    job = make_job(alice)
+    client.force_login(alice)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+
+    async def scenario():
+        ours = communicator(job, headers=[(b"cookie", cookie), (b"origin", b"http://localhost"), (b"host", b"localhost")])
+        assert (await ours.connect())[0]
+        await ours.disconnect()
+        theirs = communicator(job, headers=[(b"cookie", cookie), (b"origin", b"http://evil.example"), (b"host", b"localhost")])
+        assert not (await theirs.connect())[0]
+
+    try:
+        async_to_sync(scenario)()
+    finally:
+        stop_relay()
+
+
+def test_the_relay_announces_each_job_once_per_change(settings, alice, rate):
+    """One query per step for all jobs; a job is announced only when its events move on."""
+    settings.E31_LIVE_MODE = "db"
+    job = make_job(alice)
+    sent = []
+
+    class Layer:
+        async def group_send(self, group, message):
+            sent.append((group, message["last_seq"]))
+
+    relay = live.Relay()
+
+    async def scenario():
+        cursor = await relay.step(Layer(), 0)
+        await sync_to_async(logs)(job, ["a", "b"])
+        cursor = await relay.step(Layer(), cursor)
+        cursor = await relay.step(Layer(), cursor)  # nothing new: nothing sent
+        return cursor
+
+    asyncio.run(scenario())
+    assert sent == [(live.group_name(job.pk), 1), (live.group_name(job.pk), 3)]

@@ -1,0 +1,199 @@
+import io
+import zipfile
+from decimal import Decimal
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from billing.models import Rate
+from jobs.models import Job, Upload
+
+URL = reverse("jobs:new")
+
+
+@pytest.fixture
+def client_a(client, alice, rate):
+    client.force_login(alice)
+    return client
+
+
+def script(name="train.py", content=b"print('hi')\n"):
+    return SimpleUploadedFile(name, content, content_type="text/x-python")
+
+
+def zipped(entries, name="work.zip"):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for entry, content in entries.items():
+            z.writestr(entry, content)
+    return SimpleUploadedFile(name, buffer.getvalue(), content_type="application/zip")
+
+
+def data_file():
+    return SimpleUploadedFile("train.csv", b"x,y\n1,2\n", content_type="text/csv")
+
+
+def post(client, **fields):
+    data = {"gpus": "1", "mode": "span", "span_hours": "1", **fields}
+    data = {k: v for k, v in data.items() if v is not None}
+    return client.post(URL, data)
+
+
+def errors_of(response):
+    return {name: [str(e) for e in errs] for name, errs in response.context["form"].errors.items()}
+
+
+def test_the_form_page_shows_the_cost_of_the_default_request(client_a):
+    response = client_a.get(URL)
+    assert response.status_code == 200
+    assert "USD 2.40" in response.content.decode()  # 1 GPU x 1 h x 2.40
+
+
+def test_a_valid_form_queues_a_job(client_a, alice):
+    response = post(client_a, code=script(), data=data_file(), name="first", config="lr: 0.1", args="--epochs 3", env="A=1")
+    job = Job.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("jobs:detail", args=[job.pk])
+    assert (job.state, job.name, job.entrypoint, job.gpus) == ("queued", "first", "train.py", 1)
+    assert job.config == {"lr": 0.1} and job.args == ["--epochs", "3"] and job.env == {"A": "1"}
+    assert job.created_by == alice and job.team == alice.membership.team
+    assert sorted(job.uploads.values_list("role", "name")) == [("code", "train.py"), ("train", "train.csv")]
+    assert [e.data["state"] for e in job.timeline()] == ["queued"]
+
+
+def test_a_dataset_can_be_the_training_set(client_a, dataset):
+    post(client_a, code=script(), train_dataset=str(dataset.pk))
+    assert Job.objects.get().train_dataset == dataset
+
+
+def test_the_name_defaults_to_the_entrypoint(client_a):
+    post(client_a, code=script("fit_model.py"), data=data_file())
+    assert Job.objects.get().name == "fit_model"
+
+
+@pytest.mark.parametrize(
+    "fields,field,message",
+    [
+        ({"gpus": "0"}, "gpus", "Ask for at least 1 GPU."),
+        ({"span_hours": "0"}, "span_hours", "The span must be longer than 0 hours."),
+        ({"span_hours": ""}, "span_hours", "Give the span in hours."),
+        ({"mode": "until_done", "ceiling": "0"}, "ceiling", "The ceiling must be more than 0."),
+        ({"mode": "until_done", "ceiling": ""}, "ceiling", "Until done needs a ceiling"),
+        ({"config": '{"lr": 0.1,,}'}, "config", "the config is not valid JSON"),
+        ({"config": "a: [1, 2"}, "config", "the config is not valid YAML"),
+        ({"args": "--name 'open"}, "args", "cannot be split"),
+        ({"env": "PATH=/evil"}, "env", "set by the network"),
+        (
+            {"not_before": "2030-01-02T08:00", "deadline": "2030-01-01T08:00"},
+            "deadline",
+            "The deadline must be after the not-before time.",
+        ),
+        ({"deadline": "2001-01-01T08:00"}, "deadline", "The deadline is already past."),
+    ],
+)
+def test_bad_input_is_refused_next_to_its_field_and_the_upload_is_kept(client_a, fields, field, message):
+    response = post(client_a, code=script(), data=data_file(), **fields)
+    assert response.status_code == 200
+    assert not Job.objects.exists()
+    assert any(message in error for error in errors_of(response)[field])
+    page = response.content.decode()
+    assert message.split(":")[0][:30] in page.replace("&#x27;", "'")
+    # What was uploaded is kept, listed on the page, and sent back with the fixed form.
+    kept = Upload.objects.filter(job__isnull=True)
+    assert sorted(kept.values_list("name", flat=True)) == ["train.csv", "train.py"]
+    for upload in kept:
+        assert f'value="{upload.pk}"' in page
+    fixed = {"gpus": "1", "span_hours": "1", "mode": "span", "ceiling": "", "config": "", "args": "", "env": ""}
+    response = client_a.post(
+        URL,
+        {**fixed, "kept_code": str(kept.get(role="code").pk), "kept_data": [str(kept.get(role="train").pk)]},
+    )
+    assert response.status_code == 302, errors_of(response)
+    job = Job.objects.get()
+    assert sorted(job.uploads.values_list("name", flat=True)) == ["train.csv", "train.py"]
+
+
+def test_an_archive_needs_its_entrypoint(client_a):
+    response = post(client_a, code=zipped({"pkg/train.py": "x"}), data=data_file(), entrypoint="main.py")
+    assert "'main.py' is not in the archive (runnable files there: pkg/train.py)" in errors_of(response)["entrypoint"][0]
+    response = post(client_a, code=zipped({"pkg/train.py": "x"}), data=data_file())
+    assert "name the entrypoint" in errors_of(response)["entrypoint"][0]
+    response = post(client_a, code=zipped({"pkg/train.py": "x"}), data=data_file(), entrypoint="pkg/train.py")
+    assert response.status_code == 302
+
+
+@pytest.mark.parametrize("entry", ["../escape.py", "/etc/cron.d/x"])
+def test_an_archive_with_entries_outside_its_folder_is_refused(client_a, entry):
+    response = post(client_a, code=zipped({entry: "x", "train.py": "y"}), data=data_file(), entrypoint="train.py")
+    assert any("outside the archive" in e or "absolute path" in e for e in errors_of(response)["code"])
+    assert not Job.objects.exists()
+
+
+def test_the_work_must_be_given(client_a):
+    response = post(client_a, data=data_file())
+    assert "Upload a training script (.py) or an archive (.zip, .tar.gz)." in errors_of(response)["code"]
+
+
+def test_the_training_set_must_be_given(client_a):
+    response = post(client_a, code=script())
+    assert "Give the training set" in errors_of(response)["data"][0]
+
+
+def test_another_team_s_dataset_cannot_be_named(client_a, team_b):
+    from e31web.demo import add_dataset
+
+    theirs = add_dataset(team_b, "theirs", {"a.csv": b"1"})
+    response = post(client_a, code=script(), train_dataset=str(theirs.pk))
+    assert "train_dataset" in errors_of(response)
+
+
+def test_another_team_s_upload_cannot_be_kept(client_a, charlie):
+    from tests.conftest import upload
+
+    theirs = upload(charlie.membership.team, charlie, Upload.CODE, "train.py", b"x")
+    response = client_a.post(URL, {"gpus": "1", "mode": "span", "span_hours": "1", "kept_code": str(theirs.pk), "data": data_file()})
+    assert "An earlier upload is no longer available" in errors_of(response)["code"][0]
+
+
+def test_without_a_rate_in_force_nothing_is_submitted(client, alice):
+    client.force_login(alice)
+    response = post(client, code=script(), data=data_file())
+    assert not Job.objects.exists()
+    assert "No rate is in force" in str(response.context["form"].non_field_errors())
+
+
+def test_until_done_uses_the_ceiling_and_ignores_the_span(client_a):
+    post(client_a, code=script(), data=data_file(), mode="until_done", ceiling="12.50", ceiling_kind="money", span_hours="0")
+    job = Job.objects.get()
+    assert job.ceiling_amount == Decimal("12.50") and job.span_hours is None and job.ceiling_gpu_hours is None
+
+
+def test_a_gpu_hour_ceiling(client_a):
+    post(client_a, code=script(), data=data_file(), mode="until_done", ceiling="3", ceiling_kind="gpu_hours")
+    assert Job.objects.get().ceiling_gpu_hours == Decimal("3")
+
+
+def test_the_estimate_follows_the_request(client_a):
+    url = reverse("jobs:estimate")
+    body = client_a.post(url, {"gpus": "2", "mode": "span", "span_hours": "3"}, HTTP_HX_REQUEST="true").content.decode()
+    assert "USD 14.40" in body  # 2 x 3 x 2.40
+    body = client_a.post(url, {"gpus": "2", "mode": "until_done", "ceiling": "50", "ceiling_kind": "money"}).content.decode()
+    assert "At most <strong>USD 50.00</strong>" in body
+    body = client_a.post(url, {"gpus": "0", "mode": "span", "span_hours": "3"}).content.decode()
+    assert "Fill in the request" in body
+
+
+def test_the_estimate_uses_the_rate_of_the_gpu_type(client_a):
+    Rate.objects.create(gpu_type="H100", per_gpu_hour=Decimal("4.00"))
+    body = client_a.post(reverse("jobs:estimate"), {"gpus": "1", "gpu_type": "H100", "mode": "span", "span_hours": "1"}).content.decode()
+    assert "USD 4.00" in body
+    # Any type: the worst case is shown.
+    body = client_a.post(reverse("jobs:estimate"), {"gpus": "1", "mode": "span", "span_hours": "1"}).content.decode()
+    assert "USD 4.00" in body
+
+
+def test_an_oversized_upload_is_refused_with_its_name(client_a, settings):
+    settings.E31_MAX_UPLOAD_BYTES = 5
+    response = post(client_a, code=script(), data=data_file())
+    assert "larger than" in errors_of(response)["code"][0]
+    assert not Job.objects.exists()

@@ -1,0 +1,109 @@
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+
+from billing import meter
+from billing.statements import Usage, month_bounds, parse_month, statement
+
+T0 = datetime(2026, 12, 1, 22, 0, tzinfo=timezone.utc)
+
+
+def test_held_seconds_counts_whole_seconds():
+    assert meter.held_seconds(T0, T0 + timedelta(seconds=59, microseconds=999_999)) == 59
+    assert meter.held_seconds(T0, T0 + timedelta(hours=2)) == 7200
+
+
+def test_held_seconds_is_never_negative():
+    assert meter.held_seconds(T0, T0 - timedelta(seconds=5)) == 0
+
+
+def test_charge_is_gpus_times_seconds_times_rate():
+    assert meter.charge(2, 3600, Decimal("2.50")) == Decimal("5.00")
+    assert meter.charge(1, 1, Decimal("3.60")) == Decimal("0.001")
+    assert meter.charge(8, 7, Decimal("2.50")) == Decimal("0.03888889")  # 8 x 7 x 2.5 / 3600, half-even at 1e-8
+
+
+def test_charge_never_passes_its_cap():
+    assert meter.charge(4, 36000, Decimal("2"), cap=Decimal("10")) == Decimal("10")
+    assert meter.charge(1, 36, Decimal("2"), cap=Decimal("10")) == Decimal("0.02")
+
+
+def test_money_is_rounded_half_even_to_cents():
+    assert meter.round_money(Decimal("0.125")) == Decimal("0.12")
+    assert meter.round_money(Decimal("0.135")) == Decimal("0.14")
+
+
+def test_a_money_ceiling_buys_whole_seconds():
+    # 10.00 at 2.50 per GPU-hour on 2 GPUs: 2 hours.
+    request = meter.Request(gpus=2, ceiling_amount=Decimal("10.00"))
+    assert meter.held_limit_seconds(request, Decimal("2.50")) == 7200
+    assert meter.charge(2, 7200, Decimal("2.50")) <= Decimal("10.00")
+
+
+def test_a_money_ceiling_is_never_exceeded_by_its_limit():
+    for amount in ("0.01", "1.00", "3.33", "97.13"):
+        for rate in ("0.70", "2.50", "3.1416"):
+            for gpus in (1, 3, 8):
+                request = meter.Request(gpus=gpus, ceiling_amount=Decimal(amount))
+                seconds = meter.held_limit_seconds(request, Decimal(rate))
+                assert meter.charge(gpus, seconds, Decimal(rate)) <= Decimal(amount)
+                # ... and it is the most: one more second would pass the ceiling.
+                assert meter.charge(gpus, seconds + 1, Decimal(rate)) > Decimal(amount)
+
+
+def test_a_gpu_hour_ceiling_is_spread_over_the_gpus():
+    request = meter.Request(gpus=4, ceiling_gpu_hours=Decimal("2"))
+    assert meter.held_limit_seconds(request, Decimal("1")) == 1800
+
+
+def test_the_span_limits_held_time():
+    assert meter.held_limit_seconds(meter.Request(gpus=1, span_hours=Decimal("0.5")), Decimal("9")) == 1800
+
+
+def test_no_span_no_ceiling_is_unbounded():
+    assert meter.held_limit_seconds(meter.Request(gpus=1), Decimal("1")) is None
+
+
+def test_the_estimate_of_a_span_is_gpus_hours_rate():
+    estimate = meter.estimate(meter.Request(gpus=2, span_hours=Decimal("3")), Decimal("2.50"))
+    assert estimate.amount == Decimal("15.00") and estimate.gpu_hours == 6
+
+
+def test_the_estimate_of_until_done_is_the_ceiling():
+    estimate = meter.estimate(meter.Request(gpus=2, ceiling_amount=Decimal("40")), Decimal("2.50"))
+    assert estimate.amount == Decimal("40") and estimate.hours == 8
+    estimate = meter.estimate(meter.Request(gpus=2, ceiling_gpu_hours=Decimal("10")), Decimal("2.50"))
+    assert estimate.amount == Decimal("25.00") and estimate.hours == 5
+
+
+def test_the_cost_cap_of_a_gpu_hour_ceiling_is_its_price():
+    assert meter.cost_cap(meter.Request(gpus=1, ceiling_gpu_hours=Decimal("2")), Decimal("3")) == Decimal("6")
+    assert meter.cost_cap(meter.Request(gpus=1, span_hours=Decimal("2")), Decimal("3")) is None
+
+
+def test_a_statement_rounds_each_line_once_and_sums_the_lines():
+    usages = [
+        Usage("a", "first", 1, "cpu", 7, Decimal("2.5"), Decimal("0.00486111")),
+        Usage("a", "first", 1, "cpu", 5, Decimal("2.5"), Decimal("0.00347222")),  # requeued: same job, second allocation
+        Usage("b", "second", 2, "cpu", 3600, Decimal("2.5"), Decimal("5.00000000")),
+        Usage("c", "third", 1, "cpu", 10, Decimal("0.45"), Decimal("0.00125")),
+    ]
+    result = statement(usages)
+    assert [line.job_id for line in result.lines] == ["a", "b", "c"]
+    assert result.lines[0].held_seconds == 12 and result.lines[0].amount == Decimal("0.01")
+    assert result.lines[1].gpu_seconds == 7200
+    assert result.total == Decimal("5.01") == sum(line.amount for line in result.lines)
+
+
+def test_months_are_parsed_strictly():
+    assert parse_month("2026-02", T0) == (2026, 2)
+    assert parse_month("", T0) == (2026, 12)
+    for bad in ("2026-13", "26-01", "2026/01", "soon"):
+        with pytest.raises(ValueError):
+            parse_month(bad, T0)
+
+
+def test_december_ends_at_new_year():
+    start, end = month_bounds(2026, 12)
+    assert (start.month, end.year, end.month) == (12, 2027, 1)

@@ -1,0 +1,260 @@
+"""The runner with real job processes: output kept line by line, artifacts, the meter, cancel,
+span and ceiling limits, an environment without the network's secrets, lost and restarted nodes."""
+
+import json
+import os
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from billing.models import UsageRecord
+from e31web.demo import add_dataset
+from jobs.models import Job
+from scheduler import services
+from scheduler.models import Allocation, Node
+from scheduler.runner import Runner
+from tests.conftest import make_job
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def runner(db, settings, tmp_path):
+    settings.E31_STOP_GRACE_SECONDS = 1.0
+    runner = Runner(name="test-node", devices=2, work_dir=tmp_path / "runs", device_type="cpu")
+    runner.register()
+    yield runner
+    runner.stop_all()
+
+
+def run_until(runner, done, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner.step()
+        if done():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the runner did not get there in time")
+
+
+def run_job(runner, job, timeout=60):
+    services.schedule()
+    run_until(runner, lambda: Job.objects.get(pk=job.pk).is_terminal, timeout)
+    job.refresh_from_db()
+    return job
+
+
+def log_lines(job):
+    return list(job.events.filter(kind="log").order_by("seq").values_list("stream", "text"))
+
+
+def test_a_job_runs_and_everything_is_kept(runner, alice, rate):
+    script = b"""
+import os, sys
+for i in range(500):
+    print(f"out {i}")
+print("to stderr", file=sys.stderr)
+open(os.path.join(os.environ["E31_OUTPUT_DIR"], "model.pt"), "wb").write(b"weights")
+os.makedirs(os.path.join(os.environ["E31_OUTPUT_DIR"], "sub"))
+open(os.path.join(os.environ["E31_OUTPUT_DIR"], "sub", "notes.txt"), "w").write("hi")
+"""
+    job = run_job(runner, make_job(alice, script=script))
+    assert job.state == "succeeded" and job.exit_code == 0
+    lines = log_lines(job)
+    assert [t for s, t in lines if s == "stdout"] == [f"out {i}" for i in range(500)]
+    assert ("stderr", "to stderr") in lines
+    assert sorted(job.artifacts.values_list("name", "size")) == [("model.pt", 7), ("sub/notes.txt", 2)]
+    assert [e.data["state"] for e in job.timeline()] == ["queued", "starting", "running", "succeeded"]
+
+    allocation = job.allocations.get()
+    usage = UsageRecord.objects.get(allocation=allocation)
+    held = int((allocation.ended_at - allocation.started_at).total_seconds())
+    assert usage.held_seconds == held
+    assert usage.amount == (Decimal(held) * Decimal("2.40") / 3600).quantize(Decimal("0.00000001"))
+    last_meter = job.events.filter(kind="meter").order_by("-seq").first()
+    assert last_meter.data["running"] is False and last_meter.data["held_seconds"] == held
+    # The node's devices are free again, the working folder is gone.
+    assert Node.objects.get().free_devices() == (0, 1)
+    assert not any(runner.work_dir.iterdir())
+
+
+def test_a_failing_job_fails_with_its_exit_code_and_keeps_its_output(runner, alice, rate):
+    script = b"import os, sys\nopen(os.environ['E31_OUTPUT_DIR'] + '/partial.txt', 'w').write('x')\nprint('boom'); sys.exit(3)\n"
+    job = run_job(runner, make_job(alice, script=script))
+    assert job.state == "failed" and job.exit_code == 3
+    assert job.reason == "the process exited with code 3"
+    assert ("stdout", "boom") in log_lines(job)
+    assert job.artifacts.filter(name="partial.txt").exists()
+    assert UsageRecord.objects.filter(job=job).count() == 1
+
+
+def test_the_job_gets_its_folders_config_data_and_no_secrets(runner, alice, rate, monkeypatch, team_a):
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/prod")
+    monkeypatch.setenv("REDIS_URL", "redis://secret")
+    monkeypatch.setenv("SECRET_KEY", "the-django-secret")
+    script = b"""
+import json, os
+print(json.dumps(dict(os.environ)))
+print(json.dumps(json.load(open(os.environ["E31_CONFIG"]))))
+print(json.dumps(sorted(os.listdir(os.path.join(os.environ["E31_DATA_DIR"], "train")))))
+"""
+    dataset = add_dataset(team_a, "numbers", {"numbers.csv": b"1,2\n", "more/deep.csv": b"3,4\n"})
+    job = make_job(alice, script=script, config={"lr": 0.5}, env={"MY_FLAG": "yes"}, train_dataset=dataset)
+    job = run_job(runner, job)
+    assert job.state == "succeeded", log_lines(job)
+    env_line, config_line, data_line = [t for s, t in log_lines(job) if s == "stdout"]
+    env = json.loads(env_line)
+    for secret in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"):
+        assert secret not in env
+    assert "the-django-secret" not in env_line and "postgres://" not in env_line
+    assert env["E31_JOB_ID"] == str(job.pk) and env["MY_FLAG"] == "yes"
+    for name in ("E31_DATA_DIR", "E31_OUTPUT_DIR", "E31_CHECKPOINT_DIR", "E31_CONFIG"):
+        assert env[name].startswith(str(runner.work_dir))
+    assert json.loads(config_line) == {"lr": 0.5}
+    assert json.loads(data_line) == ["more", "numbers.csv"]
+
+
+def test_cancel_stops_the_whole_process_group_within_five_seconds(runner, alice, rate, tmp_path):
+    pid_file = tmp_path / "pids"
+    script = f"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that will not stop when asked
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open({str(pid_file)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+print("started", flush=True)
+while True:
+    time.sleep(0.1)
+""".encode()
+    job = make_job(alice, script=script)
+    services.schedule()
+    run_until(runner, lambda: any(t == "started" for _, t in log_lines(job)))
+    cancelled_at = time.monotonic()
+    job.request_cancel()
+    run_until(runner, lambda: Job.objects.get(pk=job.pk).is_terminal, timeout=10)
+    assert time.monotonic() - cancelled_at < 5
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+    assert ("stdout", "started") in log_lines(job), "the logs are kept"
+    for pid in map(int, pid_file.read_text().split()):
+        assert not _alive(pid), f"process {pid} survived the cancel"
+    allocation = job.allocations.get()
+    assert allocation.end_reason == "cancelled" and allocation.ended_at is not None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, just not yet reaped
+        return stat.read().split()[2] != "Z"
+
+
+def test_a_fixed_span_is_enforced_and_the_output_so_far_kept(runner, alice, rate):
+    script = b"""
+import os, time
+open(os.environ["E31_OUTPUT_DIR"] + "/weights-so-far.pt", "w").write("w")
+i = 0
+while True:
+    print(f"step {i}", flush=True); i += 1; time.sleep(0.2)
+"""
+    job = run_job(runner, make_job(alice, script=script, span_hours=Decimal("0.001")))  # 3.6 s
+    assert job.state == "stopped"
+    assert "span is reached" in job.reason
+    assert job.artifacts.filter(name="weights-so-far.pt").exists()
+    allocation = job.allocations.get()
+    assert allocation.ended_at - allocation.started_at <= timedelta(seconds=3.6)
+    assert UsageRecord.objects.get(job=job).held_seconds <= 3
+
+
+def test_a_money_ceiling_is_never_passed(runner, alice, rate):
+    from billing.models import Rate
+
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("12.00"))  # 0.01 buys 3 s
+    script = b"import time\nprint('up', flush=True)\nwhile True: time.sleep(0.1)\n"
+    ceiling = Decimal("0.01")
+    job = run_job(runner, make_job(alice, script=script, span_hours=None, ceiling_amount=ceiling))
+    assert job.state == "stopped" and "ceiling is reached" in job.reason
+    assert ("stdout", "up") in log_lines(job)
+    usage = UsageRecord.objects.get(job=job)
+    assert 1 <= usage.held_seconds <= 3
+    assert 0 < usage.amount <= ceiling
+
+
+def test_long_lines_are_split_not_lost(runner, alice, rate, settings):
+    runner.max_line_bytes = 1000
+    job = run_job(runner, make_job(alice, script=b"print('x' * 2500)\nprint('end')\n"))
+    texts = [t for _, t in log_lines(job)]
+    assert "".join(texts[:-1]) == "x" * 2500 and texts[-1] == "end"
+
+
+def test_a_missing_entrypoint_fails_with_python_s_message(runner, alice, rate):
+    job = make_job(alice)
+    Job.objects.filter(pk=job.pk).update(entrypoint="missing.py")
+    job = run_job(runner, job)
+    assert job.state == "failed" and job.exit_code == 2
+    assert any("can't open file" in t for _, t in log_lines(job))
+
+
+def test_a_missing_upload_fails_the_job_with_a_reason(runner, alice, rate, storage_dir):
+    job = make_job(alice)
+    for upload in job.uploads.all():
+        (storage_dir / upload.key).unlink()
+    job = run_job(runner, job)
+    assert job.state == "failed" and job.reason.startswith("could not start")
+    assert job.allocations.get().end_reason == "start_failed"
+
+
+def test_a_runner_whose_allocation_was_ended_elsewhere_kills_the_process(runner, alice, rate, settings):
+    job = make_job(alice, script=b"import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    services.schedule()
+    run_until(runner, lambda: bool(log_lines(job)))
+    pid = next(iter(runner.running.values())).process.pid
+    Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
+    services.expire_lost_nodes()
+    runner.step()
+    assert runner.running == {}
+    assert not _alive(pid)
+    job.refresh_from_db()
+    assert job.state == "queued" and job.restarts == 1
+
+
+def test_stopping_the_runner_requeues_its_jobs(runner, alice, rate):
+    job = make_job(alice, script=b"import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    services.schedule()
+    run_until(runner, lambda: bool(log_lines(job)))
+    runner.stop_all()
+    job.refresh_from_db()
+    assert job.state == "queued" and job.restarts == 1
+    assert job.allocations.get().end_reason == "runner_stopped"
+    assert Node.objects.get().stopped_at is not None
+
+
+def test_a_restarted_runner_releases_what_its_predecessor_held(db, alice, rate, tmp_path):
+    first = Runner(name="node", devices=1, work_dir=tmp_path, device_type="cpu")
+    first.register()
+    job = make_job(alice)
+    [allocation] = services.schedule()
+    Node.objects.update(stopped_at=timezone.now())  # the old runner died without cleaning up
+    second = Runner(name="node", devices=1, work_dir=tmp_path, device_type="cpu")
+    second.register()
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert allocation.end_reason == "runner_stopped" and job.state == "queued"
+
+
+def test_two_live_runners_cannot_share_a_name(runner, tmp_path):
+    with pytest.raises(RuntimeError, match="already running"):
+        Runner(name="test-node", devices=1, work_dir=tmp_path, device_type="cpu").register()
+
+
+def test_a_job_cancelled_before_its_process_started_is_not_launched(runner, alice, rate):
+    job = make_job(alice)
+    services.schedule()
+    job.request_cancel()
+    run_until(runner, lambda: Job.objects.get(pk=job.pk).is_terminal)
+    job.refresh_from_db()
+    assert job.state == "cancelled" and not log_lines(job)

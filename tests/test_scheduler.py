@@ -1,0 +1,127 @@
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from billing.models import Rate, UsageRecord
+from scheduler import services
+from scheduler.models import Allocation, Node
+from tests.conftest import make_job
+
+
+@pytest.fixture
+def node(db):
+    return Node.objects.create(name="n1", device_type="cpu", devices=2)
+
+
+def test_a_queued_job_is_placed_and_the_meter_starts(alice, rate, node):
+    job = make_job(alice)
+    [allocation] = services.schedule()
+    job.refresh_from_db()
+    assert job.state == "starting"
+    assert allocation.devices == [0] and allocation.node == node
+    assert allocation.rate == Decimal("2.40")
+    assert allocation.limit_seconds == 3600  # the job's span of 1 h
+    starting = job.timeline().last()
+    assert starting.data["state"] == "starting" and starting.at == allocation.started_at
+
+
+def test_devices_are_never_handed_out_twice(alice, rate, node):
+    jobs = [make_job(alice, name=f"j{i}") for i in range(3)]
+    services.schedule()
+    services.schedule()
+    allocations = list(Allocation.objects.all())
+    assert len(allocations) == 2
+    assert sorted(d for a in allocations for d in a.devices) == [0, 1]
+    jobs[2].refresh_from_db()
+    assert jobs[2].state == "queued" and "waiting for 1 device" in jobs[2].wait_reason
+
+
+def test_placing_rechecks_the_node_under_its_lock(alice, rate, node):
+    """A placement planned from a stale view (another scheduler took the device) is dropped."""
+    from scheduler.policy import Placement
+
+    first, second = make_job(alice, name="a"), make_job(alice, name="b")
+    assert services.place(Placement(str(first.pk), str(node.pk), (0,))) is not None
+    assert services.place(Placement(str(second.pk), str(node.pk), (0,))) is None
+    second.refresh_from_db()
+    assert second.state == "queued"
+
+
+def test_nodes_that_stopped_heartbeating_get_nothing(alice, rate, node, settings):
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 5))
+    job = make_job(alice)
+    assert services.schedule() == []
+    job.refresh_from_db()
+    assert "none is online" in job.wait_reason
+
+
+def test_without_a_rate_a_job_waits_with_the_reason(alice, node):
+    job = make_job(alice)
+    assert services.schedule() == []
+    job.refresh_from_db()
+    assert job.state == "queued" and "No rate is in force" in job.wait_reason
+
+
+def test_an_allocation_keeps_the_rate_in_force_when_it_started(alice, rate, node):
+    job = make_job(alice)
+    [allocation] = services.schedule()
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("99"), effective_from=timezone.now())
+    usage = allocation.release(allocation.started_at + timedelta(seconds=90), Allocation.EXITED)
+    assert usage.rate == Decimal("2.40") and usage.amount == Decimal("0.06")
+
+
+def test_a_lost_node_s_allocations_end_at_its_last_heartbeat_and_jobs_requeue(alice, rate, node, settings):
+    job = make_job(alice)
+    [allocation] = services.schedule()
+    last_heard = allocation.started_at + timedelta(seconds=40)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=last_heard)
+    assert services.expire_lost_nodes(now=last_heard + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1)) == 1
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert allocation.ended_at == last_heard and allocation.end_reason == "node_lost"
+    assert UsageRecord.objects.get(allocation=allocation).held_seconds == 40
+    assert job.state == "queued" and job.restarts == 1
+    assert "was lost" in job.timeline().last().data["reason"]
+
+
+def test_a_requeued_job_only_has_what_is_left_of_its_span(alice, rate, node):
+    job = make_job(alice, span_hours=Decimal("0.5"))
+    [first] = services.schedule()
+    first.release(first.started_at + timedelta(seconds=600), Allocation.NODE_LOST)
+    job.refresh_from_db()
+    job.requeue("requeued: test")
+    [second] = services.schedule()
+    assert second.limit_seconds == 1800 - 600
+
+
+def test_a_money_ceiling_becomes_a_time_limit_and_a_cap(alice, rate, node):
+    make_job(alice, span_hours=None, ceiling_amount=Decimal("1.20"))
+    [allocation] = services.schedule()
+    assert allocation.limit_seconds == 1800  # 1.20 at 2.40 per hour on 1 GPU
+    assert allocation.cost_cap == Decimal("1.20")
+
+
+def test_not_before_holds_a_job_back(alice, rate, node):
+    job = make_job(alice, not_before=timezone.now() + timedelta(hours=1))
+    assert services.schedule() == []
+    job.refresh_from_db()
+    assert job.wait_reason.startswith("not before")
+
+
+def test_a_job_cancelled_while_its_node_was_lost_ends_cancelled(alice, rate, node):
+    job = make_job(alice)
+    [allocation] = services.schedule()
+    job.request_cancel()
+    services.release_node(node, at=timezone.now(), reason=Allocation.NODE_LOST, why="test")
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+
+
+def test_the_scheduler_command_runs_one_cycle(alice, rate, node):
+    job = make_job(alice)
+    call_command("scheduler", "--once")
+    job.refresh_from_db()
+    assert job.state == "starting"
