@@ -15,7 +15,7 @@ from accounts.access import require_team
 from jobs.forms import JobForm, is_uuid, keep_uploads
 from jobs.models import Dataset, Job
 from jobs.spec import format_env
-from jobs.views import artifact_response, get_artifact, get_job
+from jobs.views import artifact_response, get_artifact, get_job, log_response
 
 SPEC_FIELDS = {
     "name",
@@ -196,6 +196,12 @@ def job_logs(request, job_id):
     next_after = rows[-1].seq if rows else after
     more = job.events.filter(kind="log", seq__gt=next_after).exists()
     return Response({"lines": lines, "next_after": next_after, "more": more, "state": job.state, "done": job.is_terminal and not more})
+
+
+@api_view(["GET"])
+def job_log(request, job_id):
+    """The whole log as text, streamed."""
+    return log_response(get_job(request, job_id))
 
 
 @api_view(["GET"])

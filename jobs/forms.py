@@ -100,8 +100,12 @@ class RequestForm(forms.Form):
         choices=[("money", f"Money ({settings.E31_CURRENCY})"), ("gpu_hours", "GPU-hours")], initial="money", required=False
     )
     ceiling = forms.DecimalField(required=False, max_digits=14, decimal_places=2)
-    not_before = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Not before")
-    deadline = forms.DateTimeField(required=False, widget=DateTimeLocalInput, help_text="When the results are needed.")
+    not_before = forms.DateTimeField(
+        required=False, widget=DateTimeLocalInput, label="Not before", help_text=f"Time zone: {settings.TIME_ZONE}."
+    )
+    deadline = forms.DateTimeField(
+        required=False, widget=DateTimeLocalInput, help_text=f"When the results are needed ({settings.TIME_ZONE})."
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,3 +1,5 @@
+import json
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, StreamingHttpResponse
@@ -35,7 +37,7 @@ def job_new(request):
         form = JobForm(data, team=team, upload_errors=upload_errors)
         if form.is_valid():
             job = form.save(request.user)
-            messages.success(request, f"Job {job.name} is queued.")
+            messages.success(request, f"Job {job.name} submitted.")
             return redirect("jobs:detail", job_id=job.pk)
         estimate_form = form
     else:
@@ -77,6 +79,8 @@ def job_detail(request, job_id):
         "meter": job.meter_event(),
         "allocation": job.latest_allocation(),
         "artifacts": job.artifacts.all(),
+        "uploads": job.uploads.exclude(role="code"),
+        "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,
     }
     return render(request, "jobs/detail.html", context)
@@ -112,7 +116,10 @@ def stream_log(job):
 @login_required
 @require_GET
 def job_log(request, job_id):
-    job = get_job(request, job_id)
+    return log_response(get_job(request, job_id))
+
+
+def log_response(job):
     response = StreamingHttpResponse(stream_log(job), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{job.name}-{job.short_id}.log"'
     return response

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from e31web.storage import get_storage
@@ -284,8 +284,8 @@ class Runner:
                     self.heartbeat()
                 except Exception:  # noqa: BLE001 - a missed beat is retried on the next one
                     log.exception("heartbeat failed")
-                finally:
-                    close_old_connections()
+                    connection.close()
+            connection.close()
 
         self._heartbeat_thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
         self._heartbeat_thread.start()
@@ -411,16 +411,23 @@ class Runner:
         if self.node is not None:
             Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())
 
-    def run(self, interval=0.1):
+    def run(self, interval=0.1, idle_interval=0.25):
         if self.node is None:
             self.register()
         self.start_heartbeats()
         try:
             while not self.shutdown:
-                busy = self.step()
-                close_old_connections()
+                try:
+                    busy = self.step()
+                except Exception:
+                    # A database hiccup must not take the node's jobs down: log it, reconnect,
+                    # and go on; every step can be repeated.
+                    log.exception("runner step failed")
+                    connection.close()
+                    busy = False
+                    time.sleep(1)
                 if not busy:
-                    time.sleep(interval)
+                    time.sleep(interval if self.running else idle_interval)
         finally:
             self.stop_all()
             self.stop_heartbeats()

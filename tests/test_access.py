@@ -18,6 +18,7 @@ JOB_PAGES = [
 JOB_API = [
     ("get", "api:job", ()),
     ("get", "api:job-logs", ()),
+    ("get", "api:job-log", ()),
     ("post", "api:job-cancel", ()),
     ("get", "api:job-artifacts", ()),
     ("get", "api:job-artifact", ("model.pt",)),

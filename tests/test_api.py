@@ -154,3 +154,11 @@ def test_apitoken_refuses_an_unknown_user(db):
 
     with pytest.raises(CommandError, match="No user named 'nobody'"):
         call_command("apitoken", "nobody")
+
+
+def test_the_whole_log_downloads_through_the_api(api, alice):
+    job = make_job(alice)
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=job.created_at, stream="stdout", text=f"l{i}") for i in range(3)])
+    response = api.get(reverse("api:job-log", args=[job.pk]))
+    assert response.streaming
+    assert b"".join(response.streaming_content).decode() == "l0\nl1\nl2\n"

@@ -63,7 +63,8 @@ def test_the_billing_page_lists_jobs_and_the_month_total(client, alice, rate, no
     client.force_login(alice)
     page = client.get(reverse("billing:usage")).content.decode()
     assert "first-run" in page and "second-run" in page
-    assert page.count("USD 2.40<") == 2  # 1 GPU x 1 h, and 2 GPUs x 0.5 h, at 2.40
+    # Each line: the rate 2.40, and the cost 2.40 (1 GPU x 1 h, and 2 GPUs x 0.5 h).
+    assert page.count("USD 2.40<") == 4
     assert 'id="month-total">USD 4.80<' in page
     assert "Holding compute now" not in page
 

@@ -180,7 +180,7 @@ def test_the_estimate_follows_the_request(client_a):
     body = client_a.post(url, {"gpus": "2", "mode": "until_done", "ceiling": "50", "ceiling_kind": "money"}).content.decode()
     assert "At most <strong>USD 50.00</strong>" in body
     body = client_a.post(url, {"gpus": "0", "mode": "span", "span_hours": "3"}).content.decode()
-    assert "Fill in the request" in body
+    assert "Fix the compute request above to see its cost." in body
 
 
 def test_the_estimate_uses_the_rate_of_the_gpu_type(client_a):

@@ -103,7 +103,7 @@ def test_the_job_page_shows_state_timeline_log_and_meter(client, alice, rate, no
     assert "visible-run" in page and "epoch 1 loss 0.5" in page
     assert 'id="job-state" class="state state-starting"' in page
     assert "held 1 cpu device on n1" in page
-    assert 'id="meter-amount"' in page and "USD 2.4000 per GPU-hour" in page
+    assert 'id="meter-amount"' in page and "USD 2.40 per GPU-hour" in page
     assert f'data-after="{Job.objects.get(pk=job.pk).last_seq}"' in page
 
 

@@ -94,7 +94,7 @@ def main():
         metrics["heldout_accuracy"] = accuracy(model, *heldout)
     torch.save(model.state_dict(), out_dir / "model.pt")
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    print(f"done: {metrics}; weights in {out_dir / 'model.pt'}")
+    print(f"done: {metrics}; weights written to model.pt")
 
 
 if __name__ == "__main__":

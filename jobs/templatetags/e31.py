@@ -18,6 +18,17 @@ def money(amount, places=2):
 
 
 @register.filter
+def rate(amount):
+    """A rate with the places it needs, at least two: 'USD 2.50', 'USD 0.125'."""
+    if amount in (None, ""):
+        return ""
+    value = Decimal(str(amount)).normalize()
+    if value.as_tuple().exponent > -2:
+        value = value.quantize(Decimal("0.01"))
+    return f"{settings.E31_CURRENCY} {value:,f}"
+
+
+@register.filter
 def duration(seconds):
     if seconds in (None, ""):
         return ""

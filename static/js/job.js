@@ -13,8 +13,8 @@
 
   function pad(n) { return String(n).padStart(2, "0"); }
   function duration(s) { return Math.floor(s / 3600) + ":" + pad(Math.floor(s / 60) % 60) + ":" + pad(s % 60); }
-  function money(amount, places) {
-    return currency + " " + Number(amount).toLocaleString("en-US", { minimumFractionDigits: places, maximumFractionDigits: places });
+  function money(amount, places, most) {
+    return currency + " " + Number(amount).toLocaleString("en-US", { minimumFractionDigits: places, maximumFractionDigits: most || places });
   }
 
   function atBottom() { return log.scrollHeight - log.scrollTop - log.clientHeight < 40; }
@@ -36,12 +36,13 @@
     tag.className = "state state-" + state;
     tag.textContent = state;
     const time = document.createElement("time");
+    time.className = "small mono";
     time.dateTime = at;
     time.textContent = new Date(at).toISOString().substring(11, 19);
-    const why = document.createElement("span");
+    const why = document.createElement("div");
     why.className = "muted small";
     why.textContent = reason || "";
-    li.append(tag, " ", time, " ", why);
+    li.append(tag, " ", time, why);
     document.getElementById("timeline").appendChild(li);
     if (TERMINAL.includes(state)) {
       const cancel = document.getElementById("cancel-form");
@@ -57,7 +58,7 @@
     document.getElementById("meter-amount").textContent = money(e.amount, 4);
     document.getElementById("meter").dataset.running = e.running ? "1" : "0";
     document.getElementById("meter-note").textContent = e.running
-      ? "Running: " + e.gpus + " device" + (e.gpus === 1 ? "" : "s") + " at " + money(e.rate, 4) + " per GPU-hour."
+      ? "Running: " + e.gpus + " device" + (e.gpus === 1 ? "" : "s") + " at " + money(e.rate, 2, 4) + " per GPU-hour."
       : "Stopped: compute released.";
   }
 

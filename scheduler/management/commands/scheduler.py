@@ -3,7 +3,7 @@ import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
+from django.db import connection
 
 from scheduler import services
 from scheduler.management.commands._loop import stop_on_signals
@@ -27,7 +27,6 @@ class Command(BaseCommand):
         with stop_on_signals(self.stop):
             while not self.shutdown:
                 self.handle_one_cycle()
-                close_old_connections()
                 self.sleep(interval)
         self.stdout.write("scheduler: stopped")
 
@@ -45,5 +44,7 @@ class Command(BaseCommand):
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
         except Exception:
-            # A bad cycle (a database hiccup) must not end the loop; the next cycle retries.
+            # A bad cycle (a database hiccup) must not end the loop; the next cycle retries
+            # on a fresh connection.
             log.exception("scheduling cycle failed")
+            connection.close()
