@@ -3,7 +3,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from accounts.access import team_of
 from jobs import live
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, event_message
 
 BATCH = 1000
 
@@ -21,10 +21,11 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await self.send_events(backlog=True)
-        live.relay.ensure_started()
+        live.relay.watch(self.job_id)
 
     async def disconnect(self, code):
         if getattr(self, "group", None):
+            live.relay.unwatch(self.job_id)
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def job_events(self, message):
@@ -65,4 +66,4 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         rows = JobEvent.objects.filter(job_id=self.job_id, seq__gt=after).order_by("seq")
         if skip_meter_below:
             rows = rows.exclude(kind="meter", seq__lt=skip_meter_below)
-        return [event.as_message() for event in rows[:BATCH]]
+        return [event_message(*row) for row in rows.values_list(*JobEvent.MESSAGE_FIELDS)[:BATCH]]

@@ -9,8 +9,9 @@ Two ways to announce, chosen by settings.E31_LIVE_MODE:
   its transaction commits.
 - "db": the embedded default. Channels' in-memory layer lives in one process and is not
   thread-safe, so writers in other processes cannot reach it. Instead each web process runs one
-  relay task that tails the event table (one query every quarter second per process, however
-  many watchers) and announces to its local groups.
+  relay task that reads the sequence counters of the jobs its websockets watch (one query every
+  quarter second per process, however many watchers) and announces those that moved on. The
+  counter commits with its events, so whatever it shows is readable.
 """
 
 import asyncio
@@ -21,14 +22,10 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db.models import Max
 
 log = logging.getLogger(__name__)
 
 RELAY_INTERVAL = 0.25
-# Rows may commit out of id order on PostgreSQL; look back this many ids so a late commit is
-# still seen. Announcing twice is harmless (consumers dedupe by seq).
-RELAY_LOOKBACK = 2000
 
 
 class JobEventsMessage(TypedDict):
@@ -56,11 +53,22 @@ def announce(job_id, last_seq):
 
 
 class Relay:
-    """Tails JobEvent rows and announces them to this process's groups."""
+    """Announces the jobs this process's websockets watch whenever their events move on."""
 
     def __init__(self):
         self.task = None
+        self.watched = {}  # job id -> number of websockets watching it
         self.known = {}  # job id -> last seq announced
+
+    def watch(self, job_id):
+        self.watched[job_id] = self.watched.get(job_id, 0) + 1
+        self.ensure_started()
+
+    def unwatch(self, job_id):
+        self.watched[job_id] = self.watched.get(job_id, 1) - 1
+        if self.watched[job_id] <= 0:
+            self.watched.pop(job_id, None)
+            self.known.pop(job_id, None)
 
     def ensure_started(self):
         if settings.E31_LIVE_MODE != "db":
@@ -70,38 +78,30 @@ class Relay:
             self.task = loop.create_task(self.run())
 
     async def run(self):
-        from jobs.models import JobEvent
-
-        cursor = await database_sync_to_async(lambda: JobEvent.objects.aggregate(m=Max("id"))["m"] or 0)()
         layer = get_channel_layer()
         while True:
             try:
-                cursor = await self.step(layer, cursor)
+                await self.step(layer)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep relaying; the next step retries the same rows
+            except Exception:  # noqa: BLE001 - keep relaying; the next step reads the counters again
                 log.exception("event relay step failed")
             await asyncio.sleep(RELAY_INTERVAL)
 
-    async def step(self, layer, cursor):
-        rows = await database_sync_to_async(self._changes)(cursor)
-        for job_id, last_seq, max_id in rows:
-            cursor = max(cursor, max_id)
+    async def step(self, layer):
+        if not self.watched:
+            return
+        counters = await database_sync_to_async(self._counters)(list(self.watched))
+        for job_id, last_seq in counters:
             if self.known.get(job_id, 0) < last_seq:
                 self.known[job_id] = last_seq
                 await layer.group_send(group_name(job_id), message(job_id, last_seq))
-        return cursor
 
     @staticmethod
-    def _changes(cursor):
-        from jobs.models import JobEvent
+    def _counters(job_ids):
+        from jobs.models import Job
 
-        return list(
-            JobEvent.objects.filter(id__gt=max(0, cursor - RELAY_LOOKBACK))
-            .values("job_id")
-            .annotate(last_seq=Max("seq"), max_id=Max("id"))
-            .values_list("job_id", "last_seq", "max_id")
-        )
+        return list(Job.objects.filter(pk__in=job_ids).values_list("pk", "last_seq"))
 
 
 relay = Relay()

@@ -2,7 +2,7 @@ import uuid
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -221,32 +221,70 @@ class JobEvent(models.Model):
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="job_event_seq_unique")]
 
-    @classmethod
-    def append(cls, job_id, events):
-        """Give events the job's next sequence numbers and store them; announce after commit.
+    MESSAGE_FIELDS = ("seq", "kind", "at", "stream", "text", "data")
+
+    @staticmethod
+    def _reserve(job_id, count):
+        """The first of count new sequence numbers for the job (call inside a transaction).
 
         The counter lives on the job row: the UPDATE locks it until commit, so two writers for
         one job (runner, scheduler, web) take turns and sequence order is commit order."""
+        Job.objects.filter(pk=job_id).update(last_seq=F("last_seq") + count)
+        return Job.objects.filter(pk=job_id).values_list("last_seq", flat=True).get() - count + 1
+
+    @classmethod
+    def append(cls, job_id, events):
+        """Give events the job's next sequence numbers and store them; announce after commit."""
         if not events:
             return None
         with transaction.atomic():
-            Job.objects.filter(pk=job_id).update(last_seq=F("last_seq") + len(events))
-            last = Job.objects.filter(pk=job_id).values_list("last_seq", flat=True).get()
+            first = cls._reserve(job_id, len(events))
             for offset, event in enumerate(events):
                 event.job_id = job_id
-                event.seq = last - len(events) + 1 + offset
+                event.seq = first + offset
             cls.objects.bulk_create(events, batch_size=500)
+            last = first + len(events) - 1
             transaction.on_commit(lambda: live.announce(job_id, last))
         return last
 
-    def as_message(self):
-        message = {"seq": self.seq, "kind": self.kind, "at": self.at.isoformat()}
-        if self.kind == "log":
-            message["stream"] = self.stream
-            message["text"] = self.text
-        else:
-            message.update(self.data or {})
-        return message
+    @classmethod
+    def append_lines(cls, job_id, lines):
+        """append() for log lines given as (stream, at, text), the runner's hot path: plain rows
+        in one statement (COPY on PostgreSQL), no model instances. Measured by
+        bench/log_throughput.py: about 4x the lines per second of bulk_create."""
+        if not lines:
+            return None
+        table = cls._meta.db_table
+        columns = "job_id, seq, at, kind, stream, text"
+        with transaction.atomic():
+            first = cls._reserve(job_id, len(lines))
+            with connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                        for offset, (stream, at, text) in enumerate(lines):
+                            copy.write_row((job_id, first + offset, at, "log", stream, text))
+                else:
+                    job_value = cls._meta.get_field("job").get_db_prep_value(job_id, connection)
+                    adapt = connection.ops.adapt_datetimefield_value
+                    cursor.executemany(
+                        f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, %s)",
+                        [(job_value, first + i, adapt(at), "log", stream, text) for i, (stream, at, text) in enumerate(lines)],
+                    )
+            last = first + len(lines) - 1
+            transaction.on_commit(lambda: live.announce(job_id, last))
+        return last
+
+
+
+def event_message(seq, kind, at, stream, text, data):
+    """An event as the websocket sends it."""
+    message = {"seq": seq, "kind": kind, "at": at.isoformat()}
+    if kind == "log":
+        message["stream"] = stream
+        message["text"] = text
+    else:
+        message.update(data or {})
+    return message
 
 
 class Upload(models.Model):

@@ -33,6 +33,11 @@ from scheduler.services import release_node
 log = logging.getLogger(__name__)
 
 PUMP_BATCH = 5000
+# Lines read but not yet stored. When it is full the reader waits, the pipe fills, and the job
+# blocks on its next write: back-pressure instead of a runner that grows without bound.
+QUEUE_LINES = 100_000
+# After the process exits, how long its pipes may stay open (a daemon that left the process
+# group holding them) before the runner stops reading and finishes the job.
 READER_JOIN_SECONDS = 5.0
 
 
@@ -54,7 +59,7 @@ class OutputReader:
     """Reads a process's stdout and stderr line by line on two threads into one queue."""
 
     def __init__(self, process, max_line_bytes):
-        self.lines = queue.SimpleQueue()
+        self.lines = queue.Queue(maxsize=QUEUE_LINES)
         self.threads = [
             threading.Thread(target=self._read, args=(pipe, name, max_line_bytes), daemon=True)
             for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
@@ -66,7 +71,8 @@ class OutputReader:
         try:
             # A line longer than max_line_bytes comes through as several lines: split, never dropped.
             for raw in iter(lambda: pipe.readline(max_line_bytes), b""):
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                # NUL cannot be stored in a PostgreSQL text column: shown as U+FFFD, like bad UTF-8.
+                text = raw.decode("utf-8", errors="replace").rstrip("\r\n").replace("\x00", "\ufffd")
                 self.lines.put((stream, timezone.now(), text))
         finally:
             pipe.close()
@@ -87,7 +93,8 @@ class OutputReader:
 
     @property
     def done(self):
-        return not any(thread.is_alive() for thread in self.threads)
+        """Both pipes read to the end and every line taken from the queue."""
+        return not any(thread.is_alive() for thread in self.threads) and self.lines.empty()
 
 
 @dataclass
@@ -108,6 +115,7 @@ class RunningJob:
         self.reader = OutputReader(process, max_line_bytes)
         self.stop = None
         self.exited_at = None
+        self.exited_monotonic = None
         self.last_tick = 0.0
         limit = allocation.limit_seconds
         self.limit_at = allocation.started_at + timedelta(seconds=limit) if limit is not None else None
@@ -117,8 +125,7 @@ class RunningJob:
     def pump(self):
         """Store what the process printed since the last call; True if there may be more."""
         batch = self.reader.drain(PUMP_BATCH)
-        if batch:
-            JobEvent.append(self.job.pk, [JobEvent(kind="log", at=at, stream=s, text=t) for s, at, t in batch])
+        JobEvent.append_lines(self.job.pk, batch)
         return len(batch) == PUMP_BATCH
 
     def tick(self, now_monotonic):
@@ -160,9 +167,18 @@ class RunningJob:
     def poll(self):
         if self.exited_at is None and self.process.poll() is not None:
             self.exited_at = timezone.now()
+            self.exited_monotonic = time.monotonic()
             # Whatever the job left behind in its process group goes with it.
             self.signal_group(signal.SIGKILL)
         return self.exited_at is not None
+
+    def ready_to_finish(self):
+        """Exited, and every line it printed is stored (or its pipes outlived it too long)."""
+        if self.exited_at is None:
+            return False
+        if self.reader.done:
+            return True
+        return time.monotonic() - self.exited_monotonic > READER_JOIN_SECONDS
 
     def kill(self):
         self.signal_group(signal.SIGKILL)
@@ -172,14 +188,18 @@ class RunningJob:
             log.error("job %s process %s did not die", self.job.pk, self.process.pid)
         if self.exited_at is None:
             self.exited_at = timezone.now()
+            self.exited_monotonic = time.monotonic()
 
     # The end ------------------------------------------------------------------------------------
 
     def drain_output(self):
-        self.reader.join(READER_JOIN_SECONDS)
+        """Store every line still in the pipes or the queue (the runner is stopping)."""
+        deadline = time.monotonic() + READER_JOIN_SECONDS
+        while not self.reader.done and time.monotonic() < deadline:
+            if not self.pump():
+                time.sleep(0.01)
         while self.pump():
             pass
-        self.pump()
 
     def outcome(self):
         """(allocation end reason, job state, reason text) from how the process ended."""
@@ -206,8 +226,10 @@ class RunningJob:
         return stored
 
     def finish(self):
-        """After the process ended: keep every line and output file, stop the meter, set the state."""
-        self.drain_output()
+        """After the process ended and its output is stored: keep its output files, stop the
+        meter (at the moment it exited), set the state."""
+        while self.pump():
+            pass
         reason, state, message = self.outcome()
         try:
             count = self.store_artifacts()
@@ -382,13 +404,15 @@ class Runner:
         busy = False
         for pk, running in list(self.running.items()):
             busy |= running.pump()
-            running.enforce_limit(now, self.grace)
-            running.escalate(self.grace)
-            if running.poll():
+            if not running.poll():
+                running.enforce_limit(now, self.grace)
+                running.escalate(self.grace)
+                running.tick(time.monotonic())
+            elif running.ready_to_finish():
+                # Lines still coming out of the pipes are stored over the next steps, so a job
+                # that printed a lot does not hold up the rest of the node while it drains.
                 running.finish()
                 del self.running[pk]
-            else:
-                running.tick(time.monotonic())
         return busy
 
     def stop_all(self, reason=Allocation.RUNNER_STOPPED):

@@ -1,8 +1,6 @@
 """The job websocket against the real ASGI app: backlog, live events, reconnects, scoping,
 in the embedded default (database relay) and on the Redis channel layer."""
 
-import asyncio
-
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import channel_layers
@@ -170,10 +168,11 @@ def test_a_session_socket_must_come_from_our_origin(live_mode, alice, rate, clie
         stop_relay()
 
 
-def test_the_relay_announces_each_job_once_per_change(settings, alice, rate):
-    """One query per step for all jobs; a job is announced only when its events move on."""
+def test_the_relay_announces_watched_jobs_once_per_change(settings, alice, rate):
+    """One query per step for all watched jobs; a job is announced only when its events move
+    on, and jobs nobody watches cost nothing."""
     settings.E31_LIVE_MODE = "db"
-    job = make_job(alice)
+    watched, unwatched = make_job(alice, name="watched"), make_job(alice, name="unwatched")
     sent = []
 
     class Layer:
@@ -181,13 +180,19 @@ def test_the_relay_announces_each_job_once_per_change(settings, alice, rate):
             sent.append((group, message["last_seq"]))
 
     relay = live.Relay()
+    relay.ensure_started = lambda: None  # steps are driven by hand here
 
     async def scenario():
-        cursor = await relay.step(Layer(), 0)
-        await sync_to_async(logs)(job, ["a", "b"])
-        cursor = await relay.step(Layer(), cursor)
-        cursor = await relay.step(Layer(), cursor)  # nothing new: nothing sent
-        return cursor
+        await relay.step(Layer())  # nobody watches: no query, nothing sent
+        relay.watch(watched.pk)
+        await relay.step(Layer())
+        await sync_to_async(logs)(watched, ["a", "b"])
+        await sync_to_async(logs)(unwatched, ["c"])
+        await relay.step(Layer())
+        await relay.step(Layer())  # nothing new: nothing sent
+        relay.unwatch(watched.pk)
+        await sync_to_async(logs)(watched, ["d"])
+        await relay.step(Layer())
 
-    asyncio.run(scenario())
-    assert sent == [(live.group_name(job.pk), 1), (live.group_name(job.pk), 3)]
+    async_to_sync(scenario)()
+    assert sent == [(live.group_name(watched.pk), 1), (live.group_name(watched.pk), 3)]

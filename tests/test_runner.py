@@ -258,3 +258,41 @@ def test_a_job_cancelled_before_its_process_started_is_not_launched(runner, alic
     run_until(runner, lambda: Job.objects.get(pk=job.pk).is_terminal)
     job.refresh_from_db()
     assert job.state == "cancelled" and not log_lines(job)
+
+
+def test_nul_bytes_and_bad_utf8_are_kept_as_replacement_characters(runner, alice, rate):
+    script = b"import sys\nsys.stdout.buffer.write(b'a\\x00b \\xff end\\n')\n"
+    job = run_job(runner, make_job(alice, script=script))
+    assert log_lines(job) == [("stdout", "a\ufffdb \ufffd end")]
+
+
+def test_a_daemon_holding_the_pipes_does_not_hold_the_job_forever(runner, alice, rate, monkeypatch, tmp_path):
+    from scheduler import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "READER_JOIN_SECONDS", 1.0)
+    # The daemon leaves the job's session, so the group kill misses it, and keeps stdout open.
+    pid_file = tmp_path / "daemon.pid"
+    script = (
+        "import subprocess\n"
+        "daemon = subprocess.Popen(['setsid', 'sleep', '30'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(daemon.pid))\n"
+        "print('bye', flush=True)\n"
+    ).encode()
+    started = time.monotonic()
+    try:
+        job = run_job(runner, make_job(alice, script=script), timeout=20)
+        assert job.state == "succeeded" and ("stdout", "bye") in log_lines(job)
+        assert time.monotonic() - started < 10
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def test_a_chatty_job_s_lines_are_all_stored_in_order(runner, alice, rate):
+    script = b"import sys\nw = sys.stdout.write\nfor i in range(30000): w(f'{i}\\n')\n"
+    job = run_job(runner, make_job(alice, script=script))
+    texts = [t for _, t in log_lines(job)]
+    assert texts == [str(i) for i in range(30000)]
+    assert list(job.events.filter(kind="log").values_list("seq", flat=True)) == sorted(
+        job.events.filter(kind="log").values_list("seq", flat=True)
+    )
