@@ -9,6 +9,7 @@ database relay, on PostgreSQL, and on PostgreSQL with the Redis channel layer.
 import importlib.util
 import io
 import json
+import time
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
@@ -209,3 +210,19 @@ def test_a_browser_socket_needs_our_origin_and_a_session(system):
     with pytest.raises(Exception):
         with connect(system.ws_url(job["id"]), additional_headers={"Cookie": cookie}, origin="http://evil.example") as ws:
             ws.recv(timeout=10)
+
+
+def test_cancel_stops_a_running_job_within_five_seconds(system):
+    job = system.submit(
+        {"name": "long", "train_dataset": "digits", "gpus": 1, "span_hours": 1, "config": {"epochs": 100000}}, EXAMPLE
+    )
+    system.wait_until(lambda: system.api("GET", f"/api/jobs/{job['id']}/logs/").json()["lines"], 60, "the first log line")
+    asked = time.monotonic()
+    response = system.api("POST", f"/api/jobs/{job['id']}/cancel/")
+    assert response.status_code == 202
+    done = system.wait_for_state(job["id"], timeout=30)
+    assert time.monotonic() - asked < 5
+    assert done["state"] == "cancelled"
+    assert done["allocation"]["ended_at"] is not None
+    logs = system.api("GET", f"/api/jobs/{job['id']}/logs/").json()["lines"]
+    assert any(line["text"].startswith("training on") for line in logs), "the log is kept"
