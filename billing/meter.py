@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
 SECONDS_PER_HOUR = 3600
+# Beyond this a limit means "unbounded" (a hundred years), and stays a storable number.
+MAX_HELD_SECONDS = 100 * 365 * 24 * SECONDS_PER_HOUR
 AMOUNT_PLACES = Decimal("0.00000001")
 CENTS = Decimal("0.01")
 

@@ -65,7 +65,7 @@ class UsageRecord(models.Model):
     ended_at = models.DateTimeField()
     held_seconds = models.PositiveBigIntegerField()
     rate = models.DecimalField(max_digits=12, decimal_places=4)
-    amount = models.DecimalField(max_digits=20, decimal_places=8)
+    amount = models.DecimalField(max_digits=30, decimal_places=8)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

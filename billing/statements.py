@@ -84,4 +84,6 @@ def parse_month(text, today):
     year, sep, month = text.partition("-")
     if not (sep and year.isdigit() and month.isdigit() and len(year) == 4 and 1 <= int(month) <= 12):
         raise ValueError(f"{text!r} is not a month: use YYYY-MM")
+    if not 1970 <= int(year) <= 9998:
+        raise ValueError(f"{text!r} is out of range: use a year from 1970 to 9998")
     return int(year), int(month)

@@ -44,10 +44,15 @@ def spec_to_form_data(spec, team):
     unknown = sorted(set(spec) - SPEC_FIELDS)
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
+    structured = {"args": (list, str), "config": (dict, str), "env": (dict, str)}
+    for field, value in spec.items():
+        allowed = structured.get(field, (str, int, float))
+        if value is not None and (not isinstance(value, allowed) or isinstance(value, bool)):
+            raise ValidationError({field: [f"{field} must be {_kinds(allowed)}, not {type(value).__name__}."]})
     data = dict(spec)
     if isinstance(data.get("args"), list):
         data["args"] = shlex.join(str(a) for a in data["args"])
-    if isinstance(data.get("config"), (dict, list)):
+    if isinstance(data.get("config"), dict):
         data["config"] = json.dumps(data["config"])
     if isinstance(data.get("env"), dict):
         data["env"] = format_env(data["env"])
@@ -57,6 +62,11 @@ def spec_to_form_data(spec, team):
         if data.get(field):
             data[field] = dataset_id(team, data[field], field)
     return data
+
+
+def _kinds(types):
+    names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
 def dataset_id(team, ref, field):
@@ -142,6 +152,8 @@ def jobs(request):
             raw = json.loads(raw)
         except json.JSONDecodeError as error:
             raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
+        except RecursionError:
+            raise ValidationError({"spec": ["The spec is nested too deeply."]}) from None
     data = spec_to_form_data(raw, team)
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
     form = JobForm(data, team=team, upload_errors=upload_errors)

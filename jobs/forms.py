@@ -210,6 +210,12 @@ class JobForm(RequestForm):
         ids = self.data.getlist(field) if hasattr(self.data, "getlist") else []
         return list(self.fields[field].queryset.filter(pk__in=[i for i in ids if is_uuid(i)]))
 
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise forms.ValidationError("The name cannot contain control characters (such as line breaks).")
+        return name.strip()
+
     def clean_args(self):
         try:
             return spec.parse_args(self.cleaned_data["args"])

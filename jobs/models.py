@@ -71,7 +71,7 @@ class Job(models.Model):
     gpu_type = models.CharField(max_length=100, blank=True, help_text="blank: any type")
     span_hours = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
     ceiling_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
-    ceiling_gpu_hours = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    ceiling_gpu_hours = models.DecimalField(max_digits=16, decimal_places=4, null=True, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
 

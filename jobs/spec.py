@@ -20,24 +20,43 @@ def parse_config(text):
     if not text or not text.strip():
         return {}
     stripped = text.strip()
-    if stripped.startswith(("{", "[")):
-        try:
-            value = json.loads(stripped)
-        except json.JSONDecodeError as error:
-            raise SpecError(f"the config is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
-    else:
-        try:
-            value = yaml.safe_load(stripped)
-        except yaml.YAMLError as error:
-            where = ""
-            mark = getattr(error, "problem_mark", None)
-            if mark is not None:
-                where = f" (line {mark.line + 1}, column {mark.column + 1})"
-            problem = getattr(error, "problem", None) or str(error)
-            raise SpecError(f"the config is not valid YAML: {problem}{where}") from None
+    try:
+        value = _load_config(stripped)
+    except RecursionError:
+        raise SpecError("the config is nested too deeply") from None
     if not isinstance(value, dict):
         raise SpecError("the config must be a mapping of names to values (a JSON object or YAML mapping)")
+    if _has_nul(value):
+        raise SpecError("the config contains a NUL character")
     return value
+
+
+def _load_config(text):
+    if text.startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise SpecError(f"the config is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        where = ""
+        mark = getattr(error, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})"
+        problem = getattr(error, "problem", None) or str(error)
+        raise SpecError(f"the config is not valid YAML: {problem}{where}") from None
+
+
+def _has_nul(value):
+    """True if any string in the parsed config holds a NUL (the database cannot store it)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def parse_args(text):

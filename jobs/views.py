@@ -4,6 +4,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.access import get_for_team, require_team
@@ -121,7 +122,7 @@ def job_log(request, job_id):
 
 def log_response(job):
     response = StreamingHttpResponse(stream_log(job), content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{job.name}-{job.short_id}.log"'
+    response["Content-Disposition"] = content_disposition_header(True, f"{job.name}-{job.short_id}.log")
     return response
 
 

@@ -80,3 +80,22 @@ def command_for(entrypoint, args, python=sys.executable):
     if entrypoint.endswith(".sh"):
         return ["/bin/bash", entrypoint, *args]
     raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file")
+
+
+MAX_ARTIFACT_NAME = 500
+
+
+def artifact_name_problem(name):
+    """Why an output file cannot be kept under this name (None when it can): the name goes
+    into URLs, headers and the database, so it must be printable UTF-8 of a sane length."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not valid UTF-8"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "its name has control characters"
+    if "\\" in name:
+        return "its name has a backslash"
+    if len(name) > MAX_ARTIFACT_NAME:
+        return f"its name is longer than {MAX_ARTIFACT_NAME} characters"
+    return None

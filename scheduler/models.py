@@ -72,7 +72,7 @@ class Allocation(models.Model):
     device_type = models.CharField(max_length=100)
     rate = models.DecimalField(max_digits=12, decimal_places=4, help_text="per GPU-hour, in force at started_at")
     limit_seconds = models.PositiveBigIntegerField(null=True, blank=True, help_text="held time the job may use")
-    cost_cap = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    cost_cap = models.DecimalField(max_digits=30, decimal_places=8, null=True, blank=True)
     started_at = models.DateTimeField()
     launched_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

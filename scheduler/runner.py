@@ -26,9 +26,9 @@ from django.utils import timezone
 from e31web.storage import get_storage
 from jobs import archive, states
 from jobs.models import Artifact, Job, JobEvent
-from scheduler.launch import JobDirs, build_environment, command_for
+from scheduler.launch import JobDirs, artifact_name_problem, build_environment, command_for
 from scheduler.models import Allocation, Node
-from scheduler.services import release_node
+from scheduler.services import end_allocation, release_node
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,19 @@ def detect_device_type():
         return "cpu"
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     return names[0] if out.returncode == 0 and names else "cpu"
+
+
+class AllocationGone(Exception):
+    """The allocation was ended elsewhere (its node declared lost) while its job was starting."""
+
+
+def _kill_group(process):
+    if process is not None and process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
 
 
 class OutputReader:
@@ -117,16 +130,23 @@ class RunningJob:
         self.exited_at = None
         self.exited_monotonic = None
         self.last_tick = 0.0
+        self.pending = []  # lines taken from the reader, not yet committed
         limit = allocation.limit_seconds
         self.limit_at = allocation.started_at + timedelta(seconds=limit) if limit is not None else None
 
     # Output and the meter -------------------------------------------------------------------
 
     def pump(self):
-        """Store what the process printed since the last call; True if there may be more."""
-        batch = self.reader.drain(PUMP_BATCH)
-        JobEvent.append_lines(self.job.pk, batch)
-        return len(batch) == PUMP_BATCH
+        """Store what the process printed since the last call; True if there may be more.
+
+        A batch stays pending until its write commits: if the database refuses it (locked, gone
+        for a moment), the same lines are written on the next try, not dropped."""
+        if not self.pending:
+            self.pending = self.reader.drain(PUMP_BATCH)
+        count = len(self.pending)
+        JobEvent.append_lines(self.job.pk, self.pending)
+        self.pending = []
+        return count == PUMP_BATCH
 
     def tick(self, now_monotonic):
         if now_monotonic - self.last_tick >= 1.0:
@@ -174,7 +194,7 @@ class RunningJob:
 
     def ready_to_finish(self):
         """Exited, and every line it printed is stored (or its pipes outlived it too long)."""
-        if self.exited_at is None:
+        if self.exited_at is None or self.pending:
             return False
         if self.reader.done:
             return True
@@ -213,29 +233,37 @@ class RunningJob:
         return Allocation.EXITED, states.FAILED, f"the process exited with code {code}"
 
     def store_artifacts(self):
+        """Keep every file of the output folder; returns (kept, [skipped name: why])."""
         storage = get_storage()
-        stored = 0
+        kept, skipped = 0, []
         for path in sorted(self.dirs.output.rglob("*")):
             if path.is_symlink() or not path.is_file():
                 continue
             name = path.relative_to(self.dirs.output).as_posix()
+            problem = artifact_name_problem(name)
+            if problem:
+                skipped.append(f"{name!r}: {problem}")
+                continue
             key = f"jobs/{self.job.pk}/artifacts/{name}"
             size, sha256 = storage.save_file(key, path)
             Artifact.objects.update_or_create(job=self.job, name=name, defaults={"key": key, "size": size, "sha256": sha256})
-            stored += 1
-        return stored
+            kept += 1
+        return kept, skipped
 
     def finish(self):
         """After the process ended and its output is stored: keep its output files, stop the
-        meter (at the moment it exited), set the state."""
+        meter (at the moment it exited), set the state. Whatever goes wrong with the files, the
+        compute is released and the job ends."""
         while self.pump():
             pass
         reason, state, message = self.outcome()
         try:
-            count = self.store_artifacts()
-            if count:
-                self.job.record("notice", data={"text": f"kept {count} output file{'s' if count != 1 else ''}"})
-        except OSError as error:
+            kept, skipped = self.store_artifacts()
+            if kept:
+                self.job.record("notice", data={"text": f"kept {kept} output file{'s' if kept != 1 else ''}"})
+            for item in skipped:
+                self.job.record("notice", data={"text": f"output file not kept: {item}"})
+        except Exception as error:  # noqa: BLE001 - the job must still end and its compute be released
             log.exception("could not keep the outputs of job %s", self.job.pk)
             state, message = states.FAILED, f"its output files could not be kept: {error}"
         # The meter stops when the process ended (not after the outputs were copied), and never
@@ -243,11 +271,7 @@ class RunningJob:
         release_at = self.exited_at
         if self.limit_at is not None:
             release_at = min(release_at, self.limit_at)
-        with transaction.atomic():
-            if self.allocation.release(release_at, reason) is not None:
-                job = Job.objects.get(pk=self.job.pk)
-                if job.state in states.HOLDING:
-                    job.finish(state, reason=message, exit_code=self.process.returncode, at=release_at)
+        end_allocation(self.allocation, release_at, reason, state, message, exit_code=self.process.returncode)
         shutil.rmtree(self.dirs.root, ignore_errors=True)
 
 
@@ -319,24 +343,26 @@ class Runner:
 
     # Launching ----------------------------------------------------------------------------------
 
-    def claim_new(self):
-        """Allocations the scheduler placed on this node that no runner has launched yet."""
-        claimed = []
+    def launch_new(self):
+        """Launch the allocations the scheduler placed on this node, one claimed at a time: an
+        allocation that cannot be launched is released at once, never left holding compute."""
         fresh = Allocation.objects.filter(node=self.node, launched_at__isnull=True, ended_at__isnull=True)
         for allocation in fresh.select_related("job", "node"):
-            if Allocation.objects.filter(pk=allocation.pk, launched_at__isnull=True).update(launched_at=timezone.now()) == 1:
-                claimed.append(allocation)
-        return claimed
+            if Allocation.objects.filter(pk=allocation.pk, launched_at__isnull=True).update(launched_at=timezone.now()) != 1:
+                continue
+            try:
+                self.launch(allocation)
+            except Exception as error:  # noqa: BLE001 - whatever it was, the compute goes back
+                log.exception("job %s could not start", allocation.job_id)
+                end_allocation(allocation, timezone.now(), Allocation.START_FAILED, states.FAILED, f"could not start: {error}")
 
     def launch(self, allocation):
-        job = allocation.job
-        job.refresh_from_db()
+        job = Job.objects.get(pk=allocation.job_id)
         if job.cancel_requested_at is not None:
-            with transaction.atomic():
-                allocation.release(timezone.now(), Allocation.CANCELLED)
-                job.finish(states.CANCELLED, reason="cancelled before its process started")
+            end_allocation(allocation, timezone.now(), Allocation.CANCELLED, states.CANCELLED, "cancelled before its process started")
             return None
         dirs = JobDirs(self.work_dir / f"{job.pk}-{str(allocation.pk)[:8]}")
+        process = None
         try:
             self.stage(job, dirs)
             process = subprocess.Popen(
@@ -350,14 +376,21 @@ class Runner:
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: signals reach all of it, and only it
             )
-        except (OSError, ValueError, archive.ArchiveError) as error:
-            log.exception("job %s could not start", job.pk)
+            # Running only if the allocation is still ours: the node may have been declared
+            # lost (and the job requeued) while we staged.
             with transaction.atomic():
-                allocation.release(timezone.now(), Allocation.START_FAILED)
-                job.finish(states.FAILED, reason=f"could not start: {error}")
+                if not Allocation.objects.select_for_update().filter(pk=allocation.pk, ended_at__isnull=True).exists():
+                    raise AllocationGone()
+                job.mark_running()
+        except AllocationGone:
+            log.warning("allocation %s ended while its job was starting; stopping it", allocation.pk)
+            _kill_group(process)
             shutil.rmtree(dirs.root, ignore_errors=True)
             return None
-        job.mark_running()
+        except BaseException:
+            _kill_group(process)
+            shutil.rmtree(dirs.root, ignore_errors=True)
+            raise
         running = RunningJob(allocation, process, dirs, self.max_line_bytes)
         self.running[allocation.pk] = running
         return running
@@ -397,22 +430,28 @@ class Runner:
 
     def step(self):
         """One pass over the node's work; returns True if there is more output waiting."""
-        for allocation in self.claim_new():
-            self.launch(allocation)
+        self.launch_new()
         self.check_orders()
         now = timezone.now()
         busy = False
         for pk, running in list(self.running.items()):
-            busy |= running.pump()
-            if not running.poll():
-                running.enforce_limit(now, self.grace)
-                running.escalate(self.grace)
-                running.tick(time.monotonic())
-            elif running.ready_to_finish():
-                # Lines still coming out of the pipes are stored over the next steps, so a job
-                # that printed a lot does not hold up the rest of the node while it drains.
-                running.finish()
-                del self.running[pk]
+            try:
+                busy |= self.step_one(pk, running, now)
+            except Exception:  # noqa: BLE001 - one job's trouble must not stall the others
+                log.exception("runner step failed for job %s", running.job.pk)
+        return busy
+
+    def step_one(self, pk, running, now):
+        busy = running.pump()
+        if not running.poll():
+            running.enforce_limit(now, self.grace)
+            running.escalate(self.grace)
+            running.tick(time.monotonic())
+        elif running.ready_to_finish():
+            # Lines still coming out of the pipes are stored over the next steps, so a job that
+            # printed a lot does not hold up the rest of the node while it drains.
+            running.finish()
+            del self.running[pk]
         return busy
 
     def stop_all(self, reason=Allocation.RUNNER_STOPPED):
@@ -424,12 +463,11 @@ class Runner:
             time.sleep(0.05)
         for running in self.running.values():
             running.kill()
-            running.drain_output()
-            with transaction.atomic():
-                if running.allocation.release(running.exited_at, reason) is not None:
-                    job = Job.objects.get(pk=running.job.pk)
-                    if job.state in states.HOLDING:
-                        job.requeue("requeued: its runner stopped", at=running.exited_at)
+            try:
+                running.drain_output()
+                end_allocation(running.allocation, running.exited_at, reason, states.QUEUED, "requeued: its runner stopped")
+            except Exception:  # noqa: BLE001 - the next runner of this node releases what is left
+                log.exception("could not release job %s while stopping", running.job.pk)
             shutil.rmtree(running.dirs.root, ignore_errors=True)
         self.running.clear()
         if self.node is not None:

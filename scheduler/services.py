@@ -1,8 +1,10 @@
 """The scheduler's steps over the database; decisions come from scheduler.policy."""
 
 import logging
+from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -20,28 +22,41 @@ def expire_lost_nodes(now=None):
     """Declare nodes whose runner went silent lost: their allocations end at the last heartbeat
     (the meter does not run on after the network lost the node) and their jobs are requeued."""
     now = now or timezone.now()
-    silent = Node.objects.filter(lost_at__isnull=True, stopped_at__isnull=True).exclude(
-        pk__in=Node.objects.live(now).values("pk")
-    )
+    cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
     count = 0
-    for node in silent:
-        if Node.objects.filter(pk=node.pk, lost_at__isnull=True).update(lost_at=now) != 1:
-            continue
+    for node in Node.objects.filter(lost_at__isnull=True, stopped_at__isnull=True, last_heartbeat__lt=cutoff):
+        with transaction.atomic():
+            # Re-checked in the update: a heartbeat that landed since the read keeps the node.
+            silent = Node.objects.filter(pk=node.pk, lost_at__isnull=True, last_heartbeat__lt=cutoff)
+            if silent.update(lost_at=now) != 1:
+                continue
+            last_heard = Node.objects.values_list("last_heartbeat", flat=True).get(pk=node.pk)
         count += 1
-        log.warning("node %s lost: no heartbeat since %s", node.name, node.last_heartbeat)
-        release_node(node, at=node.last_heartbeat, reason=Allocation.NODE_LOST, why=f"node {node.name} was lost")
+        log.warning("node %s lost: no heartbeat since %s", node.name, last_heard)
+        release_node(node, at=last_heard, reason=Allocation.NODE_LOST, why=f"node {node.name} was lost")
     return count
 
 
 def release_node(node, at, reason, why):
     """End every open allocation of a node and put its jobs back in the queue."""
     for allocation in node.allocations.filter(ended_at__isnull=True).select_related("job", "node"):
+        end_allocation(allocation, at, reason, states.QUEUED, f"requeued: {why}")
+
+
+def end_allocation(allocation, at, reason, state, message="", exit_code=None):
+    """Release the allocation (the meter stops at `at`) and move its job on to `state`
+    (QUEUED: back to the queue), in one transaction. False, and nothing done, if another process
+    released it first: that process also decided what became of the job."""
+    with transaction.atomic():
         if allocation.release(at, reason) is None:
-            continue
-        job = allocation.job
-        job.refresh_from_db()
+            return False
+        job = Job.objects.select_for_update().get(pk=allocation.job_id)
         if job.state in states.HOLDING:
-            job.requeue(f"requeued: {why}", at=at)
+            if state == states.QUEUED:
+                job.requeue(message, at=at)
+            else:
+                job.finish(state, reason=message, exit_code=exit_code, at=at)
+    return True
 
 
 def queued_jobs():
@@ -100,7 +115,7 @@ def remaining_allowance(job, rate):
     cap = meter.cost_cap(request, rate)
     held_before, spent_before = job.held()
     if limit is not None:
-        limit = max(0, limit - held_before)
+        limit = min(max(0, limit - held_before), meter.MAX_HELD_SECONDS)
     if cap is not None:
         cap = max(Decimal(0), cap - spent_before)
     return limit, cap
@@ -116,6 +131,10 @@ def schedule(now=None):
             allocation = place(placement, now)
         except NoRateInForce as error:
             plan.waiting[placement.job_id] = str(error)
+            continue
+        except Exception as error:  # noqa: BLE001 - one job that cannot be placed must not stop the rest
+            log.exception("could not place job %s", placement.job_id)
+            plan.waiting[placement.job_id] = f"could not be placed: {error}"
             continue
         if allocation is not None:
             placed.append(allocation)

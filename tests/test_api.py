@@ -162,3 +162,60 @@ def test_the_whole_log_downloads_through_the_api(api, alice):
     response = api.get(reverse("api:job-log", args=[job.pk]))
     assert response.streaming
     assert b"".join(response.streaming_content).decode() == "l0\nl1\nl2\n"
+
+
+@pytest.mark.parametrize(
+    "spec,field,message",
+    [
+        ({"gpus": [1, 2], "span_hours": 1}, "gpus", "gpus must be a string or a number, not list"),
+        ({"gpus": True, "span_hours": 1}, "gpus", "not bool"),
+        ({"gpus": 1, "span_hours": {"h": 1}}, "span_hours", "not dict"),
+        ({"gpus": 1, "span_hours": 1, "config": 5}, "config", "config must be an object or a string, not int"),
+        ({"gpus": 1, "span_hours": 1, "name": ["x"]}, "name", "not list"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused(api, spec, field, message):
+    response = submit(api, spec)
+    assert response.status_code == 400
+    assert message in response.json()[field][0]
+
+
+@pytest.mark.parametrize(
+    "spec,field,message",
+    [
+        ({"gpus": 1, "span_hours": 1, "config": "[" * 100000}, "config", "nested too deeply"),
+        ({"gpus": 1, "span_hours": 1, "config": {"a": "\u0000"}}, "config", "NUL character"),
+        ({"gpus": 1, "span_hours": 1, "name": "two\nlines"}, "name", "control characters"),
+        ({"gpus": 1, "span_hours": 1, "args": ["a\u0000b"]}, "args", "Null characters are not allowed"),
+        ({"gpus": 1, "ceiling_kind": "gpu_hours", "ceiling": "9999999999999.99"}, "ceiling", "no more than 14 digits"),
+        ({"gpus": 10**9, "span_hours": 1}, "gpus", "less than or equal to 1024"),
+        ({"gpus": 1, "span_hours": "NaN"}, "span_hours", "Enter a number"),
+        ({"gpus": 1, "span_hours": 1, "not_before": "tomorrow"}, "not_before", "Enter a valid date/time"),
+    ],
+)
+def test_hostile_values_get_a_400_with_a_reason(api, spec, field, message):
+    response = submit(api, spec)
+    assert response.status_code == 400, response.content
+    assert any(message in e for e in response.json()["errors"][field])
+
+
+def test_a_deeply_nested_spec_is_a_400(api):
+    response = submit(api, "[" * 100000)
+    assert response.status_code == 400 and "nested too deeply" in response.json()["spec"][0]
+
+
+def test_the_largest_ceiling_is_accepted_and_placed(api, alice):
+    from scheduler import services
+    from scheduler.models import Node
+
+    Node.objects.create(name="n", device_type="cpu", devices=1)
+    response = submit(api, {"gpus": 1, "ceiling_kind": "gpu_hours", "ceiling": "999999999999.99"})
+    assert response.status_code == 201, response.content
+    [allocation] = services.schedule()
+    assert allocation.limit_seconds == 100 * 365 * 24 * 3600  # "unbounded", and storable
+
+
+@pytest.mark.parametrize("month", ["0000-01", "9999-12", "1969-12"])
+def test_months_outside_the_calendar_are_a_400(api, month):
+    response = api.get(reverse("api:usage") + f"?month={month}")
+    assert response.status_code == 400 and "out of range" in response.json()["month"][0]

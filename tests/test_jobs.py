@@ -162,3 +162,11 @@ def test_cancel_needs_a_post(client, alice, rate):
     job = make_job(alice)
     client.force_login(alice)
     assert client.get(reverse("jobs:cancel", args=[job.pk])).status_code == 405
+
+
+def test_the_log_download_name_is_a_safe_header(client, alice, rate):
+    job = make_job(alice, name='quote"and\\back')
+    client.force_login(alice)
+    response = client.get(reverse("jobs:log", args=[job.pk]))
+    assert response.status_code == 200
+    assert response["Content-Disposition"].startswith("attachment; filename=")

@@ -296,3 +296,116 @@ def test_a_chatty_job_s_lines_are_all_stored_in_order(runner, alice, rate):
     assert list(job.events.filter(kind="log").values_list("seq", flat=True)) == sorted(
         job.events.filter(kind="log").values_list("seq", flat=True)
     )
+
+
+def test_output_files_with_unusable_names_are_skipped_with_a_notice(runner, alice, rate):
+    script = rb"""
+import os
+out = os.environ["E31_OUTPUT_DIR"].encode()
+for name in (b"model.pt", b"run\\model.pt", b"line\nbreak.txt", b"bad\xff.bin", b"d" * 250 + b"/" + b"e" * 250 + b"/f"):
+    os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(b"w")
+"""
+    job = run_job(runner, make_job(alice, script=script))
+    assert job.state == "succeeded"
+    assert list(job.artifacts.values_list("name", flat=True)) == ["model.pt"]
+    notices = [e.data["text"] for e in job.events.filter(kind="notice")]
+    assert sum(text.startswith("output file not kept") for text in notices) == 4
+    assert any("backslash" in t for t in notices) and any("control characters" in t for t in notices)
+    assert any("not valid UTF-8" in t for t in notices) and any("longer than 500" in t for t in notices)
+
+
+def test_when_outputs_cannot_be_kept_the_job_fails_and_its_compute_is_released(runner, alice, rate, monkeypatch):
+    from e31web.storage import LocalStorage
+
+    def broken(self, key, src):
+        raise RuntimeError("the store is on fire")
+
+    monkeypatch.setattr(LocalStorage, "save_file", broken)
+    script = b"import os\nopen(os.environ['E31_OUTPUT_DIR'] + '/model.pt', 'w').write('w')\n"
+    job = run_job(runner, make_job(alice, script=script))
+    assert job.state == "failed" and "could not be kept: the store is on fire" in job.reason
+    assert job.allocations.get().ended_at is not None
+
+
+def test_one_job_s_trouble_does_not_stall_the_others(runner, alice, rate, monkeypatch):
+    from scheduler.runner import RunningJob
+
+    bad = make_job(alice, name="bad", script=b"import time\ntime.sleep(600)\n")
+    good = make_job(alice, name="good", script=b"print('fine')\n")
+    original = RunningJob.pump
+
+    def pump(self):
+        if self.job.pk == bad.pk:
+            raise RuntimeError("trouble")
+        return original(self)
+
+    monkeypatch.setattr(RunningJob, "pump", pump)
+    good = run_job(runner, good)
+    assert good.state == "succeeded" and log_lines(good) == [("stdout", "fine")]
+
+
+def test_a_job_that_cannot_be_launched_gives_its_compute_back_and_the_next_one_runs(runner, alice, rate, monkeypatch):
+    from django.db import OperationalError
+
+    first = make_job(alice, name="first")
+    second = make_job(alice, name="second")
+    original = Runner.stage
+    calls = []
+
+    def stage(self, job, dirs):
+        calls.append(job.pk)
+        if job.pk == first.pk:
+            raise OperationalError("database is locked")
+        return original(self, job, dirs)
+
+    monkeypatch.setattr(Runner, "stage", stage)
+    services.schedule()
+    run_until(runner, lambda: all(Job.objects.get(pk=j.pk).is_terminal for j in (first, second)))
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == "failed" and first.reason == "could not start: database is locked"
+    assert first.allocations.get().end_reason == "start_failed"
+    assert second.state == "succeeded"
+
+
+def test_a_job_whose_node_was_lost_while_it_started_is_not_left_running(runner, alice, rate, monkeypatch, settings):
+    job = make_job(alice, script=b"import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    original = Runner.stage
+
+    def stage(self, job, dirs):
+        original(self, job, dirs)
+        # The scheduler gives up on the node while the data is being copied.
+        Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
+        services.expire_lost_nodes()
+
+    monkeypatch.setattr(Runner, "stage", stage)
+    services.schedule()
+    runner.step()
+    assert runner.running == {}
+    job.refresh_from_db()
+    assert job.state == "queued" and job.restarts == 1
+    assert not log_lines(job)
+    assert not any(runner.work_dir.iterdir())
+
+
+def test_a_batch_of_lines_the_database_refused_is_written_again(runner, alice, rate, monkeypatch):
+    from django.db import OperationalError
+
+    from jobs.models import JobEvent
+
+    original = JobEvent.append_lines.__func__
+    failures = []
+
+    def append_lines(cls, job_id, lines):
+        if lines and not failures:
+            failures.append(len(lines))
+            raise OperationalError("database is locked")
+        return original(cls, job_id, lines)
+
+    monkeypatch.setattr(JobEvent, "append_lines", classmethod(append_lines))
+    job = make_job(alice, script=b"for i in range(300): print(i)\n")
+    job = run_job(runner, job)
+    assert failures and job.state == "succeeded"
+    assert [t for _, t in log_lines(job)] == [str(i) for i in range(300)]
