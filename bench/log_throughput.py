@@ -37,7 +37,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
 from websockets.sync.client import connect
@@ -46,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scheduler.launch import JobDirs, build_environment, command_for  # noqa: E402  (no Django inside)
-from tests.system import TERMINAL, LiveSystem  # noqa: E402
+from tests.system import TERMINAL, LiveSystem, parse_time  # noqa: E402
 
 SCRIPT = '''"""Print {lines} numbered lines as fast as possible; note the loop's start and end."""
 import json
@@ -69,20 +68,7 @@ BASELINE_RUNS = 5  # before and again after the system runs
 
 
 def when(text):
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def cpu_seconds(system):
-    """CPU seconds (user + system) used so far by each of the system's processes (not children)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for name, process in system.processes.items():
-        try:
-            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            out[name] = 0.0
-    return out
+    return parse_time(text).timestamp()
 
 
 def peak_rss_mib(pid):
@@ -259,12 +245,12 @@ def main():
                 if args.py_spy:
                     Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
                     profilers = start_profilers(system, args.py_spy, args.profile_dir, i + 1)
-                before = cpu_seconds(system)
+                before = system.cpu_seconds()
                 rss_before = peak_rss_mib(system.processes["runner"].pid)
                 try:
                     r = run_system(system, script, args.lines, i)
                 finally:
-                    after = cpu_seconds(system)
+                    after = system.cpu_seconds()
                     stop_profilers(profilers)
                 r["cpu"] = {k: after[k] - before.get(k, 0.0) for k in after}
                 results.append(r)

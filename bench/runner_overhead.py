@@ -25,14 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scheduler.launch import JobDirs, build_environment, command_for  # noqa: E402  (no Django inside)
-from tests.system import TERMINAL, LiveSystem  # noqa: E402
+from tests.system import TERMINAL, LiveSystem, parse_time  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"
 TARGET = 1.10
@@ -74,26 +73,6 @@ def run_direct(work, config, train_csv, heldout_csv):
     return seconds, out.decode().strip().splitlines()[-1]
 
 
-def cpu_seconds(system):
-    """CPU seconds (user + system) each of the system's own processes has used so far (not its
-    children: a job's process is the runner's child and is not counted)."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for name, process in system.processes.items():
-        try:
-            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            out[name] = 0.0
-    return out
-
-
-def when(text):
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def run_system(system, config, n):
     """One run through the system: (allocation-to-release seconds, submit-to-succeeded seconds,
     allocation-to-running seconds, the script's own training seconds)."""
@@ -119,8 +98,8 @@ def run_system(system, config, n):
         raise RuntimeError(f"job {job['id']} ended {done['state']}: {done}\n{system.logs()}")
     records = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == job["id"]]
     assert len(records) == 1, records
-    started, ended = when(records[0]["started_at"]), when(records[0]["ended_at"])
-    running = [when(t["at"]) for t in done["timeline"] if t["state"] == "running"][-1]
+    started, ended = parse_time(records[0]["started_at"]), parse_time(records[0]["ended_at"])
+    running = [parse_time(t["at"]) for t in done["timeline"] if t["state"] == "running"][-1]
     lines = system.api("GET", f"/api/jobs/{job['id']}/logs/?after=0&limit=5000").json()["lines"]
     return (ended - started).total_seconds(), wall, (running - started).total_seconds(), lines[-1]["text"]
 
@@ -152,9 +131,9 @@ def main():
                 seconds, last = run_direct(work, config, train_csv, heldout_csv)
                 direct.append(seconds)
                 print(f"  run {i + 1}: direct {seconds:.3f} s   ({last[:90]})", flush=True)
-                cpu_before = cpu_seconds(system)
+                cpu_before = system.cpu_seconds()
                 held, wall, to_running, last = run_system(system, config, i)
-                cpu_after = cpu_seconds(system)
+                cpu_after = system.cpu_seconds()
                 cpu = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
                 for k, v in cpu.items():
                     system_cpu.setdefault(k, []).append(v)

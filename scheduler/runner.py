@@ -473,7 +473,7 @@ class Runner:
         if self.node is not None:
             Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())
 
-    def run(self, interval=0.1, idle_interval=0.25):
+    def run(self, interval=0.1, idle_interval=0.1):
         if self.node is None:
             self.register()
         self.start_heartbeats()

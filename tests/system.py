@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -108,6 +109,19 @@ class LiveSystem:
             self._postgres(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
         shutil.rmtree(self.var_dir, ignore_errors=True)
 
+    def cpu_seconds(self):
+        """CPU seconds (user + system) each of the system's own processes has used so far (not
+        its children: a job's process is the runner's child and is not counted)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, process in self.processes.items():
+            try:
+                fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                out[name] = 0.0
+        return out
+
     def logs(self):
         return {p.stem: p.read_text(errors="replace")[-4000:] for p in self.var_dir.glob("*.log")}
 
@@ -181,6 +195,11 @@ class LiveSystem:
         )
         assert response.status_code == 302, response.text
         return client
+
+
+def parse_time(text):
+    """A timestamp as the API writes it."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def csrf_from(html):

@@ -12,7 +12,6 @@ import json
 import time
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
-from pathlib import Path
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """Job transitions, events and the job pages."""
 
 import threading
-from decimal import Decimal
 
 import pytest
 from django.db import connection
@@ -108,7 +107,7 @@ def test_the_job_page_shows_state_timeline_log_and_meter(client, alice, rate, no
 
 
 def test_the_job_list_shows_held_time_and_cost(client, alice, rate, node):
-    job = make_job(alice, name="listed")
+    make_job(alice, name="listed")
     [allocation] = services.schedule()
     allocation.release(allocation.started_at + timezone.timedelta(seconds=3600), "exited")
     client.force_login(alice)

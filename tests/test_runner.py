@@ -14,7 +14,7 @@ from billing.models import UsageRecord
 from e31web.demo import add_dataset
 from jobs.models import Job
 from scheduler import services
-from scheduler.models import Allocation, Node
+from scheduler.models import Node
 from scheduler.runner import Runner
 from tests.conftest import make_job
 

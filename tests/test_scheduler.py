@@ -66,7 +66,7 @@ def test_without_a_rate_a_job_waits_with_the_reason(alice, node):
 
 
 def test_an_allocation_keeps_the_rate_in_force_when_it_started(alice, rate, node):
-    job = make_job(alice)
+    make_job(alice)
     [allocation] = services.schedule()
     Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("99"), effective_from=timezone.now())
     usage = allocation.release(allocation.started_at + timedelta(seconds=90), Allocation.EXITED)
