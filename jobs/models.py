@@ -310,6 +310,18 @@ class Upload(models.Model):
     class Meta:
         ordering = ["created_at", "name"]
 
+    @classmethod
+    def purge_unclaimed(cls, older_than):
+        """Delete files kept for refused forms that nobody came back for; returns how many."""
+        from e31web.storage import get_storage
+
+        storage = get_storage()
+        stale = list(cls.objects.filter(job__isnull=True, created_at__lt=older_than))
+        for upload in stale:
+            storage.delete(upload.key)
+        cls.objects.filter(pk__in=[u.pk for u in stale]).delete()
+        return len(stale)
+
 
 class Artifact(models.Model):
     """A file the job wrote to its output folder, kept in storage."""

@@ -473,7 +473,7 @@ class Runner:
         if self.node is not None:
             Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())
 
-    def run(self, interval=0.1, idle_interval=0.1):
+    def run(self, interval=0.1):
         if self.node is None:
             self.register()
         self.start_heartbeats()
@@ -489,7 +489,7 @@ class Runner:
                     busy = False
                     time.sleep(1)
                 if not busy:
-                    time.sleep(interval if self.running else idle_interval)
+                    time.sleep(interval)
         finally:
             self.stop_all()
             self.stop_heartbeats()

@@ -125,3 +125,27 @@ def test_the_scheduler_command_runs_one_cycle(alice, rate, node):
     call_command("scheduler", "--once")
     job.refresh_from_db()
     assert job.state == "starting"
+
+
+def test_uploads_of_refused_forms_are_purged_after_a_while(alice, storage_dir):
+    from jobs.models import Upload
+    from tests.conftest import upload
+
+    old = upload(alice.membership.team, alice, Upload.CODE, "old.py", b"x")
+    Upload.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
+    fresh = upload(alice.membership.team, alice, Upload.CODE, "fresh.py", b"y")
+    job = make_job(alice)  # its uploads are claimed: never purged, however old
+    job.uploads.update(created_at=timezone.now() - timedelta(days=30))
+    assert Upload.purge_unclaimed(timezone.now() - timedelta(days=2)) == 1
+    assert not (storage_dir / old.key).exists() and (storage_dir / fresh.key).exists()
+    assert set(Upload.objects.values_list("name", flat=True)) == {"fresh.py", "train.py"}
+
+
+def test_the_scheduler_cycle_purges_unclaimed_uploads(alice, storage_dir):
+    from jobs.models import Upload
+    from tests.conftest import upload
+
+    old = upload(alice.membership.team, alice, Upload.CODE, "old.py", b"x")
+    Upload.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
+    call_command("scheduler", "--once")
+    assert not Upload.objects.filter(pk=old.pk).exists()

@@ -1,14 +1,19 @@
 import logging
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
+from django.utils import timezone
 
+from jobs.models import Upload
 from scheduler import services
 from scheduler.management.commands._loop import stop_on_signals
 
 log = logging.getLogger("scheduler")
+HOUSEKEEPING_SECONDS = 600
+UNCLAIMED_UPLOADS_KEPT = timedelta(days=2)  # a refused form's files wait this long for the user to come back
 
 
 class Command(BaseCommand):
@@ -20,6 +25,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, interval, once, **options):
         self.shutdown = False
+        self.next_housekeeping = 0.0
         if once:
             self.handle_one_cycle()
             return
@@ -43,6 +49,11 @@ class Command(BaseCommand):
             services.expire_lost_nodes()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
+            if time.monotonic() >= self.next_housekeeping:
+                self.next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
+                purged = Upload.purge_unclaimed(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
+                if purged:
+                    log.info("deleted %d uploads kept for refused forms and never claimed", purged)
         except Exception:
             # A bad cycle (a database hiccup) must not end the loop; the next cycle retries
             # on a fresh connection.
