@@ -10,8 +10,8 @@ from django.db import transaction
 
 from accounts.models import Membership, Team
 from billing.models import Rate
-from e31web.storage import get_storage
-from jobs.models import Dataset, DatasetFile
+from jobs.datasets import create_dataset
+from jobs.models import Dataset
 
 DEMO_USER = ("demo", "demo-e31")
 OPERATOR = ("operator", "operator-e31")
@@ -38,14 +38,8 @@ def digits_csv(x, y):
 
 def add_dataset(team, name, files, description=""):
     """A dataset from {path: bytes}; kept as is if the team already has one by that name."""
-    dataset, created = Dataset.objects.get_or_create(team=team, name=name, defaults={"description": description})
-    if created:
-        storage = get_storage()
-        for path, content in files.items():
-            key = f"datasets/{dataset.pk}/{path}"
-            size, sha256 = storage.save(key, io.BytesIO(content))
-            DatasetFile.objects.create(dataset=dataset, path=path, key=key, size=size, sha256=sha256)
-    return dataset
+    existing = Dataset.objects.filter(team=team, name=name).first()
+    return existing or create_dataset(team, name, files, description)
 
 
 @transaction.atomic

@@ -17,6 +17,17 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 VAR_DIR = Path(env_str("E31_VAR_DIR", str(BASE_DIR / "var"))).resolve()
 STORAGE_DIR = Path(env_str("E31_STORAGE_DIR", str(VAR_DIR / "storage"))).resolve()
+# Object storage instead of the folder: s3://bucket/prefix on any S3-compatible endpoint.
+STORAGE_URL = env_url("E31_STORAGE_URL", None, {"s3"})
+E31_S3 = {
+    "endpoint_url": env_url("E31_S3_ENDPOINT_URL", None, {"http", "https"}),
+    "public_endpoint_url": env_url("E31_S3_PUBLIC_ENDPOINT_URL", None, {"http", "https"}),
+    "access_key": env_str("E31_S3_ACCESS_KEY_ID"),
+    "secret_key": env_str("E31_S3_SECRET_ACCESS_KEY"),
+    "region": env_str("E31_S3_REGION", "us-east-1"),
+}
+# The runner's cache of staged dataset files (content-addressed, least recently used evicted).
+RUNNER_CACHE_DIR = Path(env_str("E31_RUNNER_CACHE_DIR", str(VAR_DIR / "cache"))).resolve()
 RUNNER_WORK_DIR = Path(env_str("E31_RUNNER_WORK_DIR", str(VAR_DIR / "runs"))).resolve()
 
 DEBUG = env_bool("DEBUG", False)
@@ -39,6 +50,8 @@ def _secret_key():
 
 
 SECRET_KEY = _secret_key()
+# Encrypts credentials teams register (their S3 buckets); defaults to one derived from SECRET_KEY.
+E31_CREDENTIALS_KEY = env_str("E31_CREDENTIALS_KEY")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -176,6 +189,9 @@ E31_NODE_TIMEOUT_SECONDS = env_float("E31_NODE_TIMEOUT_SECONDS", 30.0, minimum=1
 E31_SCHEDULER_INTERVAL_SECONDS = env_float("E31_SCHEDULER_INTERVAL_SECONDS", 1.0, minimum=0.05)
 E31_STOP_GRACE_SECONDS = env_float("E31_STOP_GRACE_SECONDS", 2.0, minimum=0.0)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
+E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
+E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # files fetched at once
+E31_UPLOAD_CHUNK_BYTES = env_int("E31_UPLOAD_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024)
 
 LOGGING = {
     "version": 1,

@@ -1,13 +1,21 @@
-"""Where the network keeps uploads, datasets and job artifacts.
+"""Where the network keeps uploads, datasets, logs and job artifacts.
 
-One interface; the embedded default is a local folder. Keys are relative, '/'-separated paths.
+One interface, two backends: a local folder (the embedded default) and an S3-compatible bucket
+through boto3 (settings.STORAGE_URL = "s3://bucket/prefix"). Keys are relative, '/'-separated
+paths below the storage's root or prefix.
+
+Dataset files are content-addressed blobs (blob_key(sha256)): the same bytes are kept once,
+however many datasets, versions or jobs use them.
 """
 
 import hashlib
 import os
 import shutil
 import tempfile
-from pathlib import Path, PurePosixPath
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlparse
 
 from django.conf import settings
 
@@ -18,60 +26,305 @@ class StorageError(Exception):
     pass
 
 
+class NotFound(StorageError):
+    pass
+
+
 def check_key(key):
-    parts = PurePosixPath(key).parts
-    if not parts or key.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in key:
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts) or "\\" in key:
         raise StorageError(f"invalid storage key {key!r}")
     return key
 
 
-class LocalStorage:
+def blob_key(sha256):
+    return f"blobs/sha256/{sha256[:2]}/{sha256}"
+
+
+class HashingReader:
+    """Wraps a binary stream, counting and hashing what is read through it."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n=-1):
+        data = self.stream.read(n)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    @property
+    def sha256(self):
+        return self.digest.hexdigest()
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Storage:
+    """What every backend offers; shared helpers are written once, here."""
+
+    def save_file(self, key, src_path):
+        with open(src_path, "rb") as src:
+            return self.save(key, src)
+
+    def save_blob(self, fileobj):
+        """Keep the bytes once, under their SHA-256; returns (key, size, sha256)."""
+        with tempfile.TemporaryFile() as spool:
+            reader = HashingReader(fileobj)
+            shutil.copyfileobj(reader, spool, CHUNK)
+            key = blob_key(reader.sha256)
+            if not self.exists(key):
+                spool.seek(0)
+                self.save(key, spool)
+            return key, reader.size, reader.sha256
+
+    def copy_to(self, key, dest_path):
+        self.download(key, dest_path)
+
+    @contextmanager
+    def local_copy(self, key):
+        """A local path holding the object's bytes for the duration of the block."""
+        path = self.local_path(key)
+        if path is not None:
+            if not path.is_file():
+                raise NotFound(key)
+            yield path
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            dest = Path(folder) / "object"
+            self.download(key, dest)
+            yield dest
+
+
+class LocalStorage(Storage):
+    kind = "local"
+
     def __init__(self, root):
         self.root = Path(root)
 
     def path(self, key):
         return self.root / check_key(key)
 
+    def local_path(self, key):
+        return self.path(key)
+
     def save(self, key, fileobj):
         """Write fileobj under key; return (size, sha256). The file appears whole or not at all."""
         dest = self.path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        size = 0
+        reader = HashingReader(fileobj)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
         try:
             with os.fdopen(fd, "wb") as out:
-                for chunk in iter(lambda: fileobj.read(CHUNK), b""):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
+                shutil.copyfileobj(reader, out, CHUNK)
             os.replace(tmp, dest)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return size, digest.hexdigest()
-
-    def save_file(self, key, src_path):
-        with open(src_path, "rb") as src:
-            return self.save(key, src)
+        return reader.size, reader.sha256
 
     def open(self, key):
-        return open(self.path(key), "rb")
+        try:
+            return open(self.path(key), "rb")
+        except FileNotFoundError:
+            raise NotFound(key) from None
 
     def exists(self, key):
         return self.path(key).is_file()
 
     def size(self, key):
-        return self.path(key).stat().st_size
+        try:
+            return self.path(key).stat().st_size
+        except FileNotFoundError:
+            raise NotFound(key) from None
 
-    def copy_to(self, key, dest_path):
+    def download(self, key, dest_path):
         dest_path = Path(dest_path)
         dest_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.path(key), dest_path)
+        try:
+            shutil.copyfile(self.path(key), dest_path)
+        except FileNotFoundError:
+            raise NotFound(key) from None
 
     def delete(self, key):
         self.path(key).unlink(missing_ok=True)
 
+    def presigned_url(self, key, filename, expires=300):
+        return None  # served by the app itself, with Range support
+
+    # Chunked uploads: parts are files in a folder, joined on completion.
+
+    def start_multipart(self, key):
+        upload_id = os.urandom(16).hex()
+        (self.root / ".multipart" / upload_id).mkdir(parents=True)
+        return upload_id
+
+    def put_part(self, key, upload_id, number, data):
+        folder = self.root / ".multipart" / check_key(upload_id)
+        if not folder.is_dir():
+            raise NotFound(f"upload {upload_id}")
+        tmp = folder / f".{number:06d}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / f"{number:06d}")
+        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+    def complete_multipart(self, key, upload_id, parts):
+        folder = self.root / ".multipart" / check_key(upload_id)
+        dest = self.path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
+        with os.fdopen(fd, "wb") as out:
+            for number, _etag in parts:
+                with open(folder / f"{number:06d}", "rb") as part:
+                    shutil.copyfileobj(part, out, CHUNK)
+        os.replace(tmp, dest)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def abort_multipart(self, key, upload_id):
+        shutil.rmtree(self.root / ".multipart" / check_key(upload_id), ignore_errors=True)
+
+
+class S3Storage(Storage):
+    """An S3-compatible bucket (AWS, SeaweedFS, MinIO...) through boto3."""
+
+    kind = "s3"
+
+    def __init__(self, bucket, prefix="", endpoint_url=None, access_key=None, secret_key=None, region="us-east-1",
+                 public_endpoint_url=None, concurrency=8):
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        options = {
+            "endpoint_url": endpoint_url,
+            "aws_access_key_id": access_key,
+            "aws_secret_access_key": secret_key,
+            "region_name": region,
+            "config": Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"},
+                             max_pool_connections=max(10, concurrency * 2)),
+        }
+        self.client = boto3.client("s3", **options)
+        # Presigned URLs are for the browser, which may reach the store at another address.
+        self.public_client = boto3.client("s3", **{**options, "endpoint_url": public_endpoint_url or endpoint_url})
+        # Large objects move as parallel ranged parts.
+        self.transfer = TransferConfig(multipart_threshold=16 * CHUNK, multipart_chunksize=16 * CHUNK, max_concurrency=concurrency)
+
+    def _key(self, key):
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def local_path(self, key):
+        return None
+
+    def _missing(self, error):
+        from botocore.exceptions import ClientError
+
+        return isinstance(error, ClientError) and error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+    def save(self, key, fileobj):
+        reader = HashingReader(fileobj)
+        self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self.transfer)
+        return reader.size, reader.sha256
+
+    def open(self, key):
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except Exception as error:
+            if self._missing(error):
+                raise NotFound(key) from None
+            raise
+
+    def exists(self, key):
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except Exception as error:
+            if self._missing(error):
+                return False
+            raise
+
+    def size(self, key):
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+        except Exception as error:
+            if self._missing(error):
+                raise NotFound(key) from None
+            raise
+
+    def download(self, key, dest_path):
+        dest_path = Path(dest_path)
+        dest_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client.download_file(self.bucket, self._key(key), str(dest_path), Config=self.transfer)
+        except Exception as error:
+            if self._missing(error):
+                raise NotFound(key) from None
+            raise
+
+    def delete(self, key):
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def presigned_url(self, key, filename, expires=300):
+        from django.utils.http import content_disposition_header
+
+        return self.public_client.generate_presigned_url(
+            "get_object",
+            Params={
+                "Bucket": self.bucket,
+                "Key": self._key(key),
+                "ResponseContentDisposition": content_disposition_header(True, filename),
+            },
+            ExpiresIn=expires,
+        )
+
+    def start_multipart(self, key):
+        return self.client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key))["UploadId"]
+
+    def put_part(self, key, upload_id, number, data):
+        try:
+            response = self.client.upload_part(
+                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number, Body=data
+            )
+        except Exception as error:
+            if isinstance(error, self.client.exceptions.NoSuchUpload):
+                raise NotFound(f"upload {upload_id}") from None
+            raise
+        return response["ETag"]
+
+    def complete_multipart(self, key, upload_id, parts):
+        self.client.complete_multipart_upload(
+            Bucket=self.bucket,
+            Key=self._key(key),
+            UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in parts]},
+        )
+
+    def abort_multipart(self, key, upload_id):
+        self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+
+
+def storage_from_settings(url, directory, s3):
+    if url is None:
+        return LocalStorage(directory)
+    parsed = urlparse(url)
+    return S3Storage(bucket=parsed.netloc, prefix=parsed.path, **s3)
+
+
+@lru_cache(maxsize=4)
+def _cached(url, directory, s3_items):
+    return storage_from_settings(url, directory, dict(s3_items))
+
 
 def get_storage():
-    return LocalStorage(settings.STORAGE_DIR)
+    s3 = settings.E31_S3
+    return _cached(settings.STORAGE_URL, str(settings.STORAGE_DIR), tuple(sorted(s3.items())))

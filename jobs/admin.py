@@ -1,18 +1,30 @@
 from django.contrib import admin
 
-from jobs.models import Artifact, Dataset, DatasetFile, Job, Upload
+from jobs.models import Artifact, Dataset, DatasetFile, DatasetVersion, Job, Upload
 
 
 class DatasetFileInline(admin.TabularInline):
     model = DatasetFile
     extra = 0
     readonly_fields = ["path", "key", "size", "sha256"]
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False  # versions are immutable: files come in through uploads and scans
 
 
 @admin.register(Dataset)
 class DatasetAdmin(admin.ModelAdmin):
-    list_display = ["name", "team", "created_at"]
-    list_filter = ["team"]
+    list_display = ["name", "team", "source", "created_at"]
+    list_filter = ["team", "source"]
+    exclude = ["s3_credentials"]
+
+
+@admin.register(DatasetVersion)
+class DatasetVersionAdmin(admin.ModelAdmin):
+    list_display = ["dataset", "number", "state", "file_count", "total_bytes", "sealed_at"]
+    list_filter = ["state"]
+    readonly_fields = ["dataset", "number", "parent", "state", "error", "sealed_at", "file_count", "total_bytes", "claimed_at"]
     inlines = [DatasetFileInline]
 
 

@@ -12,8 +12,9 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.access import require_team
-from jobs.forms import JobForm, is_uuid, keep_uploads
-from jobs.models import Dataset, Job
+from jobs.forms import JobForm, keep_uploads
+from jobs import datasets
+from jobs.models import Job
 from jobs.spec import format_env
 from jobs.views import artifact_response, get_artifact, get_job, log_response
 
@@ -58,9 +59,6 @@ def spec_to_form_data(spec, team):
         data["env"] = format_env(data["env"])
     if "mode" not in data:
         data["mode"] = "until_done" if data.get("ceiling") is not None and data.get("span_hours") is None else "span"
-    for field in ("train_dataset", "heldout_dataset"):
-        if data.get(field):
-            data[field] = dataset_id(team, data[field], field)
     return data
 
 
@@ -69,15 +67,18 @@ def _kinds(types):
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
-def dataset_id(team, ref, field):
-    """A dataset named by id or by name."""
-    datasets = Dataset.objects.filter(team=team)
-    found = datasets.filter(name=str(ref)).first()
-    if found is None and is_uuid(ref):
-        found = datasets.filter(pk=str(ref)).first()
-    if found is None:
-        raise ValidationError({field: [f"No dataset {ref!r} in your team."]})
-    return str(found.pk)
+def pin_datasets(data, team):
+    """Datasets named by name or id, with an optional @version ("digits@2"), as the form's
+    dataset and version fields."""
+    for field, version_field in (("train_dataset", "train_version"), ("heldout_dataset", "heldout_version")):
+        if data.get(field):
+            try:
+                version = datasets.resolve(team, data[field])
+            except datasets.DatasetError as error:
+                raise ValidationError({field: [f"{str(error)[0].upper()}{str(error)[1:]}."]}) from None
+            data[field] = str(version.dataset_id)
+            data[version_field] = str(version.pk)
+    return data
 
 
 def job_json(job, request):
@@ -93,6 +94,9 @@ def job_json(job, request):
         "entrypoint": job.entrypoint,
         "args": job.args,
         "config": job.config,
+        "train_dataset": version_ref(job.train_version),
+        "heldout_dataset": version_ref(job.heldout_version),
+        "staging": job.stagings.select_related("node").first().progress() if job.stagings.exists() else None,
         "gpus": job.gpus,
         "gpu_type": job.gpu_type,
         "mode": job.mode,
@@ -116,6 +120,10 @@ def job_json(job, request):
         "last_seq": job.last_seq,
         "url": request.build_absolute_uri(reverse("jobs:detail", args=[job.pk])),
     }
+
+
+def version_ref(version):
+    return f"{version.dataset.name}@{version.number}" if version is not None else None
 
 
 def decimal_str(value):
@@ -154,7 +162,7 @@ def jobs(request):
             raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
         except RecursionError:
             raise ValidationError({"spec": ["The spec is nested too deeply."]}) from None
-    data = spec_to_form_data(raw, team)
+    data = pin_datasets(spec_to_form_data(raw, team), team)
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
     form = JobForm(data, team=team, upload_errors=upload_errors)
     if not form.is_valid():

@@ -1,5 +1,6 @@
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db.models import Max
 
 from accounts.access import team_of
 from jobs import live
@@ -33,10 +34,11 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self.send_events()
 
     async def send_events(self, backlog=False):
-        # Old meter ticks are history: a (re)connecting client needs only the latest one.
-        skip_meter_below = await self.latest_meter_seq() if backlog else 0
+        # Old meter ticks and staging progress are history: a (re)connecting client needs only
+        # the latest of each.
+        latest = await self.latest_progress() if backlog else {}
         while True:
-            events = await self.fetch(self.last_seq, skip_meter_below)
+            events = await self.fetch(self.last_seq, latest)
             if not events:
                 return
             self.last_seq = events[-1]["seq"]
@@ -57,13 +59,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         return Job.objects.filter(pk=job_id, team=team).values_list("pk", flat=True).first()
 
     @database_sync_to_async
-    def latest_meter_seq(self):
-        rows = JobEvent.objects.filter(job_id=self.job_id, kind="meter").order_by("-seq")
-        return rows.values_list("seq", flat=True).first() or 0
+    def latest_progress(self):
+        rows = JobEvent.objects.filter(job_id=self.job_id, kind__in=JobEvent.PROGRESS_KINDS)
+        return {kind: seq for kind, seq in rows.values("kind").annotate(seq=Max("seq")).values_list("kind", "seq")}
 
     @database_sync_to_async
-    def fetch(self, after, skip_meter_below):
+    def fetch(self, after, latest):
         rows = JobEvent.objects.filter(job_id=self.job_id, seq__gt=after).order_by("seq")
-        if skip_meter_below:
-            rows = rows.exclude(kind="meter", seq__lt=skip_meter_below)
+        for kind, seq in latest.items():
+            rows = rows.exclude(kind=kind, seq__lt=seq)
         return [event_message(*row) for row in rows.values_list(*JobEvent.MESSAGE_FIELDS)[:BATCH]]

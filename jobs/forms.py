@@ -17,7 +17,7 @@ from billing import meter
 from billing.models import NoRateInForce, Rate
 from e31web.storage import get_storage
 from jobs import archive, spec
-from jobs.models import Dataset, Job, Upload
+from jobs.models import Dataset, DatasetVersion, Job, Upload
 from scheduler.models import Node
 
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT}
@@ -51,10 +51,8 @@ def keep_uploads(request_files, data, team, user):
                 errors.setdefault(field, []).append(f"{uploaded.name} is larger than the {limit_mb} MB limit for one file.")
                 continue
             name = PurePosixPath(uploaded.name.replace("\\", "/")).name or "upload"
-            upload = Upload(team=team, uploaded_by=user, role=role, name=name, size=0, sha256="", key="")
-            upload.key = f"uploads/{team.pk}/{upload.pk}/{name}"
-            upload.size, upload.sha256 = storage.save(upload.key, uploaded)
-            upload.save()
+            key, size, sha256 = storage.save_blob(uploaded)
+            upload = Upload.objects.create(team=team, uploaded_by=user, role=role, name=name, size=size, sha256=sha256, key=key)
             created.append(upload)
             kept = KEPT_FIELD[role]
             if role == Upload.CODE:
@@ -183,10 +181,14 @@ class JobForm(RequestForm):
     )
 
     # Data
-    train_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Training dataset")
+    train_dataset = forms.ModelChoiceField(
+        queryset=Dataset.objects.none(), required=False, label="Training dataset", help_text="Its latest version is used."
+    )
+    train_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     data = forms.FileField(required=False, widget=MultipleFileInput, label="Training files")
     kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     heldout_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Held-out dataset")
+    heldout_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
 
@@ -194,9 +196,12 @@ class JobForm(RequestForm):
         super().__init__(*args, **kwargs)
         self.team = team
         self.upload_errors = upload_errors or {}
-        datasets = Dataset.objects.filter(team=team)
+        datasets = Dataset.objects.filter(team=team, versions__state=DatasetVersion.READY).distinct()
         self.fields["train_dataset"].queryset = datasets
         self.fields["heldout_dataset"].queryset = datasets
+        versions = DatasetVersion.objects.filter(dataset__team=team, state=DatasetVersion.READY)
+        self.fields["train_version"].queryset = versions
+        self.fields["heldout_version"].queryset = versions
         pending = Upload.objects.filter(team=team, job__isnull=True)
         self.fields["kept_code"].queryset = pending.filter(role=Upload.CODE)
         self.fields["kept_data"].queryset = pending.filter(role=Upload.TRAIN)
@@ -256,7 +261,8 @@ class JobForm(RequestForm):
                 self.add_error("code", "Upload a training script (.py) or an archive (.zip, .tar.gz).")
             return
         try:
-            self.entries = archive.list_entries(get_storage().path(upload.key), upload.name)
+            with get_storage().local_copy(upload.key) as path:
+                self.entries = archive.list_entries(path, upload.name)
         except archive.ArchiveError as error:
             # An unusable file is not worth keeping: the user has to send a new one.
             self.add_error("code", f"{upload.name}: {error}")
@@ -271,6 +277,13 @@ class JobForm(RequestForm):
             self.add_error("entrypoint", str(error))
 
     def _clean_data(self, cleaned):
+        # A pinned version (the API's "name@2") must be of the dataset named; else the latest.
+        for dataset_field, version_field in (("train_dataset", "train_version"), ("heldout_dataset", "heldout_version")):
+            dataset, version = cleaned.get(dataset_field), cleaned.get(version_field)
+            if version is not None and (dataset is None or version.dataset_id != dataset.pk):
+                self.add_error(dataset_field, "That version is not of this dataset.")
+            elif dataset is not None and version is None:
+                cleaned[version_field] = dataset.latest_version()
         for field, dataset_field, what in (("kept_data", "train_dataset", "training"), ("kept_heldout", "heldout_dataset", "held-out")):
             names = [u.name for u in cleaned.get(field) or []]
             dupes = sorted({n for n in names if names.count(n) > 1})
@@ -299,8 +312,8 @@ class JobForm(RequestForm):
             args=cleaned["args"],
             config=cleaned["config"],
             env=cleaned["env"],
-            train_dataset=cleaned.get("train_dataset"),
-            heldout_dataset=cleaned.get("heldout_dataset"),
+            train_version=cleaned.get("train_version"),
+            heldout_version=cleaned.get("heldout_version"),
             gpus=cleaned["gpus"],
             gpu_type=cleaned.get("gpu_type") or "",
             span_hours=request.span_hours,

@@ -11,13 +11,26 @@ from jobs import live, states
 
 
 class Dataset(models.Model):
-    """A team's named set of files, staged into a job's data folder."""
+    """A team's named data, in immutable versions. Its files are uploaded (kept as blobs in our
+    storage) or live in a bucket of the team's, registered by URI with the team's credentials."""
+
+    UPLOAD = "upload"
+    S3 = "s3"
+    SOURCES = [(UPLOAD, "Uploaded"), (S3, "S3 bucket")]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="datasets")
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    source = models.CharField(max_length=10, choices=SOURCES, default=UPLOAD)
+    # A registered bucket: where, and the team's credentials (encrypted; never shown back,
+    # never passed to a job's process).
+    s3_bucket = models.CharField(max_length=255, blank=True)
+    s3_prefix = models.CharField(max_length=1024, blank=True)
+    s3_endpoint_url = models.CharField(max_length=500, blank=True)
+    s3_region = models.CharField(max_length=64, blank=True)
+    s3_credentials = models.TextField(blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -27,20 +40,100 @@ class Dataset(models.Model):
         return self.name
 
     @property
-    def total_bytes(self):
-        return sum(f.size for f in self.files.all())
+    def s3_uri(self):
+        return f"s3://{self.s3_bucket}/{self.s3_prefix}".rstrip("/") if self.source == self.S3 else ""
+
+    def latest_version(self):
+        return self.versions.filter(state=DatasetVersion.READY).order_by("-number").first()
+
+    @transaction.atomic
+    def new_version(self, state=None):
+        """An open version holding the latest ready version's files, to add to."""
+        locked = Dataset.objects.select_for_update().get(pk=self.pk)
+        parent = locked.latest_version()
+        number = (locked.versions.aggregate(n=models.Max("number"))["n"] or 0) + 1
+        version = DatasetVersion.objects.create(dataset=self, number=number, parent=parent, state=state or DatasetVersion.OPEN)
+        if parent is not None:
+            DatasetFile.objects.bulk_create(
+                DatasetFile(version=version, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in parent.files.all()
+            )
+        return version
+
+
+class DatasetVersion(models.Model):
+    """One immutable state of a dataset: a manifest of paths, sizes and SHA-256 digests.
+
+    A version is open while files are added to it, then sealed: ready, and never changed again.
+    Adding files later makes a new version that shares every unchanged file (the same blobs)."""
+
+    OPEN = "open"
+    SCANNING = "scanning"
+    READY = "ready"
+    FAILED = "failed"
+    STATES = [(OPEN, "Open"), (SCANNING, "Scanning"), (READY, "Ready"), (FAILED, "Failed")]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    state = models.CharField(max_length=10, choices=STATES, default=OPEN)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sealed_at = models.DateTimeField(null=True, blank=True)
+    file_count = models.PositiveIntegerField(default=0)
+    total_bytes = models.PositiveBigIntegerField(default=0)
+    claimed_at = models.DateTimeField(null=True, blank=True, help_text="when a worker took up its scan")
+
+    class Meta:
+        ordering = ["dataset", "-number"]
+        constraints = [models.UniqueConstraint(fields=["dataset", "number"], name="dataset_version_number_unique")]
+
+    def __str__(self):
+        return f"{self.dataset.name} v{self.number}"
+
+    @property
+    def team_id(self):
+        return self.dataset.team_id
+
+    def add_file(self, path, size, sha256, key):
+        """Add (or replace) a file of an open version."""
+        with transaction.atomic():
+            version = DatasetVersion.objects.select_for_update().get(pk=self.pk)
+            if version.state != self.OPEN:
+                raise ValueError(f"version {version.number} of {version.dataset.name} is {version.state}: it cannot change")
+            DatasetFile.objects.update_or_create(version=version, path=path, defaults={"size": size, "sha256": sha256, "key": key})
+
+    def seal(self, at=None):
+        """Open (or scanned) to ready: from now on the version never changes."""
+        with transaction.atomic():
+            version = DatasetVersion.objects.select_for_update().get(pk=self.pk)
+            if version.state not in (self.OPEN, self.SCANNING):
+                raise ValueError(f"version {version.number} is {version.state}")
+            totals = version.files.aggregate(n=models.Count("id"), b=models.Sum("size"))
+            DatasetVersion.objects.filter(pk=self.pk).update(
+                state=self.READY, sealed_at=at or timezone.now(), file_count=totals["n"], total_bytes=totals["b"] or 0
+            )
+        self.refresh_from_db()
+        return self
+
+    def fail(self, error):
+        DatasetVersion.objects.filter(pk=self.pk).update(state=self.FAILED, error=error[:2000])
+        self.refresh_from_db()
 
 
 class DatasetFile(models.Model):
-    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="files")
+    """One file of a version. key: the blob in our storage (uploaded datasets), or the object's
+    key in the team's bucket (registered S3 datasets)."""
+
+    version = models.ForeignKey(DatasetVersion, on_delete=models.CASCADE, related_name="files")
     path = models.CharField(max_length=500)
-    key = models.CharField(max_length=700)
+    key = models.CharField(max_length=1100)
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64)
 
     class Meta:
         ordering = ["path"]
-        constraints = [models.UniqueConstraint(fields=["dataset", "path"], name="dataset_file_path_unique")]
+        constraints = [models.UniqueConstraint(fields=["version", "path"], name="dataset_version_file_path_unique")]
 
 
 class Job(models.Model):
@@ -62,9 +155,9 @@ class Job(models.Model):
     config = models.JSONField(default=dict, blank=True)
     env = models.JSONField(default=dict, blank=True)
 
-    # Data
-    train_dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    heldout_dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # Data: dataset versions are pinned when the job is submitted.
+    train_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    heldout_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
 
     # Request
     gpus = models.PositiveIntegerField()
@@ -207,7 +300,15 @@ class Job(models.Model):
 class JobEvent(models.Model):
     """A log line, state change, meter tick or notice: stored first, then announced."""
 
-    KINDS = [("log", "Log line"), ("state", "State change"), ("meter", "Meter tick"), ("notice", "Notice")]
+    KINDS = [
+        ("log", "Log line"),
+        ("state", "State change"),
+        ("meter", "Meter tick"),
+        ("staging", "Staging progress"),
+        ("notice", "Notice"),
+    ]
+    # Kinds where only the latest matters to someone who was not watching.
+    PROGRESS_KINDS = ("meter", "staging")
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveBigIntegerField()
@@ -312,15 +413,11 @@ class Upload(models.Model):
 
     @classmethod
     def purge_unclaimed(cls, older_than):
-        """Delete files kept for refused forms that nobody came back for; returns how many."""
-        from e31web.storage import get_storage
-
-        storage = get_storage()
-        stale = list(cls.objects.filter(job__isnull=True, created_at__lt=older_than))
-        for upload in stale:
-            storage.delete(upload.key)
-        cls.objects.filter(pk__in=[u.pk for u in stale]).delete()
-        return len(stale)
+        """Forget files kept for refused forms that nobody came back for; returns how many.
+        Their bytes are shared blobs (another upload or dataset may hold the same), so only
+        the rows go here; unreferenced blobs are a matter for a blob sweep."""
+        stale = cls.objects.filter(job__isnull=True, created_at__lt=older_than)
+        return stale.delete()[0]
 
 
 class Artifact(models.Model):

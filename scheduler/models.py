@@ -127,3 +127,74 @@ class Allocation(models.Model):
             )
             self.job.record("meter", at=at, data=self.job.meter_event(at))
         return usage
+
+
+class Staging(models.Model):
+    """Getting a job's work and data onto a node, as a step of its own.
+
+    The scheduler lines a queued job up for a node; that node's runner stages it while the job
+    still waits, so the meter does not run while data moves. A job is placed only where its
+    data is staged."""
+
+    WAITING = "waiting"
+    STAGING = "staging"
+    STAGED = "staged"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    STATES = [(WAITING, "Waiting"), (STAGING, "Staging"), (STAGED, "Staged"), (FAILED, "Failed"), (ABANDONED, "Abandoned")]
+    LIVE = (WAITING, STAGING, STAGED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="stagings")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="stagings")
+    state = models.CharField(max_length=10, choices=STATES, default=WAITING)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    files_total = models.PositiveIntegerField(default=0)
+    files_done = models.PositiveIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    bytes_moved = models.PositiveBigIntegerField(default=0, help_text="fetched from storage; the rest came from the node's cache")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["node", "state"])]
+
+    def __str__(self):
+        return f"staging of {self.job_id} on {self.node_id}: {self.state}"
+
+    @property
+    def seconds(self):
+        if self.started_at is None:
+            return None
+        return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
+
+    def progress(self):
+        """The staging as the job page and the API show it."""
+        seconds = self.seconds
+        return {
+            "state": self.state,
+            "node": self.node.name,
+            "files_done": self.files_done,
+            "files_total": self.files_total,
+            "bytes_done": self.bytes_done,
+            "bytes_total": self.bytes_total,
+            "bytes_moved": self.bytes_moved,
+            "seconds": round(seconds, 3) if seconds is not None else None,
+            "throughput": round(self.bytes_moved / seconds) if seconds else None,
+            "error": self.error,
+        }
+
+
+class CachedBlob(models.Model):
+    """A file (by SHA-256) a node holds in its staging cache, so the scheduler can prefer the
+    node that already has a job's data."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cached_blobs")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "sha256"], name="cached_blob_unique_per_node")]

@@ -1,6 +1,7 @@
 """The placement policy: pure functions over plain data, no ORM.
 
 This issue's policy is first come, first served with gang placement on one node (best fit).
+A job is placed only on a node where its data is staged; a job still staging holds no one back.
 The scheduler command and any simulator call the same code.
 """
 
@@ -15,6 +16,8 @@ class QueuedJob:
     submitted_at: datetime
     gpu_type: str = ""  # "" takes any type
     not_before: datetime | None = None
+    staged_on: frozenset | None = None  # nodes holding its data; None: it needs no staging
+    staging_note: str = ""  # why it is not staged yet
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ def place_fcfs(queue, nodes, now):
             kind = f"{job.gpu_type} " if job.gpu_type else ""
             plan.waiting[job.id] = f"waiting for a node with {job.gpus} {kind}device{'s' if job.gpus != 1 else ''}; none is online"
             continue
+        if job.staged_on is not None:
+            candidates = [n for n in candidates if n.id in job.staged_on]
+            if not candidates:
+                plan.waiting[job.id] = job.staging_note or "waiting for its data to be staged"
+                continue
         if blocked_by is not None:
             plan.waiting[job.id] = f"waiting behind job {blocked_by[:8]}, submitted earlier"
             continue
@@ -77,3 +85,14 @@ def place_fcfs(queue, nodes, now):
         free[node.id] = [d for d in free[node.id] if d not in devices]
         plan.placements.append(Placement(job.id, node.id, devices))
     return plan
+
+
+def choose_staging_node(job, nodes, cached_bytes, lined_up):
+    """Where to stage a queued job's data: a node that can run it, preferring the one that
+    already holds the most of its data, then the one with the fewest jobs lined up, then the
+    one with the most free devices."""
+    candidates = [n for n in nodes if _fits(job, n)]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda n: (-cached_bytes.get(n.id, 0), lined_up.get(n.id, 0), -len(n.free), n.id))
+    return best.id

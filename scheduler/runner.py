@@ -15,9 +15,10 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -27,8 +28,10 @@ from e31web.storage import get_storage
 from jobs import archive, states
 from jobs.models import Artifact, Job, JobEvent
 from scheduler.launch import JobDirs, artifact_name_problem, build_environment, command_for
-from scheduler.models import Allocation, Node
+from scheduler.cache import BlobCache
+from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
+from scheduler.staging import StagingError, Throttle, job_manifest, manifest_digests, stage
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +279,7 @@ class RunningJob:
 
 
 class Runner:
-    def __init__(self, name, devices, work_dir, device_type=None, stdout=None):
+    def __init__(self, name, devices, work_dir, device_type=None, cache_dir=None, cache_bytes=None):
         self.name = name
         self.devices = devices
         self.device_type = device_type or detect_device_type()
@@ -288,6 +291,14 @@ class Runner:
         self.max_line_bytes = settings.E31_LOG_LINE_MAX_BYTES
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread = None
+        self.cache = BlobCache(
+            Path(cache_dir or settings.RUNNER_CACHE_DIR / name),
+            settings.E31_RUNNER_CACHE_BYTES if cache_bytes is None else cache_bytes,
+        )
+        # Stagings run on threads of their own, so a long copy never holds up the jobs running here.
+        self.staging_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="staging")
+        self.stagings = {}  # staging id -> future
+        self._cache_lock = threading.Lock()
 
     # Registration and heartbeats ----------------------------------------------------------------
 
@@ -314,6 +325,13 @@ class Runner:
         # Allocations left open by an earlier runner of this node died with it: they end when it
         # was last heard from, and their jobs go back to the queue.
         release_node(node, at=last_seen, reason=Allocation.RUNNER_STOPPED, why="its runner restarted")
+        # Stagings the earlier runner had begun start again (what reached the cache stays there).
+        Staging.objects.filter(node=node, state=Staging.STAGING).update(state=Staging.WAITING)
+        # What the cache holds, as the scheduler sees it.
+        CachedBlob.objects.filter(node=node).delete()
+        CachedBlob.objects.bulk_create(
+            [CachedBlob(node=node, sha256=sha, size=size) for sha, size in self.cache.sizes.items()], batch_size=500
+        )
         self.work_dir.mkdir(parents=True, exist_ok=True)
         return node
 
@@ -396,19 +414,130 @@ class Runner:
         return running
 
     def stage(self, job, dirs):
-        """Put the work, the config and the data in the job's folder."""
-        storage = get_storage()
+        """Put the work, the config and the data in the job's folder, from the cache. Data the
+        cache lacks (the job was not staged here beforehand) is staged now, while the meter runs."""
+        items = job_manifest(job)
+        missing = [item for item in items if not self.cache.has(item.sha256)]
+        if missing:
+            record = Staging.objects.create(
+                job=job, node=self.node, state=Staging.STAGING, started_at=timezone.now(),
+                files_total=len(items), bytes_total=sum(i.size for i in items),
+            )
+            self.run_staging(record.pk)
+            record.refresh_from_db()
+            if record.state != Staging.STAGED:
+                raise StagingError(record.error or "staging failed")
         dirs.create()
         dirs.config.write_text(json.dumps(job.config, indent=2))
-        for upload in job.uploads.all():
-            if upload.role == "code":
-                archive.extract(storage.path(upload.key), upload.name, dirs.code)
+        for item in items:
+            if item.role == "code":
+                archive.extract(self.cache.path(item.sha256), PurePosixPath(item.dest).name, dirs.code)
             else:
-                storage.copy_to(upload.key, dirs.data / upload.role / upload.name)
-        for role, dataset in (("train", job.train_dataset), ("heldout", job.heldout_dataset)):
-            if dataset is not None:
-                for item in dataset.files.all():
-                    storage.copy_to(item.key, dirs.data / role / item.path)
+                self.cache.link_into(item.sha256, dirs.root / item.dest)
+
+    # Staging --------------------------------------------------------------------------------------
+
+    def claim_stagings(self):
+        """Stage the data of jobs the scheduler lined up for this node, while they wait."""
+        for pk in Staging.objects.filter(node=self.node, state=Staging.WAITING).values_list("pk", flat=True):
+            claimed = Staging.objects.filter(pk=pk, state=Staging.WAITING).update(state=Staging.STAGING, started_at=timezone.now())
+            if claimed == 1:
+                self.stagings[pk] = self.staging_pool.submit(self._staging_thread, pk)
+        for pk, future in list(self.stagings.items()):
+            if future.done():
+                del self.stagings[pk]
+                if future.exception() is not None:
+                    log.error("staging %s crashed", pk, exc_info=future.exception())
+
+    def _staging_thread(self, pk):
+        try:
+            self.run_staging(pk)
+        finally:
+            connection.close()
+
+    def run_staging(self, pk):
+        """Stage one job's manifest into the cache, reporting progress; the job fails, uncharged,
+        if an object is missing or corrupt."""
+        record = Staging.objects.select_related("job", "node").get(pk=pk)
+        job = record.job
+        items = job_manifest(job)
+        datasets = {str(v.dataset_id): v.dataset for v in (job.train_version, job.heldout_version) if v is not None}
+        throttle = Throttle(0.5)
+        known = set(self.cache.sizes)
+
+        def on_progress(progress):
+            if throttle.ready():
+                Staging.objects.filter(pk=pk).update(
+                    files_done=progress.files_done, bytes_done=progress.bytes_done, bytes_moved=progress.bytes_moved
+                )
+                job.record("staging", data=self._staging_event(record, progress))
+
+        try:
+            progress = stage(
+                items, self.cache, datasets, workers=settings.E31_STAGING_WORKERS, on_progress=on_progress,
+                should_stop=lambda: self.shutdown,
+            )
+        except StagingError as error:
+            if self.shutdown:
+                Staging.objects.filter(pk=pk).update(state=Staging.WAITING)  # the next runner here starts again
+                return
+            now = timezone.now()
+            Staging.objects.filter(pk=pk).update(state=Staging.FAILED, finished_at=now, error=str(error)[:2000])
+            record.refresh_from_db()
+            job.record("staging", data=record.progress())
+            with transaction.atomic():
+                locked = Job.objects.select_for_update().get(pk=job.pk)
+                if locked.state == states.QUEUED:
+                    locked.finish(states.FAILED, reason=f"staging failed: {error}")
+            return
+        finally:
+            self.publish_cache(known)
+        now = timezone.now()
+        Staging.objects.filter(pk=pk).update(
+            state=Staging.STAGED, finished_at=now, files_done=progress.files_done, bytes_done=progress.bytes_done,
+            bytes_moved=progress.bytes_moved,
+        )
+        record.refresh_from_db()
+        job.record("staging", data=record.progress())
+
+    @staticmethod
+    def _staging_event(record, progress):
+        seconds = (timezone.now() - record.started_at).total_seconds() if record.started_at else None
+        return {
+            "state": Staging.STAGING,
+            "node": record.node.name,
+            "files_done": progress.files_done,
+            "files_total": progress.files_total,
+            "bytes_done": progress.bytes_done,
+            "bytes_total": progress.bytes_total,
+            "bytes_moved": progress.bytes_moved,
+            "seconds": round(seconds, 3) if seconds is not None else None,
+            "throughput": round(progress.bytes_moved / seconds) if seconds else None,
+            "error": "",
+        }
+
+    def publish_cache(self, known_before):
+        """Tell the scheduler what the cache gained, evict what it must, and tell that too."""
+        with self._cache_lock:
+            added = {sha: size for sha, size in self.cache.sizes.items() if sha not in known_before}
+            CachedBlob.objects.bulk_create(
+                [CachedBlob(node=self.node, sha256=sha, size=size) for sha, size in added.items()],
+                ignore_conflicts=True,
+                batch_size=500,
+            )
+            removed = self.cache.evict(protect=self.needed_digests())
+            if removed:
+                CachedBlob.objects.filter(node=self.node, sha256__in=removed).delete()
+
+    def needed_digests(self):
+        """Files jobs staged, staging or running here still need: never evicted."""
+        jobs = Job.objects.filter(
+            stagings__node=self.node, stagings__state__in=Staging.LIVE, state__in=states.ACTIVE
+        ).distinct()
+        needed = set()
+        for job in list(jobs) + [r.job for r in self.running.values()]:
+            needed |= manifest_digests(job_manifest(job))
+        return needed
 
     # The loop -------------------------------------------------------------------------------------
 
@@ -430,6 +559,7 @@ class Runner:
 
     def step(self):
         """One pass over the node's work; returns True if there is more output waiting."""
+        self.claim_stagings()
         self.launch_new()
         self.check_orders()
         now = timezone.now()
@@ -470,7 +600,10 @@ class Runner:
                 log.exception("could not release job %s while stopping", running.job.pk)
             shutil.rmtree(running.dirs.root, ignore_errors=True)
         self.running.clear()
+        self.shutdown = True  # stagings in progress stop between files and go back to waiting
+        self.staging_pool.shutdown(wait=True, cancel_futures=True)
         if self.node is not None:
+            Staging.objects.filter(node=self.node, state=Staging.STAGING).update(state=Staging.WAITING)
             Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())
 
     def run(self, interval=0.1):

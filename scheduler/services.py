@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from billing import meter
@@ -13,7 +14,8 @@ from billing.models import NoRateInForce, Rate
 from jobs import states
 from jobs.models import Job
 from scheduler import policy
-from scheduler.models import Allocation, Node
+from scheduler.models import Allocation, CachedBlob, Node, Staging
+from scheduler.staging import job_manifest, manifest_digests
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ def expire_lost_nodes(now=None):
             last_heard = Node.objects.values_list("last_heartbeat", flat=True).get(pk=node.pk)
         count += 1
         log.warning("node %s lost: no heartbeat since %s", node.name, last_heard)
+        Staging.objects.filter(node=node, state__in=Staging.LIVE).update(
+            state=Staging.ABANDONED, finished_at=now, error=f"node {node.name} was lost"
+        )
         release_node(node, at=last_heard, reason=Allocation.NODE_LOST, why=f"node {node.name} was lost")
     return count
 
@@ -59,7 +64,11 @@ def end_allocation(allocation, at, reason, state, message="", exit_code=None):
     return True
 
 
-def queued_jobs():
+def queued_jobs(now=None):
+    live_nodes = Node.objects.live(now)
+    stagings = {}
+    for row in Staging.objects.filter(job__state=states.QUEUED, state__in=Staging.LIVE, node__in=live_nodes).select_related("node"):
+        stagings.setdefault(row.job_id, []).append(row)
     return [
         policy.QueuedJob(
             id=str(job.pk),
@@ -67,9 +76,57 @@ def queued_jobs():
             submitted_at=job.created_at,
             gpu_type=job.gpu_type,
             not_before=job.not_before,
+            staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED),
+            staging_note=staging_note(stagings.get(job.pk, [])),
         )
         for job in Job.objects.filter(state=states.QUEUED).order_by("created_at")
     ]
+
+
+def staging_note(stagings):
+    for row in stagings:
+        if row.state == Staging.STAGING:
+            percent = 100 * row.bytes_done // row.bytes_total if row.bytes_total else 0
+            return f"staging its data on {row.node.name}: {percent}% done"
+        if row.state == Staging.WAITING:
+            return f"waiting for {row.node.name} to stage its data"
+    return "waiting to be lined up for staging"
+
+
+def line_up(now=None):
+    """Give each queued job that has no staging on a live node one: on the node that will run
+    it, chosen while it waits, so its data moves before compute is held."""
+    nodes = node_states(now)
+    if not nodes:
+        return []
+    live_ids = [n.id for n in nodes]
+    covered = set(
+        Staging.objects.filter(state__in=Staging.LIVE, node_id__in=live_ids, job__state=states.QUEUED).values_list("job_id", flat=True)
+    )
+    lined_up = {}
+    for node_id in Staging.objects.filter(state__in=Staging.LIVE, node_id__in=live_ids, job__state=states.QUEUED).values_list(
+        "node_id", flat=True
+    ):
+        lined_up[str(node_id)] = lined_up.get(str(node_id), 0) + 1
+    created = []
+    for job in Job.objects.filter(state=states.QUEUED).exclude(pk__in=covered).order_by("created_at"):
+        items = job_manifest(job)
+        digests = manifest_digests(items)
+        cached = {
+            str(row["node_id"]): row["total"]
+            for row in CachedBlob.objects.filter(sha256__in=digests, node_id__in=live_ids).values("node_id").annotate(total=Sum("size"))
+        }
+        wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
+        node_id = policy.choose_staging_node(wanted, nodes, cached, lined_up)
+        if node_id is None:
+            continue
+        lined_up[node_id] = lined_up.get(node_id, 0) + 1
+        created.append(
+            Staging.objects.create(
+                job=job, node_id=node_id, files_total=len(items), bytes_total=sum(item.size for item in items)
+            )
+        )
+    return created
 
 
 def node_states(now=None):
@@ -124,7 +181,7 @@ def remaining_allowance(job, rate):
 def schedule(now=None):
     """One scheduling cycle: place what fits, and tell the rest why they wait."""
     now = now or timezone.now()
-    plan = policy.place_fcfs(queued_jobs(), node_states(now), now)
+    plan = policy.place_fcfs(queued_jobs(now), node_states(now), now)
     placed = []
     for placement in plan.placements:
         try:

@@ -15,6 +15,32 @@ PASSWORD = "correct horse battery"
 SCRIPT = b"print('hello from the job')\n"
 
 
+@pytest.fixture(scope="session")
+def seaweed():
+    """A real S3 server (SeaweedFS) for the whole test session."""
+    from tests.seaweed import SeaweedFS
+
+    with SeaweedFS() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_storage(settings, seaweed):
+    """Point the network's storage at a fresh bucket on the test S3 server."""
+    from e31web.storage import get_storage
+
+    env = seaweed.settings_env(seaweed.bucket())
+    settings.STORAGE_URL = env["E31_STORAGE_URL"]
+    settings.E31_S3 = {
+        "endpoint_url": seaweed.endpoint,
+        "public_endpoint_url": None,
+        "access_key": seaweed.access_key,
+        "secret_key": seaweed.secret_key,
+        "region": "us-east-1",
+    }
+    return get_storage()
+
+
 @pytest.fixture(autouse=True)
 def fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -23,7 +49,9 @@ def fast_passwords(settings):
 @pytest.fixture(autouse=True)
 def storage_dir(settings, tmp_path):
     settings.STORAGE_DIR = tmp_path / "storage"
+    settings.STORAGE_URL = None
     settings.RUNNER_WORK_DIR = tmp_path / "runs"
+    settings.RUNNER_CACHE_DIR = tmp_path / "cache"
     return settings.STORAGE_DIR
 
 
@@ -80,11 +108,8 @@ def dataset(team_a):
 def upload(team, user, role, name, content):
     from e31web.storage import get_storage
 
-    item = Upload(team=team, uploaded_by=user, role=role, name=name, size=0, sha256="", key="")
-    item.key = f"uploads/{team.pk}/{item.pk}/{name}"
-    item.size, item.sha256 = get_storage().save(item.key, io.BytesIO(content))
-    item.save()
-    return item
+    key, size, sha256 = get_storage().save_blob(io.BytesIO(content))
+    return Upload.objects.create(team=team, uploaded_by=user, role=role, name=name, size=size, sha256=sha256, key=key)
 
 
 def make_job(user, script=SCRIPT, name="job", gpus=1, span_hours=Decimal("1"), **fields):
@@ -97,3 +122,14 @@ def make_job(user, script=SCRIPT, name="job", gpus=1, span_hours=Decimal("1"), *
     job.record("state", data={"state": "queued", "from": None, "reason": "submitted"})
     job.refresh_from_db()
     return job
+
+
+def schedule_now(now=None):
+    """A scheduling cycle as if every queued job's data were already staged on its node: for
+    tests of placement, billing and pages, where staging is not the point."""
+    from scheduler import services
+    from scheduler.models import Staging
+
+    services.line_up(now)
+    Staging.objects.filter(state=Staging.WAITING).update(state=Staging.STAGED)
+    return services.schedule(now)

@@ -7,7 +7,7 @@ from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
 from jobs.models import Job, JobEvent, Upload
-from tests.conftest import make_job
+from tests.conftest import make_job, schedule_now
 
 
 @pytest.fixture
@@ -53,7 +53,19 @@ def test_datasets_are_named_by_name_or_id(api, dataset):
     assert submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "numbers"}, data=False).status_code == 201
     assert submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": str(dataset.pk)}, data=False).status_code == 201
     response = submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "nope"}, data=False)
-    assert response.status_code == 400 and "No dataset 'nope'" in response.json()["train_dataset"][0]
+    assert response.status_code == 400 and response.json()["train_dataset"] == ["No dataset 'nope' in your team."]
+
+
+def test_a_dataset_version_can_be_pinned(api, dataset):
+    from jobs.datasets import add_files
+
+    add_files(dataset, {"more.csv": b"3\n"})
+    body = submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "numbers@1"}, data=False).json()
+    assert body["train_dataset"] == "numbers@1"
+    body = submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "numbers"}, data=False).json()
+    assert body["train_dataset"] == "numbers@2"
+    response = submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "numbers@7"}, data=False)
+    assert response.status_code == 400 and response.json()["train_dataset"] == ["Numbers has no ready version 7."]
 
 
 @pytest.mark.parametrize(
@@ -211,7 +223,7 @@ def test_the_largest_ceiling_is_accepted_and_placed(api, alice):
     Node.objects.create(name="n", device_type="cpu", devices=1)
     response = submit(api, {"gpus": 1, "ceiling_kind": "gpu_hours", "ceiling": "999999999999.99"})
     assert response.status_code == 201, response.content
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     assert allocation.limit_seconds == 100 * 365 * 24 * 3600  # "unbounded", and storable
 
 

@@ -9,7 +9,7 @@ from django.urls import reverse
 from billing.models import NoRateInForce, Rate
 from scheduler import services
 from scheduler.models import Allocation, Node
-from tests.conftest import make_job
+from tests.conftest import make_job, schedule_now
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def node(db):
 
 
 def run_for(job, seconds):
-    [allocation] = [a for a in services.schedule() if a.job_id == job.pk]
+    [allocation] = [a for a in schedule_now() if a.job_id == job.pk]
     ended = allocation.started_at + timedelta(seconds=seconds)
     usage = allocation.release(ended, Allocation.EXITED)
     job.refresh_from_db()
@@ -51,7 +51,7 @@ def test_a_usage_record_is_gpus_times_held_seconds_times_rate(alice, rate, node)
 
 def test_releasing_twice_bills_once(alice, rate, node):
     job = make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     assert allocation.release(allocation.started_at + timedelta(seconds=10), Allocation.EXITED) is not None
     assert allocation.release(allocation.started_at + timedelta(seconds=99), Allocation.NODE_LOST) is None
     assert job.usage.get().held_seconds == 10

@@ -24,11 +24,11 @@ def test_the_demo_has_a_team_a_user_the_digits_and_a_rate(db):
     assert user is not None and user.membership.team == made["team"]
     assert authenticate(username=demo.OPERATOR[0], password=demo.OPERATOR[1]).is_staff
     digits = Dataset.objects.get(team=made["team"], name="digits")
-    [item] = digits.files.all()
+    [item] = digits.latest_version().files.all()
     content = get_storage().path(item.key).read_bytes()
     assert item.size == len(content) and item.sha256 == hashlib.sha256(content).hexdigest()
     assert content.count(b"\n") == 1 + 1437  # header + 80% of 1,797 images
-    assert Dataset.objects.get(name="digits-heldout").files.get().path == "digits-heldout.csv"
+    assert Dataset.objects.get(name="digits-heldout").latest_version().files.get().path == "digits-heldout.csv"
     assert Rate.objects.count() == 1
 
 

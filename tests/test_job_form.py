@@ -61,9 +61,16 @@ def test_a_valid_form_queues_a_job(client_a, alice):
     assert [e.data["state"] for e in job.timeline()] == ["queued"]
 
 
-def test_a_dataset_can_be_the_training_set(client_a, dataset):
+def test_a_dataset_s_latest_version_is_pinned_for_the_job(client_a, dataset):
+    from jobs.datasets import add_files
+
+    second = add_files(dataset, {"more.csv": b"3,4\n"})
     post(client_a, code=script(), train_dataset=str(dataset.pk))
-    assert Job.objects.get().train_dataset == dataset
+    job = Job.objects.get()
+    assert job.train_version == second and second.number == 2
+    add_files(dataset, {"later.csv": b"5\n"})  # a newer version changes nothing for this job
+    job.refresh_from_db()
+    assert job.train_version == second
 
 
 def test_the_name_defaults_to_the_entrypoint(client_a):

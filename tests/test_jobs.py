@@ -11,7 +11,7 @@ from jobs import states
 from jobs.models import Job, JobEvent
 from scheduler import services
 from scheduler.models import Node
-from tests.conftest import make_job
+from tests.conftest import make_job, schedule_now
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def node(db):
 
 def test_each_transition_is_recorded_with_its_time(alice, rate, node):
     job = make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     job.refresh_from_db()
     job.mark_running()
     at = timezone.now()
@@ -48,7 +48,7 @@ def test_a_transition_checks_the_state_in_the_database(alice, rate):
 
 def test_cancelling_a_held_job_asks_its_runner(alice, rate, node):
     job = make_job(alice)
-    services.schedule()
+    schedule_now()
     job.refresh_from_db()
     job.request_cancel()
     assert job.state == "starting" and job.cancel_requested_at is not None
@@ -96,7 +96,7 @@ def test_concurrent_writers_never_share_a_sequence_number(alice, rate):
 def test_the_job_page_shows_state_timeline_log_and_meter(client, alice, rate, node):
     job = make_job(alice, name="visible-run")
     JobEvent.append(job.pk, [JobEvent(kind="log", at=timezone.now(), stream="stdout", text="epoch 1 loss 0.5")])
-    services.schedule()
+    schedule_now()
     client.force_login(alice)
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
     assert "visible-run" in page and "epoch 1 loss 0.5" in page
@@ -108,7 +108,7 @@ def test_the_job_page_shows_state_timeline_log_and_meter(client, alice, rate, no
 
 def test_the_job_list_shows_held_time_and_cost(client, alice, rate, node):
     make_job(alice, name="listed")
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     allocation.release(allocation.started_at + timezone.timedelta(seconds=3600), "exited")
     client.force_login(alice)
     page = client.get(reverse("jobs:list")).content.decode()

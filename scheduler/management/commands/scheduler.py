@@ -1,5 +1,6 @@
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from django.conf import settings
@@ -7,6 +8,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 from django.utils import timezone
 
+from jobs import datasets
 from jobs.models import Upload
 from scheduler import services
 from scheduler.management.commands._loop import stop_on_signals
@@ -26,15 +28,26 @@ class Command(BaseCommand):
     def handle(self, *args, interval, once, **options):
         self.shutdown = False
         self.next_housekeeping = 0.0
+        # Scans of registered buckets read every object: they run beside the cycle, not in it.
+        self.scans = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scan")
         if once:
             self.handle_one_cycle()
+            self.scans.shutdown(wait=True)
             return
         self.stdout.write(f"scheduler: placing queued jobs every {interval:g} s")
         with stop_on_signals(self.stop):
             while not self.shutdown:
                 self.handle_one_cycle()
                 self.sleep(interval)
+        self.scans.shutdown(wait=False, cancel_futures=True)
         self.stdout.write("scheduler: stopped")
+
+    @staticmethod
+    def scan(version):
+        try:
+            datasets.scan(version)
+        finally:
+            connection.close()
 
     def stop(self):
         self.shutdown = True
@@ -47,6 +60,9 @@ class Command(BaseCommand):
     def handle_one_cycle(self):
         try:
             services.expire_lost_nodes()
+            for version in datasets.claim_scans(limit=2):
+                self.scans.submit(self.scan, version)
+            services.line_up()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
             if time.monotonic() >= self.next_housekeeping:
