@@ -217,7 +217,6 @@ def test_a_deeply_nested_spec_is_a_400(api):
 
 
 def test_the_largest_ceiling_is_accepted_and_placed(api, alice):
-    from scheduler import services
     from scheduler.models import Node
 
     Node.objects.create(name="n", device_type="cpu", devices=1)

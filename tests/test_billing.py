@@ -7,7 +7,6 @@ import pytest
 from django.urls import reverse
 
 from billing.models import NoRateInForce, Rate
-from scheduler import services
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
 

@@ -9,7 +9,6 @@ from django.utils import timezone
 
 from jobs import states
 from jobs.models import Job, JobEvent
-from scheduler import services
 from scheduler.models import Node
 from tests.conftest import make_job, schedule_now
 

@@ -140,7 +140,7 @@ def test_uploads_of_refused_forms_are_purged_after_a_while(alice, storage_dir):
 
     old = upload(alice.membership.team, alice, Upload.CODE, "old.py", b"x")
     Upload.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
-    fresh = upload(alice.membership.team, alice, Upload.CODE, "fresh.py", b"y")
+    upload(alice.membership.team, alice, Upload.CODE, "fresh.py", b"y")
     job = make_job(alice)  # its uploads are claimed: never purged, however old
     job.uploads.update(created_at=timezone.now() - timedelta(days=30))
     assert Upload.purge_unclaimed(timezone.now() - timedelta(days=2)) == 1
