@@ -221,7 +221,7 @@ def job_logs(request, job_id):
 @api_view(["GET"])
 def job_log(request, job_id):
     """The whole log as text, streamed."""
-    return log_response(get_job(request, job_id))
+    return log_response(request, get_job(request, job_id))
 
 
 @api_view(["GET"])
@@ -242,4 +242,4 @@ def job_artifacts(request, job_id):
 
 @api_view(["GET"])
 def job_artifact(request, job_id, name):
-    return artifact_response(get_artifact(get_job(request, job_id), name))
+    return artifact_response(request, get_artifact(get_job(request, job_id), name))

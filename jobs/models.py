@@ -96,10 +96,10 @@ class DatasetVersion(models.Model):
         return self.dataset.team_id
 
     def add_file(self, path, size, sha256, key):
-        """Add (or replace) a file of an open version."""
+        """Add (or replace) a file of a version being filled (uploads) or scanned (a bucket)."""
         with transaction.atomic():
             version = DatasetVersion.objects.select_for_update().get(pk=self.pk)
-            if version.state != self.OPEN:
+            if version.state not in (self.OPEN, self.SCANNING):
                 raise ValueError(f"version {version.number} of {version.dataset.name} is {version.state}: it cannot change")
             DatasetFile.objects.update_or_create(version=version, path=path, defaults={"size": size, "sha256": sha256, "key": key})
 

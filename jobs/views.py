@@ -2,18 +2,19 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, StreamingHttpResponse
+from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.access import get_for_team, require_team
+from e31web.downloads import download_response
 from e31web.storage import get_storage
 from jobs.forms import JobForm, RequestForm, keep_uploads
-from jobs.models import Job, JobEvent
+from jobs.logs import log_key, stream_log
+from jobs.models import Job
 
 LOG_LINES_ON_PAGE = 500
-LOG_CHUNK = 2000
 
 
 def get_job(request, job_id):
@@ -79,6 +80,7 @@ def job_detail(request, job_id):
         "earlier_lines": lines and lines[0].seq > 1 and job.events.filter(kind="log", seq__lt=lines[0].seq).exists(),
         "meter": job.meter_event(),
         "allocation": job.latest_allocation(),
+        "staging": job.stagings.select_related("node").first(),
         "artifacts": job.artifacts.all(),
         "uploads": job.uploads.exclude(role="code"),
         "config_text": json.dumps(job.config),
@@ -99,42 +101,30 @@ def job_cancel(request, job_id):
     return redirect("jobs:detail", job_id=job.pk)
 
 
-def stream_log(job):
-    """The job's whole log as text, read from the database in chunks (never all in memory)."""
-    after = 0
-    while True:
-        rows = list(
-            JobEvent.objects.filter(job=job, kind="log", seq__gt=after).order_by("seq").values_list("seq", "stream", "text")[
-                :LOG_CHUNK
-            ]
-        )
-        if not rows:
-            return
-        after = rows[-1][0]
-        yield "".join(f"{text}\n" for _, _, text in rows)
-
-
 @login_required
 @require_GET
 def job_log(request, job_id):
-    return log_response(get_job(request, job_id))
+    return log_response(request, get_job(request, job_id))
 
 
-def log_response(job):
+def log_response(request, job):
+    """A finished job's log from storage (Range, or a presigned URL); else from the database."""
+    if job.is_terminal and get_storage().exists(log_key(job.pk)):
+        return download_response(request, log_key(job.pk), f"{job.name}-{job.short_id}.log")
     response = StreamingHttpResponse(stream_log(job), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = content_disposition_header(True, f"{job.name}-{job.short_id}.log")
     return response
 
 
-def artifact_response(artifact):
-    return FileResponse(get_storage().open(artifact.key), as_attachment=True, filename=artifact.name.rsplit("/", 1)[-1])
+def artifact_response(request, artifact):
+    return download_response(request, artifact.key, artifact.name.rsplit("/", 1)[-1])
 
 
 @login_required
 @require_GET
 def artifact_download(request, job_id, name):
     job = get_job(request, job_id)
-    return artifact_response(get_artifact(job, name))
+    return artifact_response(request, get_artifact(job, name))
 
 
 def get_artifact(job, name):

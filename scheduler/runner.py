@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from django.utils import timezone
 
 from e31web.storage import get_storage
 from jobs import archive, states
+from jobs.logs import log_key, stream_log
 from jobs.models import Artifact, Job, JobEvent
 from scheduler.launch import JobDirs, artifact_name_problem, build_environment, command_for
 from scheduler.cache import BlobCache
@@ -276,6 +278,23 @@ class RunningJob:
             release_at = min(release_at, self.limit_at)
         end_allocation(self.allocation, release_at, reason, state, message, exit_code=self.process.returncode)
         shutil.rmtree(self.dirs.root, ignore_errors=True)
+
+
+def archive_log(job_id):
+    """Keep a finished job's whole log as a file in storage, so downloads need not read the
+    database (and can be ranged or presigned). Until it is there, downloads stream from the
+    database, which stays the record."""
+    try:
+        job = Job.objects.get(pk=job_id)
+        with tempfile.NamedTemporaryFile() as out:
+            for chunk in stream_log(job):
+                out.write(chunk.encode())
+            out.flush()
+            get_storage().save_file(log_key(job_id), out.name)
+    except Exception:  # noqa: BLE001 - the database still has every line
+        log.exception("could not archive the log of job %s", job_id)
+    finally:
+        connection.close()
 
 
 class Runner:
@@ -582,6 +601,7 @@ class Runner:
             # printed a lot does not hold up the rest of the node while it drains.
             running.finish()
             del self.running[pk]
+            self.staging_pool.submit(archive_log, running.job.pk)
         return busy
 
     def stop_all(self, reason=Allocation.RUNNER_STOPPED):

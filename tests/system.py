@@ -35,7 +35,7 @@ def free_port():
 
 
 class LiveSystem:
-    def __init__(self, database="sqlite", redis=False, devices=2, stop_grace=1.0, env=None):
+    def __init__(self, database="sqlite", redis=False, devices=2, stop_grace=1.0, env=None, s3=None):
         self.database = database
         self.redis = redis
         self.devices = devices
@@ -60,6 +60,8 @@ class LiveSystem:
             self.env["DATABASE_URL"] = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{self.pg_name}"
         if redis:
             self.env["REDIS_URL"] = REDIS_URL
+        if s3 is not None:  # a tests.seaweed.SeaweedFS: storage in a fresh bucket there
+            self.env.update(s3.settings_env(s3.bucket("system")))
         self.token = None
 
     # Processes ------------------------------------------------------------------------------

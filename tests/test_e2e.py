@@ -27,12 +27,14 @@ EXAMPLE = ROOT / "examples" / "digits" / "train.py"
 
 @pytest.fixture(
     scope="module",
-    params=[("sqlite", False), ("postgres", False), ("postgres", True)],
-    ids=["sqlite", "postgres", "postgres-redis"],
+    params=[("sqlite", False, False), ("postgres", False, False), ("postgres", True, True)],
+    ids=["sqlite", "postgres", "postgres-redis-s3"],
 )
 def system(request):
-    database, redis = request.param
-    with LiveSystem(database=database, redis=redis) as live:
+    """The embedded default; PostgreSQL; and production's shape: PostgreSQL, the Redis channel
+    layer and S3 storage (a real SeaweedFS)."""
+    database, redis, s3 = request.param
+    with LiveSystem(database=database, redis=redis, s3=request.getfixturevalue("seaweed") if s3 else None) as live:
         yield live
 
 
@@ -162,17 +164,23 @@ def test_the_core_loop(system, tmp_path):
     assert states[-3:] == ["starting", "running", "succeeded"]
 
     # The weights come back and the model is trained.
-    for job_id, download in ((job["id"], lambda path: system.api("GET", path)), (form_job_id, client.get)):
+    # (With S3 storage a download is a redirect to a short-lived presigned URL.)
+    api_get = lambda path: system.api("GET", path, follow_redirects=True)  # noqa: E731
+    page_get = lambda path: client.get(path, follow_redirects=True)  # noqa: E731
+    for job_id, download in ((job["id"], api_get), (form_job_id, page_get)):
         artifacts = {a["name"]: a for a in system.api("GET", f"/api/jobs/{job_id}/artifacts/").json()}
         assert {"model.pt", "metrics.json"} <= set(artifacts)
         path = artifacts["model.pt"]["url"].split(str(system.port), 1)[1]
         weights = download(path if job_id == job["id"] else f"/jobs/{job_id}/artifacts/model.pt")
         assert weights.status_code == 200
         assert len(weights.content) == artifacts["model.pt"]["size"]
+        if "E31_STORAGE_URL" in system.env:
+            assert weights.history and weights.history[0].status_code == 302
+            assert weights.url.host == "127.0.0.1" and "X-Amz-Signature" in str(weights.url)
         assert heldout_accuracy(weights.content) > 0.9
 
     # The full log downloads from the page too.
-    full_log = client.get(f"/jobs/{form_job_id}/log.txt")
+    full_log = page_get(f"/jobs/{form_job_id}/log.txt")
     assert full_log.status_code == 200 and "epoch 30/30" in full_log.text
 
     # The bill: held seconds x rate, nothing while queued, nothing after.

@@ -62,6 +62,29 @@
       : "Stopped: compute released.";
   }
 
+  function size(bytes) {
+    const units = ["bytes", "KB", "MB", "GB", "TB"];
+    let n = bytes, i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i === 0 ? n : n.toFixed(1)) + " " + units[i];
+  }
+
+  function setStaging(e) {
+    const card = document.getElementById("staging");
+    card.hidden = false;
+    const state = document.getElementById("staging-state");
+    state.className = "state state-" + e.state;
+    state.textContent = e.state;
+    document.getElementById("staging-node").textContent = "on " + e.node;
+    document.getElementById("staging-bar").value = e.bytes_total ? Math.floor(100 * e.bytes_done / e.bytes_total) : (e.state === "staged" ? 100 : 0);
+    let detail = e.files_done + " of " + e.files_total + " files · " + size(e.bytes_done) + " of " + size(e.bytes_total) +
+      " · " + size(e.bytes_moved) + " moved, the rest from the node's cache";
+    if (e.seconds !== null && e.seconds !== undefined) detail += " · " + e.seconds.toFixed(1) + " s";
+    if (e.throughput) detail += " · " + size(e.throughput) + "/s";
+    document.getElementById("staging-detail").textContent = detail;
+    document.getElementById("staging-error").textContent = e.error || "";
+  }
+
   function handle(events) {
     const follow = atBottom();
     for (const e of events) {
@@ -70,6 +93,7 @@
       if (e.kind === "log") addLine(e.text, e.stream, e.seq);
       else if (e.kind === "state") setState(e.state, e.reason, e.at);
       else if (e.kind === "meter") setMeter(e);
+      else if (e.kind === "staging") setStaging(e);
       else if (e.kind === "notice") addLine("[e31] " + e.text, "sys", e.seq);
     }
     if (follow) log.scrollTop = log.scrollHeight;

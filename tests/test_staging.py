@@ -1,0 +1,268 @@
+"""Staging with real runners, a real cache and real S3 (SeaweedFS): data moves before compute
+is held, the cache spares repeat transfers, deltas move only new bytes, and a corrupt or
+missing object fails the job before it costs anything."""
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from billing.models import UsageRecord
+from jobs import datasets
+from jobs.models import Job
+from scheduler import policy, services
+from scheduler.cache import BlobCache
+from scheduler.models import CachedBlob, Node, Staging
+from scheduler.runner import Runner
+from tests.conftest import make_job
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
+
+READ_DATA = b"""
+import json, os
+root = os.path.join(os.environ["E31_DATA_DIR"], "train")
+print(json.dumps(sorted((os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
+                        for d, _, files in os.walk(root) for f in files)))
+print(json.dumps(dict(os.environ)))
+"""
+
+
+@pytest.fixture
+def make_runner(settings, tmp_path):
+    settings.E31_STOP_GRACE_SECONDS = 1.0
+    runners = []
+
+    def make(name="node-a", devices=1, cache_bytes=None):
+        runner = Runner(
+            name=name, devices=devices, work_dir=tmp_path / "runs" / name, device_type="cpu",
+            cache_dir=tmp_path / "cache" / name, cache_bytes=cache_bytes,
+        )
+        runner.register()
+        runners.append(runner)
+        return runner
+
+    yield make
+    for runner in runners:
+        runner.stop_all()
+
+
+def drive(runners, done, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        services.line_up()
+        services.schedule()
+        for runner in runners:
+            runner.step()
+        if done():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("not there in time")
+
+
+def run(runners, job):
+    drive(runners, lambda: Job.objects.get(pk=job.pk).is_terminal)
+    job.refresh_from_db()
+    return job
+
+
+def files_seen(job):
+    first = job.events.filter(kind="log").order_by("seq").first()
+    return [tuple(pair) for pair in json.loads(first.text)]
+
+
+def test_data_is_staged_before_compute_is_held(make_runner, alice, rate, team_a):
+    runner = make_runner()
+    dataset = datasets.create_dataset(team_a, "blocks", {f"part-{i}.bin": bytes([i]) * 50_000 for i in range(5)})
+    job = run([runner], make_job(alice, script=READ_DATA, train_version=dataset.latest_version()))
+    assert job.state == "succeeded"
+    assert files_seen(job) == [(f"part-{i}.bin", 50_000) for i in range(5)]
+    staging = job.stagings.get()
+    allocation = job.allocations.get()
+    assert staging.state == "staged" and staging.files_done == staging.files_total == 6  # 5 data files + the script
+    assert staging.bytes_moved == staging.bytes_total == 250_000 + len(READ_DATA)
+    assert staging.finished_at <= allocation.started_at, "the meter started only once the data was in place"
+    progress = [e.data for e in job.events.filter(kind="staging").order_by("seq")]
+    assert progress[-1]["state"] == "staged" and progress[-1]["bytes_done"] == staging.bytes_total
+
+
+def test_a_second_job_on_the_same_data_stages_nothing(make_runner, alice, rate, team_a):
+    runner = make_runner()
+    dataset = datasets.create_dataset(team_a, "blocks", {f"part-{i}.bin": bytes([i]) * 40_000 for i in range(4)})
+    first = run([runner], make_job(alice, script=READ_DATA, train_version=dataset.latest_version()))
+    second = run([runner], make_job(alice, script=READ_DATA, train_version=dataset.latest_version()))
+    assert first.state == second.state == "succeeded"
+    assert first.stagings.get().bytes_moved > 160_000
+    assert second.stagings.get().bytes_moved == 0
+    assert files_seen(second) == files_seen(first)
+
+
+def test_a_delta_moves_only_the_new_bytes(make_runner, alice, rate, team_a):
+    runner = make_runner()
+    dataset = datasets.create_dataset(team_a, "grows", {f"old-{i}.bin": bytes([i]) * 30_000 for i in range(6)})
+    run([runner], make_job(alice, script=READ_DATA, train_version=dataset.latest_version()))
+    new_files = {"new-0.bin": b"n" * 12_345, "new-1.bin": b"m" * 6_789}
+    version = datasets.add_files(dataset, new_files)
+    assert version.number == 2 and version.file_count == 8
+    job = run([runner], make_job(alice, script=READ_DATA, train_version=version))
+    assert job.state == "succeeded"
+    assert job.stagings.get().bytes_moved == 12_345 + 6_789
+    assert len(files_seen(job)) == 8
+
+
+def test_the_scheduler_lines_a_job_up_where_its_data_already_is(alice, rate, team_a):
+    empty = Node.objects.create(name="empty", device_type="cpu", devices=4)
+    holder = Node.objects.create(name="holder", device_type="cpu", devices=1)
+    dataset = datasets.create_dataset(team_a, "big", {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000})
+    for item in dataset.latest_version().files.all():
+        CachedBlob.objects.create(node=holder, sha256=item.sha256, size=item.size)
+    job = make_job(alice, train_version=dataset.latest_version())
+    [staging] = services.line_up()
+    assert staging.job == job and staging.node == holder
+    # All else equal (nothing cached anywhere), the node with fewer jobs lined up is chosen.
+    other = make_job(alice, name="other")
+    [staging] = services.line_up()
+    assert staging.job == other and staging.node == empty
+
+
+def test_choosing_a_staging_node_prefers_cached_bytes_then_fewer_lined_up():
+    now = timezone.now()
+    job = policy.QueuedJob(id="j", gpus=2, submitted_at=now)
+    nodes = [
+        policy.NodeState(id="a", device_type="cpu", devices=8, free=tuple(range(8))),
+        policy.NodeState(id="b", device_type="cpu", devices=2, free=()),
+        policy.NodeState(id="c", device_type="cpu", devices=1, free=(0,)),  # too small
+    ]
+    assert policy.choose_staging_node(job, nodes, {"b": 10, "c": 999}, {}) == "b"
+    assert policy.choose_staging_node(job, nodes, {}, {"a": 3}) == "b"
+    assert policy.choose_staging_node(job, nodes, {}, {}) == "a"
+    assert policy.choose_staging_node(policy.QueuedJob(id="x", gpus=9, submitted_at=now), nodes, {}, {}) is None
+
+
+def test_a_job_is_placed_only_where_its_data_is_staged(alice, rate):
+    busy_but_staged = Node.objects.create(name="staged", device_type="cpu", devices=1)
+    Node.objects.create(name="idle", device_type="cpu", devices=1)
+    job = make_job(alice)
+    Staging.objects.create(job=job, node=busy_but_staged, state=Staging.STAGING, bytes_total=100, bytes_done=40)
+    assert services.schedule() == []
+    job.refresh_from_db()
+    assert job.wait_reason == "staging its data on staged: 40% done"
+    Staging.objects.update(state=Staging.STAGED)
+    [allocation] = services.schedule()
+    assert allocation.node == busy_but_staged
+
+
+def test_a_staging_on_a_lost_node_is_abandoned_and_the_job_lined_up_again(alice, rate, settings):
+    lost = Node.objects.create(name="lost", device_type="cpu", devices=1)
+    job = make_job(alice)
+    [first] = services.line_up()
+    assert first.node == lost
+    alive = Node.objects.create(name="alive", device_type="cpu", devices=1)
+    Node.objects.filter(pk=lost.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
+    services.expire_lost_nodes()
+    first.refresh_from_db()
+    assert first.state == "abandoned" and "was lost" in first.error
+    [second] = services.line_up()
+    assert second.job == job and second.node == alive
+
+
+def test_the_cache_evicts_the_least_recently_used_but_never_what_is_needed(tmp_path):
+    import hashlib
+    import os
+
+    cache = BlobCache(tmp_path / "cache", limit_bytes=250)
+    digests = []
+    for i in range(3):
+        data = bytes([i]) * 100
+        sha = hashlib.sha256(data).hexdigest()
+        tmp = cache.temp_path(sha)
+        tmp.write_bytes(data)
+        cache.put(tmp, sha)
+        os.utime(cache.path(sha), (1000 + i, 1000 + i))  # put at distinct times
+        digests.append(sha)
+    assert cache.total_bytes == 300
+    assert cache.evict(protect={digests[0]}) == [digests[1]]  # the oldest is needed; the next goes
+    assert cache.has(digests[0]) and not cache.has(digests[1]) and cache.has(digests[2])
+    assert oct(cache.path(digests[0]).stat().st_mode & 0o777) == "0o444"
+    # A new cache over the same folder knows what is there.
+    assert set(BlobCache(tmp_path / "cache", 1000).sizes) == {digests[0], digests[2]}
+
+
+def test_the_runner_keeps_the_scheduler_informed_of_its_cache(make_runner, alice, rate, team_a):
+    runner = make_runner(cache_bytes=10_000_000)
+    dataset = datasets.create_dataset(team_a, "tiny", {"x.bin": b"x" * 1000})
+    run([runner], make_job(alice, train_version=dataset.latest_version()))
+    [item] = dataset.latest_version().files.all()
+    assert CachedBlob.objects.filter(node=runner.node, sha256=item.sha256, size=1000).exists()
+
+
+# Registered buckets and S3 storage ---------------------------------------------------------
+
+
+@pytest.fixture
+def team_bucket(seaweed):
+    bucket = seaweed.bucket("team")
+    client = seaweed.client()
+    for i in range(3):
+        client.put_object(Bucket=bucket, Key=f"corpus/shard-{i}.txt", Body=f"shard {i}\n".encode() * 1000)
+    client.put_object(Bucket=bucket, Key="corpus/nested/extra.txt", Body=b"extra\n")
+    return bucket
+
+
+def register(team, seaweed, bucket, name="corpus"):
+    dataset = datasets.register_s3(
+        team, name, f"s3://{bucket}/corpus", seaweed.access_key, seaweed.secret_key, endpoint_url=seaweed.endpoint
+    )
+    [version] = datasets.claim_scans()
+    return dataset, datasets.scan(version)
+
+
+def test_a_registered_bucket_is_scanned_staged_and_read_by_the_job(make_runner, alice, rate, team_a, seaweed, team_bucket, s3_storage):
+    dataset, version = register(team_a, seaweed, team_bucket)
+    assert version.state == "ready", version.error
+    assert sorted(version.files.values_list("path", "size")) == [
+        ("nested/extra.txt", 6), ("shard-0.txt", 8000), ("shard-1.txt", 8000), ("shard-2.txt", 8000)
+    ]
+    runner = make_runner()
+    job = run([runner], make_job(alice, script=READ_DATA, train_version=version))
+    assert job.state == "succeeded", job.reason
+    assert files_seen(job) == [("nested/extra.txt", 6), ("shard-0.txt", 8000), ("shard-1.txt", 8000), ("shard-2.txt", 8000)]
+    # Neither the team's keys nor the network's storage keys reach the job.
+    env_line = job.events.filter(kind="log").order_by("seq")[1].text
+    env = json.loads(env_line)
+    assert seaweed.access_key not in env_line and seaweed.secret_key not in env_line
+    assert not any(name.startswith(("AWS_", "E31_S3", "E31_STORAGE")) for name in env)
+
+
+def test_a_corrupted_object_fails_the_job_before_any_charge(make_runner, alice, rate, team_a, seaweed, team_bucket):
+    dataset, version = register(team_a, seaweed, team_bucket)
+    seaweed.client().put_object(Bucket=team_bucket, Key="corpus/shard-1.txt", Body=b"tampered" * 1000)
+    runner = make_runner()
+    job = run([runner], make_job(alice, script=READ_DATA, train_version=version))
+    assert job.state == "failed"
+    assert "data/train/shard-1.txt" in job.reason and "SHA-256 does not match" in job.reason
+    assert not job.allocations.exists() and not UsageRecord.objects.filter(job=job).exists()
+    assert job.stagings.get().state == "failed"
+
+
+def test_a_vanished_object_fails_the_job_with_its_name(make_runner, alice, rate, team_a, seaweed, team_bucket):
+    dataset, version = register(team_a, seaweed, team_bucket)
+    seaweed.client().delete_object(Bucket=team_bucket, Key="corpus/shard-2.txt")
+    runner = make_runner()
+    job = run([runner], make_job(alice, script=READ_DATA, train_version=version))
+    assert job.state == "failed" and "shard-2.txt is missing" in job.reason
+
+
+def test_the_job_page_and_api_show_the_staging(make_runner, alice, rate, team_a, client):
+    runner = make_runner()
+    dataset = datasets.create_dataset(team_a, "blocks", {"a.bin": b"a" * 2048})
+    job = run([runner], make_job(alice, train_version=dataset.latest_version()))
+    client.force_login(alice)
+    page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
+    assert 'id="staging"' in page and "state-staged" in page and "on node-a" in page
+    assert "blocks v1" in page
+    body = client.get(reverse("api:job", args=[job.pk])).json()
+    assert body["staging"]["state"] == "staged" and body["staging"]["bytes_total"] == 2048 + job.uploads.get().size
+    assert body["train_dataset"] == "blocks@1"
