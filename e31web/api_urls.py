@@ -2,6 +2,7 @@ from django.urls import path
 
 from billing import api as billing_api
 from jobs import api as jobs_api
+from jobs import dataset_api
 
 app_name = "api"
 urlpatterns = [
@@ -12,5 +13,15 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/cancel/", jobs_api.job_cancel, name="job-cancel"),
     path("jobs/<uuid:job_id>/artifacts/", jobs_api.job_artifacts, name="job-artifacts"),
     path("jobs/<uuid:job_id>/artifacts/<path:name>", jobs_api.job_artifact, name="job-artifact"),
+    path("datasets/", dataset_api.dataset_list, name="datasets"),
+    path("datasets/s3/", dataset_api.dataset_register_s3, name="dataset-register-s3"),
+    path("datasets/<uuid:dataset_id>/", dataset_api.dataset_detail, name="dataset"),
+    path("datasets/<uuid:dataset_id>/rescan/", dataset_api.dataset_rescan, name="dataset-rescan"),
+    path("datasets/<uuid:dataset_id>/versions/", dataset_api.version_open, name="dataset-versions"),
+    path("datasets/<uuid:dataset_id>/versions/<int:number>/", dataset_api.version_detail, name="dataset-version"),
+    path("datasets/<uuid:dataset_id>/versions/<int:number>/uploads/", dataset_api.upload_start, name="dataset-uploads"),
+    path("datasets/<uuid:dataset_id>/versions/<int:number>/seal/", dataset_api.version_seal, name="dataset-seal"),
+    path("datasets/uploads/<uuid:upload_id>/", dataset_api.upload_detail, name="dataset-upload"),
+    path("datasets/uploads/<uuid:upload_id>/complete/", dataset_api.upload_complete, name="dataset-upload-complete"),
     path("usage/", billing_api.usage, name="usage"),
 ]

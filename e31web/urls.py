@@ -2,10 +2,24 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from jobs import dataset_views
+
+dataset_patterns = [
+    path("", dataset_views.dataset_list, name="list"),
+    path("new/", dataset_views.dataset_new, name="new"),
+    path("<uuid:dataset_id>/", dataset_views.dataset_detail, name="detail"),
+    path("<uuid:dataset_id>/add/", dataset_views.dataset_add_files, name="add"),
+    path("<uuid:dataset_id>/rescan/", dataset_views.dataset_rescan, name="rescan"),
+    path("<uuid:dataset_id>/versions/<int:number>/upload/", dataset_views.version_upload, name="upload"),
+    path("<uuid:dataset_id>/versions/<int:number>/seal/", dataset_views.version_seal, name="seal"),
+    path("<uuid:dataset_id>/uploads/<uuid:upload_id>/abort/", dataset_views.upload_abort, name="abort-upload"),
+]
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
+    path("datasets/", include((dataset_patterns, "datasets"))),
     path("billing/", include("billing.urls")),
     path("api/", include("e31web.api_urls")),
     path("admin/", admin.site.urls),

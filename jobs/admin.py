@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from jobs.models import Artifact, Dataset, DatasetFile, DatasetVersion, Job, Upload
+from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job, Upload
 
 
 class DatasetFileInline(admin.TabularInline):
@@ -44,3 +44,10 @@ class UploadAdmin(admin.ModelAdmin):
 @admin.register(Artifact)
 class ArtifactAdmin(admin.ModelAdmin):
     list_display = ["name", "job", "size", "created_at"]
+
+
+@admin.register(DatasetUpload)
+class DatasetUploadAdmin(admin.ModelAdmin):
+    list_display = ["path", "version", "size", "received", "state", "updated_at"]
+    list_filter = ["state"]
+    readonly_fields = ["version", "path", "size", "sha256", "chunk_size", "received", "key", "multipart_id", "parts", "state", "error"]

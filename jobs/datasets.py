@@ -5,17 +5,21 @@ A registered bucket is scanned once per version: every object's size and SHA-256
 manifest, which staging later checks the bytes against.
 """
 
+import contextlib
 import hashlib
 import io
 import logging
 import re
+import uuid
+from contextlib import closing
 
-from django.db import transaction
+from django.conf import settings
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from e31web.secrets_box import seal
-from e31web.storage import CHUNK, get_storage
-from jobs.models import Dataset, DatasetVersion
+from e31web.storage import CHUNK, NotFound, StorageError, blob_key, get_storage
+from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +182,308 @@ def resolve(team, ref):
     if version is None:
         raise DatasetError(f"{dataset.name} has no ready version yet")
     return version
+
+
+# Datasets made in the browser or the API: an open version filled by chunked uploads, sealed ---
+
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# S3 keeps at most 10,000 parts in one object; a chunk is a part.
+MAX_PARTS = 10_000
+
+
+class UploadConflict(DatasetError):
+    """The request does not fit the state of the upload or version now (HTTP 409). received,
+    where known, is how far the upload has arrived: a client continues from there."""
+
+    def __init__(self, message, received=None):
+        super().__init__(message)
+        self.received = received
+
+
+def clean_name(name):
+    """A dataset's name as jobs and specs refer to it ("name" or "name@2")."""
+    name = (name or "").strip()
+    if not name:
+        raise DatasetError("give the dataset a name")
+    if len(name) > 200:
+        raise DatasetError("a dataset's name has at most 200 characters")
+    if "@" in name or any(ord(c) < 32 for c in name):
+        raise DatasetError("a dataset's name cannot hold '@' (it picks a version: name@2) or control characters")
+    return name
+
+
+def check_name_free(team, name):
+    if Dataset.objects.filter(team=team, name=name).exists():
+        raise DatasetError(f"your team already has a dataset named {name!r}")
+
+
+def create_upload_dataset(team, name, description=""):
+    """A dataset whose version 1 is open, for files to be uploaded into."""
+    name = clean_name(name)
+    try:
+        with transaction.atomic():
+            check_name_free(team, name)
+            dataset = Dataset.objects.create(team=team, name=name, description=description or "")
+            dataset.new_version()
+    except IntegrityError:  # the same name, created at the same moment by someone else
+        raise DatasetError(f"your team already has a dataset named {name!r}") from None
+    return dataset
+
+
+def open_version(dataset):
+    """The version to add files to: the dataset's open one, or a new one holding the latest
+    ready version's files (so unchanged files are shared). Returns (version, created)."""
+    if dataset.source != Dataset.UPLOAD:
+        raise DatasetError("a registered bucket's dataset changes by scanning it again, not by uploading")
+    with transaction.atomic():
+        Dataset.objects.select_for_update().get(pk=dataset.pk)
+        version = dataset.versions.filter(state=DatasetVersion.OPEN).order_by("-number").first()
+        if version is not None:
+            return version, False
+        return dataset.new_version(), True
+
+
+def _locked_open_version(version):
+    """The version, locked (call inside a transaction); UploadConflict unless it is open."""
+    locked = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
+    if locked.state != DatasetVersion.OPEN:
+        raise UploadConflict(
+            f"version {locked.number} of {locked.dataset.name} is {locked.get_state_display().lower()}: "
+            "it cannot change; open a new version to add files"
+        )
+    return locked
+
+
+def _clean_sha256(value):
+    value = (value or "").strip().lower()
+    if value and not SHA256.match(value):
+        raise DatasetError("sha256 must be 64 hexadecimal digits")
+    return value
+
+
+def start_upload(version, path, size, user=None, sha256=""):
+    """A chunked upload of one file into an open version. Starting a file's upload again (its
+    client lost track of the first) aborts the earlier, unfinished one."""
+    path = clean_path(path)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise DatasetError("size must be the file's size in bytes, a whole number")
+    chunk_size = settings.E31_UPLOAD_CHUNK_BYTES
+    if size > chunk_size * MAX_PARTS:
+        raise DatasetError(f"a file may have at most {chunk_size * MAX_PARTS:,} bytes ({MAX_PARTS:,} chunks of {chunk_size:,})")
+    sha256 = _clean_sha256(sha256)
+    if version.dataset.source != Dataset.UPLOAD:
+        raise DatasetError("files are uploaded only into uploaded datasets: a registered bucket's dataset changes by scanning it again")
+    with transaction.atomic():
+        _locked_open_version(version)  # refuse early, before storage is touched
+    upload_pk = uuid.uuid4()
+    key = f"incoming/{upload_pk}"
+    storage = get_storage()
+    # An empty file has no chunks and needs no multipart upload.
+    multipart_id = storage.start_multipart(key) if size else ""
+    try:
+        with transaction.atomic():
+            _locked_open_version(version)
+            superseded = list(version.uploads.select_for_update().filter(path=path, state=DatasetUpload.OPEN))
+            DatasetUpload.objects.filter(pk__in=[u.pk for u in superseded]).update(
+                state=DatasetUpload.ABORTED, error="another upload of the same path took its place", updated_at=timezone.now()
+            )
+            upload = DatasetUpload.objects.create(
+                id=upload_pk, version=version, path=path, size=size, sha256=sha256, chunk_size=chunk_size,
+                key=key, multipart_id=multipart_id, created_by=user,
+            )
+    except BaseException:
+        if multipart_id:
+            _quietly(storage.abort_multipart, key, multipart_id)
+        raise
+    # Storage is tidied after commit: the rows already say these uploads are over.
+    for old in superseded:
+        _discard(old)
+    return upload
+
+
+def put_chunk(upload, offset, data):
+    """Store the chunk at offset (a multiple of chunk_size, not past what was received: a chunk
+    received before is replaced). Returns the upload, with received updated."""
+    if upload.state != DatasetUpload.OPEN:
+        raise UploadConflict(_not_open(upload))
+    if offset < 0 or offset % upload.chunk_size:
+        raise UploadConflict(f"offset {offset} is not a multiple of the chunk size {upload.chunk_size}", upload.received)
+    if offset >= upload.size:
+        raise DatasetError(f"offset {offset} is past the end of the file ({upload.size} bytes)")
+    if offset > upload.received:
+        raise UploadConflict(f"offset {offset} leaves a gap: {upload.received} bytes have arrived; send the chunk at {upload.received}", upload.received)
+    expected = upload.chunk_length(offset)
+    if len(data) != expected:
+        what = "the last chunk" if offset + upload.chunk_size >= upload.size else "every chunk but the last"
+        raise DatasetError(f"the chunk at {offset} has {len(data)} bytes; {what} must have {expected}")
+    number = upload.part_number(offset)
+    try:
+        etag = get_storage().put_part(upload.key, upload.multipart_id, number, data)
+    except NotFound:
+        upload.refresh_from_db()
+        raise UploadConflict(_not_open(upload) if upload.state != DatasetUpload.OPEN else "the upload is gone from storage; start it again") from None
+    with transaction.atomic():
+        locked = DatasetUpload.objects.select_for_update().get(pk=upload.pk)
+        if locked.state != DatasetUpload.OPEN:
+            raise UploadConflict(_not_open(locked))
+        parts = dict(locked.parts)
+        parts[number] = etag
+        locked.parts = sorted([n, e] for n, e in parts.items())
+        locked.received = max(locked.received, offset + len(data))
+        locked.save(update_fields=["parts", "received", "updated_at"])
+    return locked
+
+
+def complete_upload(upload, sha256=""):
+    """Join the chunks, check the size (and the client's SHA-256), keep the bytes as a blob and
+    add the file to the version. Completing a completed upload again just returns it."""
+    sha256 = _clean_sha256(sha256)
+    if sha256 and upload.sha256 and sha256 != upload.sha256:
+        raise DatasetError("this sha256 differs from the one given when the upload started")
+    with transaction.atomic():
+        # The version's lock first, as sealing takes it: a version is never sealed while one of
+        # its files is being completed.
+        DatasetVersion.objects.select_for_update().filter(pk=upload.version_id).first()
+        locked = DatasetUpload.objects.select_for_update().get(pk=upload.pk)
+        if locked.state == DatasetUpload.COMPLETE:
+            return locked
+        _locked_open_version(locked.version)
+        if locked.state != DatasetUpload.OPEN:
+            raise UploadConflict(_not_open(locked))
+        if locked.received < locked.size:
+            raise UploadConflict(f"only {locked.received} of {locked.size} bytes have arrived; send the rest first", locked.received)
+        locked.state = DatasetUpload.COMPLETING
+        locked.save(update_fields=["state", "updated_at"])
+    # Joining and hashing read the whole file: outside any transaction, the upload claimed.
+    try:
+        key, digest = _assemble(locked, sha256 or locked.sha256)
+    except DatasetError as error:
+        DatasetUpload.objects.filter(pk=locked.pk).update(state=DatasetUpload.FAILED, error=str(error), updated_at=timezone.now())
+        _discard(locked)
+        raise
+    except BaseException:
+        _reopen(locked)
+        raise
+    try:
+        with transaction.atomic():
+            locked.version.add_file(locked.path, locked.size, digest, key)
+            DatasetUpload.objects.filter(pk=locked.pk).update(state=DatasetUpload.COMPLETE, sha256=digest, updated_at=timezone.now())
+    except BaseException:
+        _reopen(locked)
+        raise
+    # The incoming object goes only now: until the file is in the version, completing again
+    # must find the joined bytes.
+    _quietly(get_storage().delete, locked.key)
+    locked.refresh_from_db()
+    return locked
+
+
+def _reopen(upload):
+    """After trouble with storage or the database mid-way: open again, so that completing once
+    more finishes the job (the joined object is found and not joined twice)."""
+    DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.COMPLETING).update(state=DatasetUpload.OPEN, updated_at=timezone.now())
+
+
+def _assemble(upload, expected_sha256):
+    """The upload's bytes kept as a blob: (blob key, sha256). DatasetError if they are not what
+    was announced."""
+    storage = get_storage()
+    if upload.size == 0:
+        key, _, digest = storage.save_blob(io.BytesIO(b""))
+        return key, digest
+    # A retried completion may find the parts joined already.
+    if not storage.exists(upload.key):
+        storage.complete_multipart(upload.key, upload.multipart_id, upload.parts)
+    digest, size = hashlib.sha256(), 0
+    with closing(storage.open(upload.key)) as body:
+        for chunk in iter(lambda: body.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    digest = digest.hexdigest()
+    if size != upload.size:
+        raise DatasetError(f"{upload.path}: the joined file has {size} bytes, not the {upload.size} announced; upload it again")
+    if expected_sha256 and digest != expected_sha256:
+        raise DatasetError(f"{upload.path}: its SHA-256 is {digest}, not the {expected_sha256} given: the bytes changed on the way; upload it again")
+    key = blob_key(digest)
+    if not storage.exists(key):
+        # Copied through a hashing reader: the blob is checked against its name as it is written.
+        with closing(storage.open(upload.key)) as body:
+            _, copied = storage.save(key, body)
+        if copied != digest:
+            storage.delete(key)
+            raise StorageError(f"{upload.path}: the copy into the blob store read differently; complete it again")
+    return key, digest
+
+
+def abort_upload(upload, reason="aborted by its client"):
+    """Give up an unfinished upload and free what it held in storage."""
+    if DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.OPEN).update(
+        state=DatasetUpload.ABORTED, error=reason, updated_at=timezone.now()
+    ) != 1:
+        upload.refresh_from_db()
+        if upload.state != DatasetUpload.ABORTED:
+            raise UploadConflict(_not_open(upload))
+        return upload
+    _discard(upload)
+    upload.refresh_from_db()
+    return upload
+
+
+def purge_stale_uploads(older_than):
+    """Abort uploads nobody has sent a chunk to since older_than; returns how many. One left
+    completing that long (its process died mid-way) is opened again, to be completed again."""
+    DatasetUpload.objects.filter(state=DatasetUpload.COMPLETING, updated_at__lt=older_than).update(
+        state=DatasetUpload.OPEN, updated_at=timezone.now()
+    )
+    count = 0
+    for upload in DatasetUpload.objects.filter(state=DatasetUpload.OPEN, updated_at__lt=older_than):
+        with contextlib.suppress(UploadConflict):
+            abort_upload(upload, "abandoned: no chunk arrived for too long")
+            count += 1
+    return count
+
+
+def seal_version(version):
+    """Open to ready: the version never changes again. Refused while a file's upload is still
+    unfinished (abort it, or complete it), and for a version without files."""
+    with transaction.atomic():
+        locked = _locked_open_version(version)
+        unfinished = list(locked.uploads.filter(state__in=DatasetUpload.UNFINISHED).values_list("path", flat=True))
+        if unfinished:
+            shown = ", ".join(unfinished[:5]) + (f" and {len(unfinished) - 5} more" if len(unfinished) > 5 else "")
+            raise UploadConflict(f"{len(unfinished)} upload(s) are not finished: {shown}; complete or abort them first")
+        if not locked.files.exists():
+            raise DatasetError("the version has no files yet: upload at least one before sealing it")
+        return locked.seal()
+
+
+def _not_open(upload):
+    reason = f": {upload.error}" if upload.error else ""
+    return f"the upload of {upload.path} is {upload.get_state_display().lower()}{reason}"
+
+
+def _discard(upload):
+    """Free the storage an upload that will not complete held."""
+    storage = get_storage()
+    if upload.multipart_id:
+        _quietly(storage.abort_multipart, upload.key, upload.multipart_id)
+    _quietly(storage.delete, upload.key)
+
+
+def _quietly(action, *args):
+    # Tidying only: an upload or object already gone is what we wanted.
+    try:
+        action(*args)
+    except Exception as error:  # noqa: BLE001
+        log.info("tidying %s: %s", args[0], error)
+
+
+def summarize(dataset):
+    """A dataset at a glance, from its versions (prefetched, or read here): its versions newest
+    first, the latest ready one, an open one, and its state as lists show it: ready once any
+    version is, else the state of its newest version."""
+    versions = sorted(dataset.versions.all(), key=lambda v: -v.number)
+    latest = next((v for v in versions if v.state == DatasetVersion.READY), None)
+    open_version = next((v for v in versions if v.state == DatasetVersion.OPEN), None)
+    state = DatasetVersion.READY if latest else (versions[0].state if versions else DatasetVersion.OPEN)
+    return {"versions": versions, "latest": latest, "open": open_version, "state": state}

@@ -433,3 +433,52 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_name_unique")]
+
+
+class DatasetUpload(models.Model):
+    """One file on its way into an open dataset version, sent in chunks of chunk_size bytes.
+
+    Each chunk is a part of a multipart upload in storage (part n holds the bytes from
+    (n - 1) * chunk_size). Chunks arrive in order, but any chunk already received may be sent
+    again and replaces its part, so a client that lost an answer just sends it again; received
+    is how far the file has arrived, where a resumed upload continues. On completion the parts
+    are joined, hashed, kept as a blob under their SHA-256 and added to the version."""
+
+    OPEN = "open"
+    COMPLETING = "completing"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    STATES = [(OPEN, "Open"), (COMPLETING, "Completing"), (COMPLETE, "Complete"), (FAILED, "Failed"), (ABORTED, "Aborted")]
+    # What stops a version from being sealed.
+    UNFINISHED = (OPEN, COMPLETING)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    version = models.ForeignKey(DatasetVersion, on_delete=models.CASCADE, related_name="uploads")
+    path = models.CharField(max_length=500)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True, help_text="the client's digest to check, then the file's")
+    chunk_size = models.PositiveIntegerField()
+    received = models.PositiveBigIntegerField(default=0)
+    key = models.CharField(max_length=200, help_text="the incoming object in storage, until it becomes a blob")
+    multipart_id = models.CharField(max_length=1024, blank=True, help_text="the storage's multipart upload id")
+    parts = models.JSONField(default=list, blank=True, help_text="[[part number, etag], ...] in order")
+    state = models.CharField(max_length=10, choices=STATES, default=OPEN)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["state", "updated_at"])]
+
+    def __str__(self):
+        return f"{self.path} into {self.version}"
+
+    def chunk_length(self, offset):
+        """How many bytes the chunk at offset must hold: chunk_size, less for the last."""
+        return min(self.chunk_size, self.size - offset)
+
+    def part_number(self, offset):
+        return offset // self.chunk_size + 1

@@ -155,3 +155,16 @@ def test_the_scheduler_cycle_purges_unclaimed_uploads(alice, storage_dir):
     Upload.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
     call_command("scheduler", "--once")
     assert not Upload.objects.filter(pk=old.pk).exists()
+
+
+def test_the_scheduler_gives_up_dataset_uploads_left_for_days(alice):
+    from jobs import datasets
+    from jobs.models import DatasetUpload
+
+    dataset = datasets.create_upload_dataset(alice.membership.team, "half")
+    version, _ = datasets.open_version(dataset)
+    upload = datasets.start_upload(version, "big.bin", 20 * 1024 * 1024)
+    DatasetUpload.objects.filter(pk=upload.pk).update(updated_at=timezone.now() - timedelta(days=3))
+    call_command("scheduler", "--once")
+    upload.refresh_from_db()
+    assert upload.state == "aborted"

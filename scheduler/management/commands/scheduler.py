@@ -70,6 +70,9 @@ class Command(BaseCommand):
                 purged = Upload.purge_unclaimed(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
                 if purged:
                     log.info("deleted %d uploads kept for refused forms and never claimed", purged)
+                abandoned = datasets.purge_stale_uploads(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
+                if abandoned:
+                    log.info("gave up %d dataset uploads no chunk reached for two days", abandoned)
         except Exception:
             # A bad cycle (a database hiccup) must not end the loop; the next cycle retries
             # on a fresh connection.
