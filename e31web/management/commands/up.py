@@ -45,9 +45,15 @@ class Command(BaseCommand):
             + "  try: New job, upload examples/digits/train.py, pick the 'digits' dataset. Ctrl-C stops everything.\n"
         )
         failed = None
-        while not stopping and failed is None:
+        while not stopping:
             time.sleep(0.5)
+            # Ctrl-C reaches the children too, and they may be gone before this wakes: only a
+            # child that ended while no one asked for a stop is a failure.
+            if stopping:
+                break
             failed = next((name for name, child in children.items() if child.poll() is not None), None)
+            if failed:
+                break
         if failed:
             self.stderr.write(f"{failed} exited with code {children[failed].returncode}; stopping the rest")
         for child in children.values():
