@@ -190,7 +190,7 @@ E31_SCHEDULER_INTERVAL_SECONDS = env_float("E31_SCHEDULER_INTERVAL_SECONDS", 1.0
 E31_STOP_GRACE_SECONDS = env_float("E31_STOP_GRACE_SECONDS", 2.0, minimum=0.0)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
 E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
-E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # files fetched at once
+E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # reads at once (files, or parts of large ones)
 E31_UPLOAD_CHUNK_BYTES = env_int("E31_UPLOAD_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024)
 
 LOGGING = {

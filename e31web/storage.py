@@ -9,6 +9,7 @@ however many datasets, versions or jobs use them.
 """
 
 import hashlib
+import http.client
 import os
 import shutil
 import tempfile
@@ -28,6 +29,10 @@ class StorageError(Exception):
 
 class NotFound(StorageError):
     pass
+
+
+class RangeNotSatisfiable(StorageError):
+    """The object is shorter than the range asked for (it changed, or the manifest is wrong)."""
 
 
 def check_key(key):
@@ -210,8 +215,9 @@ class S3Storage(Storage):
             "aws_access_key_id": access_key,
             "aws_secret_access_key": secret_key,
             "region_name": region,
+            # Room for a runner's stagings (several at once, each with its workers) and uploads.
             "config": Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"},
-                             max_pool_connections=max(10, concurrency * 2)),
+                             max_pool_connections=max(32, concurrency * 4)),
         }
         self.client = boto3.client("s3", **options)
         # Presigned URLs are for the browser, which may reach the store at another address.
@@ -222,6 +228,14 @@ class S3Storage(Storage):
     def _key(self, key):
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
+
+    def open_range(self, key, start=0, end=None):
+        """A RangeStream of the object's bytes [start, end) (all of them by default), with the
+        object's whole size; what staging reads large files with, in parallel parts."""
+        try:
+            return s3_open_range(self.client, self.bucket, self._key(key), start, end)
+        except NotFound:
+            raise NotFound(key) from None
 
     def local_path(self, key):
         return None
@@ -311,6 +325,88 @@ class S3Storage(Storage):
 
     def abort_multipart(self, key, upload_id):
         self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+
+
+class RangeStream:
+    """The body of one S3 GET, read with readinto() into the caller's buffer.
+
+    botocore's StreamingBody.read() and urllib3's readinto() allocate a fresh bytes object for
+    every read (and urllib3 copies it once more): with several downloads at once on a small
+    machine that costs as much CPU as hashing the bytes. When the body is a plain http.client
+    response under urllib3 (what botocore gives, with decode_content off), this reads straight
+    from it into the buffer, and hands the connection back to urllib3's pool at the end;
+    otherwise it falls back to the body's own read()."""
+
+    def __init__(self, body, length, object_size):
+        self.body = body
+        self.length = length  # bytes in this response
+        self.object_size = object_size  # bytes in the whole object
+        self.received = 0
+        raw = getattr(body, "_raw_stream", None)
+        fp = getattr(raw, "_fp", None)
+        direct = isinstance(fp, http.client.HTTPResponse) and not getattr(raw, "decode_content", False)
+        self._raw = raw if direct else None
+        self._fp = fp if direct else None
+
+    def readinto(self, buffer):
+        if self._fp is not None:
+            n = self._fp.readinto(buffer)
+        else:
+            data = self.body.read(len(buffer))
+            n = len(data)
+            buffer[:n] = data
+        self.received += n
+        return n
+
+    def close(self):
+        if self._fp is not None and self.received == self.length and self._fp.isclosed():
+            self._raw.release_conn()  # read to its end: the connection can serve the next request
+        else:
+            self.body.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _error_code(error):
+    from botocore.exceptions import ClientError
+
+    if isinstance(error, ClientError):
+        return error.response.get("Error", {}).get("Code")
+    return None
+
+
+def s3_open_range(client, bucket, key, start=0, end=None):
+    """A RangeStream of the object's bytes [start, end); the whole object (no Range header) when
+    start is 0 and end is None. Raises NotFound for a missing object and RangeNotSatisfiable when
+    the object ends before start."""
+    params = {"Bucket": bucket, "Key": key}
+    ranged = start != 0 or end is not None
+    if ranged:
+        params["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+    try:
+        response = client.get_object(**params)
+    except Exception as error:
+        code = _error_code(error)
+        if code in ("404", "NoSuchKey", "NotFound"):
+            raise NotFound(key) from None
+        if code in ("416", "InvalidRange"):
+            raise RangeNotSatisfiable(key) from None
+        raise
+    length = response.get("ContentLength")
+    content_range = response.get("ContentRange")
+    if content_range:  # "bytes 0-1023/4096" ("*" when the store does not say)
+        total = content_range.rsplit("/", 1)[1]
+        object_size = int(total) if total.isdigit() else None
+    elif ranged and not (length is not None and start == 0 and end is not None and length <= end):
+        response["Body"].close()
+        raise StorageError(f"the store ignored the Range header of a GET of {key}")
+    else:
+        object_size = length
+    return RangeStream(response["Body"], length, object_size)
 
 
 def storage_from_settings(url, directory, s3):

@@ -5,9 +5,12 @@ the same data stages nothing, and a new dataset version moves only its new files
 read-only once in; jobs see them through hard links (or copies across file systems).
 """
 
+import itertools
 import os
 import threading
 from pathlib import Path
+
+_temp_names = itertools.count()  # next() on a count is atomic under the GIL
 
 
 class BlobCache:
@@ -41,8 +44,9 @@ class BlobCache:
         return True
 
     def temp_path(self, sha256):
-        """Where to fetch a file before it is verified and put in."""
-        return self.tmp / f"{sha256}.{threading.get_ident()}.{os.getpid()}"
+        """Where to fetch a file before it is verified and put in: a new name at every call, so
+        two stagings of the same file at once (in one process or several) never share one."""
+        return self.tmp / f"{sha256}.{os.getpid()}.{next(_temp_names)}"
 
     def put(self, tmp_path, sha256):
         """Move a verified file in (read-only from now on)."""

@@ -5,10 +5,15 @@ dataset versions) with size and SHA-256. A runner stages the manifest into its c
 cache (scheduler.cache.BlobCache), several files at once and each large file in parallel parts,
 checking every file's digest; what the cache already holds moves no bytes. At launch the job's
 folder is made of hard links into the cache.
+
+Bytes are hashed as they arrive (into a small per-worker buffer, then written out), not read back
+afterwards: on a small machine serving its own S3, hashing and copying are where the time goes
+(bench/staging.py). A file enters the cache only once its size and digest match the manifest.
 """
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -73,7 +78,8 @@ def _team_bucket(dataset_id, credentials_token, endpoint_url, region):
         aws_access_key_id=credentials.get("access_key_id"),
         aws_secret_access_key=credentials.get("secret_access_key"),
         region_name=region or "us-east-1",
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"}),
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"},
+                      max_pool_connections=32),  # a runner's stagings at once, each with its workers
     )
 
 
@@ -82,7 +88,8 @@ def team_bucket_client(dataset):
 
 
 def fetch(item, dest, datasets):
-    """Bring one file's bytes to dest (a local path)."""
+    """Bring one file's bytes to dest (a local path), whole and unverified. stage() reads files
+    through _source() instead, hashing on the way; this serves a storage that cannot read ranges."""
     kind = item.source[0]
     if kind == "storage":
         try:
@@ -112,9 +119,253 @@ def verify(path, item):
             digest.update(chunk)
             size += len(chunk)
     if size != item.size:
-        raise StagingError(f"{item.dest}: expected {item.size} bytes, got {size}")
+        raise StagingError(_size_mismatch(item, size))
     if digest.hexdigest() != item.sha256:
-        raise StagingError(f"{item.dest}: its SHA-256 does not match the manifest (the object changed or is corrupt)")
+        raise StagingError(_digest_mismatch(item))
+
+
+def _size_mismatch(item, size):
+    return f"{item.dest}: expected {item.size} bytes, got {size}"
+
+
+def _digest_mismatch(item):
+    return f"{item.dest}: its SHA-256 does not match the manifest (the object changed or is corrupt)"
+
+
+# Reading a file's bytes, in parts, hashed on the way ----------------------------------------------
+
+PART_SIZE = 64 * CHUNK  # a larger file moves as ranged parts of this size, several at once
+BUFFER_SIZE = 256 * 1024  # each worker's read buffer: small enough to stay in the CPU cache while hashed and written
+READ_RETRIES = 3  # a connection lost in the middle of a part: read on from where it stopped
+
+_buffers = threading.local()
+
+
+def _buffer():
+    """This thread's read buffer: bytes are read into it, hashed and written from it, never copied
+    into fresh objects (on a small machine that costs as much as hashing them)."""
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _buffers.buffer = memoryview(bytearray(BUFFER_SIZE))
+    return buffer
+
+
+def _transient_errors():
+    import http.client
+
+    import urllib3.exceptions
+    from botocore.exceptions import BotoCoreError
+
+    return (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError, BotoCoreError)
+
+
+class _Abandoned(Exception):
+    """The staging failed elsewhere or was stopped: this part gives up quietly."""
+
+
+class _LocalStream:
+    def __init__(self, path, start):
+        self.file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        self.object_size = os.fstat(self.file.fileno()).st_size
+        self.file.seek(start)
+
+    def readinto(self, buffer):
+        return self.file.readinto(buffer)
+
+    def close(self):
+        self.file.close()
+
+
+class _Source:
+    """Where one item's bytes come from: open(start, end) gives a stream with readinto() and the
+    whole object's size (end None: the whole object in one request); StagingError for a missing
+    object."""
+
+    def __init__(self, item, open_range, missing, ranged, refused=None):
+        self.item = item
+        self.open_range = open_range
+        self.missing = missing
+        self.ranged = ranged  # whether parts can be read separately
+        self.refused = refused  # the message for other refusals of a team's bucket
+
+    def open(self, start, end):
+        from botocore.exceptions import ClientError
+
+        from e31web.storage import RangeNotSatisfiable
+
+        try:
+            stream = self.open_range(start, end)
+        except (NotFound, FileNotFoundError):
+            raise StagingError(self.missing) from None
+        except RangeNotSatisfiable:
+            raise StagingError(_size_mismatch(self.item, "fewer")) from None
+        except ClientError as error:
+            if self.refused is None:
+                raise
+            raise StagingError(self.refused.format(code=error.response.get("Error", {}).get("Code"))) from None
+        if stream.object_size is not None and stream.object_size != self.item.size:
+            stream.close()
+            raise StagingError(_size_mismatch(self.item, stream.object_size))
+        return stream
+
+
+def _source(item, datasets):
+    """How to read item's bytes; None for a storage that can only download whole files."""
+    from e31web.storage import s3_open_range
+
+    kind = item.source[0]
+    if kind == "storage":
+        storage = get_storage()
+        key = item.source[1]
+        missing = f"{item.dest}: the stored object is missing"
+        path = storage.local_path(key)
+        if path is not None:
+            return _Source(item, lambda start, end: _LocalStream(path, start), missing, ranged=False)
+        if hasattr(storage, "open_range"):
+            return _Source(item, lambda start, end: storage.open_range(key, start, end), missing, ranged=True)
+        return None
+    dataset = datasets[item.source[1]]
+    client, bucket, key = team_bucket_client(dataset), dataset.s3_bucket, item.source[2]
+    return _Source(
+        item, lambda start, end: s3_open_range(client, bucket, key, start, end),
+        f"{item.dest}: s3://{bucket}/{key} is missing", ranged=True, refused=f"{item.dest}: the bucket refused: {{code}}",
+    )
+
+
+def _pwrite_all(fd, data, offset):
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+class _Fetch:
+    """One file on its way into the cache. Its parts are read by the staging's workers (several
+    at once for a large file) and written into a temporary file at their offsets; the SHA-256 is
+    taken in order: a part that starts where hashing has got to is hashed as it arrives, the
+    others once every part before them is written, from the temporary file (still in the page
+    cache). The worker that hashes the last byte checks the digest and puts the file in."""
+
+    def __init__(self, item, source, cache, part_size):
+        self.item = item
+        self.source = source
+        self.cache = cache
+        self.tmp = cache.temp_path(item.sha256)
+        size = item.size
+        if source.ranged and size > part_size:
+            self.parts = [(start, min(start + part_size, size)) for start in range(0, size, part_size)]
+        else:
+            self.parts = [(0, size)]
+        self.lock = threading.Lock()
+        self.fd = None
+        self.digest = hashlib.sha256()
+        self.hashed = 0  # bytes hashed, from the start
+        self.hashing = False  # a worker is advancing `hashed`
+        self.ready = 0  # every byte before this is written
+        self.written = {}  # start -> end of the parts written beyond `ready`
+        self.finished = False
+
+    def fetch_part(self, index, abandon):
+        """Read one part; True if this completed the file (now verified and in the cache)."""
+        start, end = self.parts[index]
+        with self.lock:
+            if self.fd is None:
+                self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            inline = not self.hashing and self.hashed == start
+            if inline:
+                self.hashing = True
+        try:
+            self._read(start, end, inline, abandon)
+        except BaseException:
+            if inline:
+                with self.lock:
+                    self.hashing = False
+            raise
+        with self.lock:
+            self.written[start] = end
+            while self.ready in self.written:
+                self.ready = self.written.pop(self.ready)
+            if inline:
+                self.hashing = False
+        return self._catch_up(abandon)
+
+    def _read(self, start, end, inline, abandon):
+        buffer = _buffer()
+        whole = len(self.parts) == 1
+        position = start
+        stream = self.source.open(start, None if whole else end)
+        retries = 0
+        try:
+            while position < end:
+                if abandon.is_set():
+                    raise _Abandoned()
+                try:
+                    n = stream.readinto(buffer[: min(len(buffer), end - position)])
+                    if n == 0:
+                        raise ConnectionError("the connection closed before the end of the object")
+                except _transient_errors() as error:
+                    stream.close()
+                    retries += 1
+                    if retries > READ_RETRIES:
+                        raise StagingError(f"{self.item.dest}: reading it failed: {error}") from error
+                    log.warning("%s: reading failed (%s), reading on from byte %d", self.item.dest, error, position)
+                    time.sleep(0.2 * retries)
+                    stream = self.source.open(position, end)
+                    continue
+                chunk = buffer[:n]
+                if inline:
+                    self.digest.update(chunk)
+                    self.hashed += n
+                _pwrite_all(self.fd, chunk, position)
+                position += n
+        finally:
+            stream.close()
+
+    def _catch_up(self, abandon):
+        """Hash what is written but not yet hashed, unless another worker is at it; finish the file
+        when everything is hashed."""
+        buffer = _buffer()
+        while True:
+            with self.lock:
+                if self.finished or self.hashing:
+                    return False
+                if self.hashed >= self.ready:
+                    if self.ready < self.item.size:
+                        return False  # parts still on their way: the worker that writes the next one goes on
+                    self.finished = True
+                    break
+                self.hashing = True
+                position, stop = self.hashed, self.ready
+            try:
+                while position < stop:
+                    if abandon.is_set():
+                        raise _Abandoned()
+                    n = os.preadv(self.fd, [buffer[: min(len(buffer), stop - position)]], position)
+                    if n == 0:
+                        raise StagingError(f"{self.item.dest}: its temporary file is shorter than what was written")
+                    self.digest.update(buffer[:n])
+                    position += n
+            finally:
+                with self.lock:
+                    self.hashed = position
+                    self.hashing = False
+        self._finish()
+        return True
+
+    def _finish(self):
+        with self.lock:
+            fd, self.fd = self.fd, None
+        os.close(fd)
+        if self.digest.hexdigest() != self.item.sha256:
+            raise StagingError(_digest_mismatch(self.item))
+        self.cache.put(self.tmp, self.item.sha256)
+
+    def discard(self):
+        """After the staging: close and remove what is left (nothing, if it went into the cache)."""
+        with self.lock:
+            fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+        self.tmp.unlink(missing_ok=True)
 
 
 # Staging a manifest ----------------------------------------------------------------------------
@@ -129,12 +380,15 @@ class Progress:
     bytes_moved: int = 0
 
 
-def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None):
-    """Make sure every item is in the cache, fetching what is missing, several at once.
+def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None, part_size=PART_SIZE):
+    """Make sure every item is in the cache, fetching what is missing, several parts at once.
 
     Files the cache holds count as done at once and move nothing. Each fetched file is checked
     against its size and SHA-256 before it enters the cache. Returns the final Progress; raises
-    StagingError for a missing or corrupt object (nothing half-fetched is kept)."""
+    StagingError for a missing or corrupt object (nothing half-fetched is kept).
+
+    workers is how many reads run at once: parts of different files, or of one large file (every
+    file larger than part_size is read as ranged parts of that size)."""
     unique = {}
     for item in items:
         unique.setdefault(item.sha256, item)
@@ -157,8 +411,23 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None)
         else:
             missing.append(item)
 
-    def one(item):
-        if should_stop is not None and should_stop():
+    def stopped():
+        return should_stop is not None and should_stop()
+
+    abandon = threading.Event()
+
+    def part(fetch, index):
+        if abandon.is_set():
+            raise _Abandoned()
+        if stopped():
+            raise StagingError("staging was stopped")
+        if fetch.fetch_part(index, abandon):
+            done(fetch.item, fetch.item.size)
+
+    def whole(item):  # a storage that can only download whole files
+        if abandon.is_set():
+            raise _Abandoned()
+        if stopped():
             raise StagingError("staging was stopped")
         tmp = cache.temp_path(item.sha256)
         try:
@@ -172,21 +441,45 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None)
     if missing:
         # Largest first, so a big file does not start last and finish alone.
         missing.sort(key=lambda item: -item.size)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage") as pool:
-            futures = [pool.submit(one, item) for item in missing]
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
-                if on_progress is not None:
-                    on_progress(progress)
-                failed = next((f for f in finished if f.exception() is not None), None)
-                if failed is not None:
+        fetches = []
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage") as pool:
+                futures = []
+                try:
+                    for item in missing:
+                        source = _source(item, datasets)
+                        if source is None:
+                            futures.append(pool.submit(whole, item))
+                            continue
+                        fetches.append(_Fetch(item, source, cache, part_size))
+                        futures += [pool.submit(part, fetches[-1], index) for index in range(len(fetches[-1].parts))]
+                except StagingError:
+                    abandon.set()
+                    raise
+                except Exception as error:
+                    abandon.set()
+                    raise StagingError(f"staging failed: {error}") from error
+                pending = set(futures)
+                while pending:
+                    finished, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+                    if on_progress is not None:
+                        on_progress(progress)
+                    failed = next((f for f in finished if f.exception() is not None), None)
+                    if failed is None and (not pending or not stopped()):
+                        continue
+                    abandon.set()  # the workers give up between reads
                     for future in pending:
                         future.cancel()
+                    if failed is None:
+                        raise StagingError("staging was stopped")
                     error = failed.exception()
                     if isinstance(error, StagingError):
                         raise error
                     raise StagingError(f"staging failed: {error}") from error
+        finally:
+            abandon.set()
+            for fetch_ in fetches:
+                fetch_.discard()
     if on_progress is not None:
         on_progress(progress)
     return progress
