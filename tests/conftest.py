@@ -11,6 +11,9 @@ from billing.models import Rate
 from e31web.demo import add_dataset
 from jobs.models import Job, Upload
 
+# The browser tests' fixtures (browser, page) live in tests/browser.py.
+pytest_plugins = ["tests.browser"]
+
 PASSWORD = "correct horse battery"
 SCRIPT = b"print('hello from the job')\n"
 

@@ -8,29 +8,18 @@ the error shows next to the field and the uploaded script is kept, so it need no
 Screenshots go to test-artifacts/ at the repository root (git-ignored).
 """
 
-import contextlib
 import re
 import time
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
+from tests.browser import log_in, shot
 from tests.system import ROOT, LiveSystem
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"
-SHOTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 # 300 epochs keep the job running for several seconds on a 2-core machine (30 take about half a
 # second after the imports), long enough to read the meter twice while it runs.
 CONFIG = "epochs: 300\n"
@@ -43,40 +32,7 @@ def system():
         yield live
 
 
-@pytest.fixture(scope="module")
-def browser():
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
-
-@pytest.fixture
-def page(browser, system, request):
-    context = browser.new_context(base_url=system.url, viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    console = []
-    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
-    page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
-    failures_before = request.session.testsfailed
-    yield page
-    if request.session.testsfailed > failures_before:  # this test failed: keep what helps to see why
-        with contextlib.suppress(Exception):
-            page.screenshot(path=SHOTS / f"failed-{request.node.name}.png", full_page=True)
-        print("browser console:", *console, sep="\n  ")
-        for name, text in system.logs().items():
-            print(f"----- {name} log -----\n{text}")
-    context.close()
-
-
-def log_in(page):
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "demo")
-    page.fill("#id_password", "demo-e31")
-    page.get_by_role("button", name="Log in").click()
-    expect(page.locator(".topbar .who")).to_contain_text("demo")
 
 
 def open_new_job(page):
@@ -93,15 +49,6 @@ def fill_work_and_data(page, gpus, span_hours):
     page.select_option("#id_heldout_dataset", label="digits-heldout")
     page.fill("#id_gpus", str(gpus))
     page.fill("#id_span_hours", str(span_hours))
-
-
-def shot(page, name):
-    """A full-page screenshot into test-artifacts/.
-
-    Chromium takes it by resizing the viewport, and on the next input scrolls the focused field
-    back into view, which can move a button from under a click: so nothing stays focused."""
-    page.evaluate("document.activeElement?.blur()")
-    page.screenshot(path=SHOTS / name, full_page=True)
 
 
 def held_seconds(text):

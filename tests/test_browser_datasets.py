@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.system import LiveSystem
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, log_in, shot
+from tests.browser import log_in, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -38,35 +38,6 @@ def system():
         yield live
     finally:
         live.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser, system, request):
-    context = browser.new_context(base_url=system.url, viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    console = []
-    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
-    page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
-    failures_before = request.session.testsfailed
-    yield page
-    if request.session.testsfailed > failures_before:
-        page.screenshot(path=SHOTS / f"failed-{request.node.name}.png", full_page=True)
-        print("browser console:", *console, sep="\n  ")
-        for name, text in system.logs().items():
-            print(f"----- {name} log -----\n{text}")
-    context.close()
 
 
 @pytest.fixture
