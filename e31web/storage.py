@@ -91,9 +91,6 @@ class Storage:
                 self.save(key, spool)
             return key, reader.size, reader.sha256
 
-    def copy_to(self, key, dest_path):
-        self.download(key, dest_path)
-
     @contextmanager
     def local_copy(self, key):
         """A local path holding the object's bytes for the duration of the block."""

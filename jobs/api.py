@@ -96,7 +96,7 @@ def job_json(job, request):
         "config": job.config,
         "train_dataset": version_ref(job.train_version),
         "heldout_dataset": version_ref(job.heldout_version),
-        "staging": job.stagings.select_related("node").first().progress() if job.stagings.exists() else None,
+        "staging": staging.progress() if (staging := job.stagings.select_related("node").first()) else None,
         "gpus": job.gpus,
         "gpu_type": job.gpu_type,
         "mode": job.mode,

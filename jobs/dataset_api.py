@@ -135,14 +135,7 @@ def dataset_list(request):
     if request.method == "GET":
         queryset = Dataset.objects.filter(team=team).prefetch_related(Prefetch("versions", DatasetVersion.objects.order_by("-number")))
         return Response([dataset_json(d, request) for d in queryset])
-    form = DatasetForm(request.data, team=team)
-    if not form.is_valid():
-        return form_errors(form)
-    try:
-        dataset = form.save()
-    except datasets.DatasetError as error:
-        return refused(error)
-    return Response(dataset_json(dataset, request, detail=True), status=status.HTTP_201_CREATED)
+    return create_with(DatasetForm(request.data, team=team), request)
 
 
 @api_view(["POST"])
@@ -151,7 +144,11 @@ def dataset_register_s3(request):
     """{name, uri, endpoint_url, region, access_key_id, secret_access_key}: a dataset of the
     objects under an S3 URI, scanned next."""
     team = require_team(request.user)
-    form = S3DatasetForm(request.data, team=team)
+    return create_with(S3DatasetForm(request.data, team=team), request)
+
+
+def create_with(form, request):
+    """A dataset made by a form: 201 with the dataset, or 400/409 with the reasons."""
     if not form.is_valid():
         return form_errors(form)
     try:

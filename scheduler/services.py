@@ -110,16 +110,16 @@ def line_up(now=None):
         lined_up[str(node_id)] = lined_up.get(str(node_id), 0) + 1
     created = []
     for job in Job.objects.filter(state=states.QUEUED).exclude(pk__in=covered).order_by("created_at"):
+        wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
+        if policy.choose_staging_node(wanted, nodes, {}, lined_up) is None:
+            continue  # no live node could run it: no need to read its manifest every cycle
         items = job_manifest(job)
         digests = manifest_digests(items)
         cached = {
             str(row["node_id"]): row["total"]
             for row in CachedBlob.objects.filter(sha256__in=digests, node_id__in=live_ids).values("node_id").annotate(total=Sum("size"))
         }
-        wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
         node_id = policy.choose_staging_node(wanted, nodes, cached, lined_up)
-        if node_id is None:
-            continue
         lined_up[node_id] = lined_up.get(node_id, 0) + 1
         created.append(
             Staging.objects.create(

@@ -19,7 +19,6 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import PurePosixPath
 
 from e31web.storage import CHUNK, NotFound, get_storage
 
@@ -85,43 +84,6 @@ def _team_bucket(dataset_id, credentials_token, endpoint_url, region):
 
 def team_bucket_client(dataset):
     return _team_bucket(str(dataset.pk), dataset.s3_credentials, dataset.s3_endpoint_url, dataset.s3_region)
-
-
-def fetch(item, dest, datasets):
-    """Bring one file's bytes to dest (a local path), whole and unverified. stage() reads files
-    through _source() instead, hashing on the way; this serves a storage that cannot read ranges."""
-    kind = item.source[0]
-    if kind == "storage":
-        try:
-            get_storage().download(item.source[1], dest)
-        except NotFound:
-            raise StagingError(f"{item.dest}: the stored object is missing") from None
-        return
-    dataset = datasets[item.source[1]]
-    from boto3.s3.transfer import TransferConfig
-    from botocore.exceptions import ClientError
-
-    config = TransferConfig(multipart_threshold=16 * CHUNK, multipart_chunksize=16 * CHUNK, max_concurrency=8)
-    try:
-        team_bucket_client(dataset).download_file(dataset.s3_bucket, item.source[2], str(dest), Config=config)
-    except ClientError as error:
-        code = error.response.get("Error", {}).get("Code")
-        if code in ("404", "NoSuchKey", "NotFound"):
-            raise StagingError(f"{item.dest}: s3://{dataset.s3_bucket}/{item.source[2]} is missing") from None
-        raise StagingError(f"{item.dest}: the bucket refused: {code}") from None
-
-
-def verify(path, item):
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    if size != item.size:
-        raise StagingError(_size_mismatch(item, size))
-    if digest.hexdigest() != item.sha256:
-        raise StagingError(_digest_mismatch(item))
 
 
 def _size_mismatch(item, size):
@@ -210,7 +172,7 @@ class _Source:
 
 
 def _source(item, datasets):
-    """How to read item's bytes; None for a storage that can only download whole files."""
+    """How to read item's bytes: a file of the local folder, or ranges of an S3 object."""
     from e31web.storage import s3_open_range
 
     kind = item.source[0]
@@ -221,9 +183,7 @@ def _source(item, datasets):
         path = storage.local_path(key)
         if path is not None:
             return _Source(item, lambda start, end: _LocalStream(path, start), missing, ranged=False)
-        if hasattr(storage, "open_range"):
-            return _Source(item, lambda start, end: storage.open_range(key, start, end), missing, ranged=True)
-        return None
+        return _Source(item, lambda start, end: storage.open_range(key, start, end), missing, ranged=True)
     dataset = datasets[item.source[1]]
     client, bucket, key = team_bucket_client(dataset), dataset.s3_bucket, item.source[2]
     return _Source(
@@ -424,20 +384,6 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None,
         if fetch.fetch_part(index, abandon):
             done(fetch.item, fetch.item.size)
 
-    def whole(item):  # a storage that can only download whole files
-        if abandon.is_set():
-            raise _Abandoned()
-        if stopped():
-            raise StagingError("staging was stopped")
-        tmp = cache.temp_path(item.sha256)
-        try:
-            fetch(item, tmp, datasets)
-            verify(tmp, item)
-            cache.put(tmp, item.sha256)
-        finally:
-            tmp.unlink(missing_ok=True)
-        done(item, item.size)
-
     if missing:
         # Largest first, so a big file does not start last and finish alone.
         missing.sort(key=lambda item: -item.size)
@@ -448,9 +394,6 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None,
                 try:
                     for item in missing:
                         source = _source(item, datasets)
-                        if source is None:
-                            futures.append(pool.submit(whole, item))
-                            continue
                         fetches.append(_Fetch(item, source, cache, part_size))
                         futures += [pool.submit(part, fetches[-1], index) for index in range(len(fetches[-1].parts))]
                 except StagingError:
@@ -483,15 +426,6 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None,
     if on_progress is not None:
         on_progress(progress)
     return progress
-
-
-def materialize(items, cache, root):
-    """Build the job's folder from the cache: every item linked to its destination."""
-    for item in items:
-        dest = root / PurePosixPath(item.dest)
-        if not cache.has(item.sha256):
-            raise StagingError(f"{item.dest} is not staged on this node")
-        cache.link_into(item.sha256, dest)
 
 
 class Throttle:
