@@ -106,3 +106,16 @@ def format_duration(seconds):
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours:d}:{minutes:02d}:{secs:02d}"
+
+
+def lost_time_credit(gpus, rate_per_gpu_hour, started_at, ended_at, last_checkpoint_at, charged):
+    """What the network owes back when it took a job's compute away (node lost, preempted):
+    the held time since the job's last checkpoint in this allocation (all of it when the
+    allocation saved none), at the allocation's rate, never more than was charged.
+    Returns (seconds, amount)."""
+    since = started_at
+    if last_checkpoint_at is not None and last_checkpoint_at > started_at:
+        since = min(last_checkpoint_at, ended_at)
+    seconds = held_seconds(since, ended_at)
+    amount = min(charge(gpus, seconds, rate_per_gpu_hour), Decimal(charged))
+    return seconds, amount.quantize(AMOUNT_PLACES)

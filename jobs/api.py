@@ -34,7 +34,15 @@ SPEC_FIELDS = {
     "ceiling",
     "not_before",
     "deadline",
+    "preemptible",
+    "keep_checkpoints",
+    "max_restarts",
+    "early_stop_metric",
+    "early_stop_mode",
+    "early_stop_patience",
+    "stop_on_nan",
 }
+BOOLEAN_FIELDS = {"preemptible", "stop_on_nan"}
 MAX_LOG_LIMIT = 5000
 
 
@@ -47,10 +55,18 @@ def spec_to_form_data(spec, team):
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
     structured = {"args": (list, str), "config": (dict, str), "env": (dict, str)}
     for field, value in spec.items():
+        if field in BOOLEAN_FIELDS:
+            if value is not None and not isinstance(value, bool):
+                raise ValidationError({field: [f"{field} must be true or false, not {type(value).__name__}."]})
+            continue
         allowed = structured.get(field, (str, int, float))
         if value is not None and (not isinstance(value, allowed) or isinstance(value, bool)):
             raise ValidationError({field: [f"{field} must be {_kinds(allowed)}, not {type(value).__name__}."]})
     data = dict(spec)
+    # Booleans as a form sends them: absent is off, except the NaN stop, which is on by default.
+    data["stop_on_nan"] = spec.get("stop_on_nan") is not False
+    for field in BOOLEAN_FIELDS:
+        data[field] = "on" if data.get(field) else ""
     if isinstance(data.get("args"), list):
         data["args"] = shlex.join(str(a) for a in data["args"])
     if isinstance(data.get("config"), dict):
@@ -83,6 +99,7 @@ def pin_datasets(data, team):
 
 def job_json(job, request):
     seconds, amount = job.held()
+    credit_seconds, credit_amount = job.credited()
     allocation = job.latest_allocation()
     return {
         "id": str(job.pk),
@@ -109,17 +126,31 @@ def job_json(job, request):
         "exit_code": job.exit_code,
         "reason": job.reason,
         "restarts": job.restarts,
+        "preemptions": job.preemptions,
+        "preemptible": job.preemptible,
+        "keep_checkpoints": job.keep_checkpoints,
+        "max_restarts": job.max_restarts,
+        "early_stop_metric": job.early_stop_metric,
+        "early_stop_mode": job.early_stop_mode,
+        "early_stop_patience": job.early_stop_patience,
+        "stop_on_nan": job.stop_on_nan,
+        "credited_seconds": credit_seconds,
+        "credited": f"{credit_amount:f}",
         "held_seconds": seconds,
         "cost": f"{amount:f}",
         "currency": settings.E31_CURRENCY,
         "allocation": allocation_json(allocation) if allocation else None,
-        "timeline": [
-            {"seq": e.seq, "at": e.at, "state": e.data.get("state"), "from": e.data.get("from"), "reason": e.data.get("reason", "")}
-            for e in job.timeline()
-        ],
+        "timeline": [timeline_json(e) for e in job.timeline()],
         "last_seq": job.last_seq,
         "url": request.build_absolute_uri(reverse("jobs:detail", args=[job.pk])),
     }
+
+
+def timeline_json(event):
+    data = event.data or {}
+    if event.kind == "state":
+        return {"seq": event.seq, "at": event.at, "kind": "state", "state": data.get("state"), "from": data.get("from"), "reason": data.get("reason", "")}
+    return {"seq": event.seq, "at": event.at, "kind": event.kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
 
 
 def version_ref(version):

@@ -4,6 +4,7 @@ Files are saved as Upload rows before the form is validated (see keep_uploads), 
 form keeps what the user uploaded: the page lists the kept files and sends their ids back.
 """
 
+import re
 import uuid
 from pathlib import PurePosixPath
 
@@ -21,6 +22,7 @@ from jobs.models import Dataset, DatasetVersion, Job, Upload
 from scheduler.models import Node
 
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT}
+METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
 KEPT_FIELD = {Upload.CODE: "kept_code", Upload.TRAIN: "kept_data", Upload.HELDOUT: "kept_heldout"}
 
 
@@ -104,6 +106,11 @@ class RequestForm(forms.Form):
     deadline = forms.DateTimeField(
         required=False, widget=DateTimeLocalInput, help_text=f"When the results are needed ({settings.TIME_ZONE})."
     )
+    preemptible = forms.BooleanField(
+        required=False,
+        label="Preemptible",
+        help_text="At the discounted preemptible rate. It may be stopped to make room (with time to checkpoint) and resumes from its latest checkpoint.",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -147,11 +154,12 @@ class RequestForm(forms.Form):
         try:
             gpu_type = cleaned.get("gpu_type") or ""
             rates = Rate.objects
-            rate = rates.in_force(gpu_type) if gpu_type else rates.worst_case()
+            preemptible = bool(cleaned.get("preemptible"))
+            rate = rates.in_force(gpu_type) if gpu_type else rates.worst_case(preemptible=preemptible)
         except NoRateInForce as error:
             self.add_error(None, str(error))
             return
-        self.rate = rate.per_gpu_hour
+        self.rate = rate.for_job(preemptible)
         self.estimate = meter.estimate(self.meter_request(), self.rate)
 
     def meter_request(self):
@@ -191,6 +199,28 @@ class JobForm(RequestForm):
     heldout_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+
+    # Checkpoints and stopping
+    keep_checkpoints = forms.IntegerField(
+        min_value=1, max_value=100, initial=3, required=False, label="Checkpoints kept",
+        help_text="The latest K checkpoints are kept in storage; a restarted job resumes from the latest.",
+    )
+    max_restarts = forms.IntegerField(
+        min_value=0, max_value=100, initial=3, required=False, label="Restarts allowed",
+        help_text="How often the job may be restarted after losing its node before it fails (preemptions do not count).",
+    )
+    early_stop_metric = forms.CharField(
+        max_length=100, required=False, label="Early stopping metric", help_text="A metric the job logs, e.g. heldout_loss."
+    )
+    early_stop_mode = forms.ChoiceField(
+        choices=[("min", "Lower is better"), ("max", "Higher is better")], initial="min", required=False, label="Better is"
+    )
+    early_stop_patience = forms.IntegerField(
+        min_value=1, max_value=100000, required=False, label="Patience", help_text="Evaluations without improvement before it stops."
+    )
+    stop_on_nan = forms.BooleanField(
+        required=False, initial=True, label="Stop on a NaN loss", help_text="End the run when a loss becomes NaN or infinite."
+    )
 
     def __init__(self, *args, team, upload_errors=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -250,6 +280,7 @@ class JobForm(RequestForm):
         self._clean_work(cleaned)
         self._clean_data(cleaned)
         self._clean_window(cleaned)
+        self._clean_stopping(cleaned)
         if not cleaned.get("name") and cleaned.get("entrypoint"):
             cleaned["name"] = PurePosixPath(cleaned["entrypoint"]).stem
         return cleaned
@@ -300,6 +331,22 @@ class JobForm(RequestForm):
             elif deadline <= timezone.now():
                 self.add_error("deadline", "The deadline is already past.")
 
+    def _clean_stopping(self, cleaned):
+        metric, patience = cleaned.get("early_stop_metric") or "", cleaned.get("early_stop_patience")
+        metric = metric.strip()
+        cleaned["early_stop_metric"] = metric
+        if metric and not METRIC_NAME.match(metric):
+            self.add_error("early_stop_metric", "A metric name is letters, digits and _ . / - (as the job logs it).")
+        if metric and patience is None and "early_stop_patience" not in self.errors:
+            self.add_error("early_stop_patience", "Early stopping needs a patience: how many evaluations without improvement.")
+        if patience is not None and not metric and "early_stop_metric" not in self.errors:
+            self.add_error("early_stop_metric", "Name the metric to watch for early stopping.")
+        if cleaned.get("keep_checkpoints") is None:
+            cleaned["keep_checkpoints"] = 3
+        if cleaned.get("max_restarts") is None:
+            cleaned["max_restarts"] = 3
+        cleaned["early_stop_mode"] = cleaned.get("early_stop_mode") or "min"
+
     @transaction.atomic
     def save(self, user):
         cleaned = self.cleaned_data
@@ -321,6 +368,13 @@ class JobForm(RequestForm):
             ceiling_gpu_hours=request.ceiling_gpu_hours,
             not_before=cleaned.get("not_before"),
             deadline=cleaned.get("deadline"),
+            preemptible=bool(cleaned.get("preemptible")),
+            keep_checkpoints=cleaned["keep_checkpoints"],
+            max_restarts=cleaned["max_restarts"],
+            early_stop_metric=cleaned["early_stop_metric"],
+            early_stop_mode=cleaned["early_stop_mode"],
+            early_stop_patience=cleaned.get("early_stop_patience") if cleaned["early_stop_metric"] else None,
+            stop_on_nan=bool(cleaned.get("stop_on_nan")),
         )
         uploads = [cleaned["kept_code"], *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
         Upload.objects.filter(pk__in=[u.pk for u in uploads]).update(job=job)

@@ -173,8 +173,20 @@ class Job(models.Model):
     wait_reason = models.CharField(max_length=300, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=500, blank=True, help_text="why the job ended as it did")
-    restarts = models.PositiveIntegerField(default=0)
+    restarts = models.PositiveIntegerField(default=0, help_text="times the job went back to the queue")
+    preemptions = models.PositiveIntegerField(default=0)
     last_seq = models.PositiveBigIntegerField(default=0)
+
+    # Checkpoints, restarts and stopping
+    preemptible = models.BooleanField(default=False, help_text="may be preempted, at the preemptible rate")
+    keep_checkpoints = models.PositiveIntegerField(default=3, help_text="checkpoints kept in storage (the latest K)")
+    max_restarts = models.PositiveIntegerField(
+        default=3, help_text="restarts after a lost node before the job fails (preemptions do not count)"
+    )
+    early_stop_metric = models.CharField(max_length=100, blank=True, help_text="a metric to watch for early stopping")
+    early_stop_mode = models.CharField(max_length=3, choices=[("min", "Lower is better"), ("max", "Higher is better")], default="min")
+    early_stop_patience = models.PositiveIntegerField(null=True, blank=True, help_text="evaluations without improvement")
+    stop_on_nan = models.BooleanField(default=True, help_text="stop when a loss becomes NaN or infinite")
 
     class Meta:
         ordering = ["-created_at"]
@@ -244,10 +256,22 @@ class Job(models.Model):
     def finish(self, state, *, reason="", exit_code=None, at=None):
         return self._transition(state, reason=reason, exit_code=exit_code, at=at)
 
-    def requeue(self, reason, at=None):
-        """Back to the queue after the network lost its compute (node lost, runner stopped)."""
+    def requeue(self, reason, at=None, preempted=False):
+        """Back to the queue after the network took its compute away (node lost, runner
+        stopped, preempted). A job lost more than max_restarts times fails instead:
+        preemptions are the network's choice and do not count against it."""
         if self.cancel_requested_at is not None:
-            return self._transition(states.CANCELLED, reason="cancelled while its node was lost", at=at)
+            return self._transition(states.CANCELLED, reason="cancelled while its compute was taken back", at=at)
+        if preempted:
+            return self._transition(
+                states.QUEUED, reason=reason, at=at, restarts=self.restarts + 1, preemptions=self.preemptions + 1
+            )
+        losses = self.restarts - self.preemptions + 1
+        if losses > self.max_restarts:
+            return self._transition(
+                states.FAILED, at=at,
+                reason=f"{reason}; it was restarted {self.restarts - self.preemptions} times, its limit is {self.max_restarts}",
+            )
         return self._transition(states.QUEUED, reason=reason, at=at, restarts=self.restarts + 1)
 
     def request_cancel(self):
@@ -266,7 +290,10 @@ class Job(models.Model):
     # Views of the run -----------------------------------------------------------------------
 
     def timeline(self):
-        return self.events.filter(kind="state").order_by("seq")
+        """State changes, checkpoints and resumes, in order."""
+        return self.events.filter(kind__in=self.TIMELINE_KINDS).order_by("seq")
+
+    TIMELINE_KINDS = ("state", "checkpoint", "resume")
 
     def latest_allocation(self):
         return self.allocations.select_related("node").order_by("-started_at").first()
@@ -281,11 +308,17 @@ class Job(models.Model):
             amount += a
         return seconds, amount
 
+    def credited(self):
+        """(seconds, amount) credited for time lost through the network's fault."""
+        totals = self.usage.aggregate(s=models.Sum("credit_seconds"), a=models.Sum("credit_amount"))
+        return totals["s"] or 0, totals["a"] or Decimal(0)
+
     def meter_event(self, now=None):
         """The meter as the job page shows it: totals over all allocations, and whether it runs."""
         now = now or timezone.now()
         allocations = list(self.allocations.all())
         seconds, amount = self.held(now, allocations)
+        credit_seconds, credit_amount = self.credited()
         current = next((a for a in allocations if a.ended_at is None), allocations[-1] if allocations else None)
         return {
             "held_seconds": seconds,
@@ -294,6 +327,8 @@ class Job(models.Model):
             "rate": str(current.rate) if current else None,
             "currency": settings.E31_CURRENCY,
             "running": any(a.ended_at is None for a in allocations),
+            "credit_seconds": credit_seconds,
+            "credit_amount": f"{credit_amount:f}",
         }
 
 
@@ -306,6 +341,9 @@ class JobEvent(models.Model):
         ("meter", "Meter tick"),
         ("staging", "Staging progress"),
         ("notice", "Notice"),
+        ("metric", "Metric point"),
+        ("checkpoint", "Checkpoint kept"),
+        ("resume", "Resumed from a checkpoint"),
     ]
     # Kinds where only the latest matters to someone who was not watching.
     PROGRESS_KINDS = ("meter", "staging")
@@ -433,6 +471,31 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_name_unique")]
+
+
+class Checkpoint(models.Model):
+    """A checkpoint the job wrote to its checkpoint folder, uploaded to storage by its runner.
+
+    The latest K (the job's keep_checkpoints) are kept; older ones are deleted from storage
+    (pruned_at set, the row stays for the timeline). A restarted job gets the latest back."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    allocation = models.ForeignKey("scheduler.Allocation", null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints")
+    name = models.CharField(max_length=255)
+    step = models.BigIntegerField(null=True, blank=True)
+    key = models.CharField(max_length=700)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    written_at = models.DateTimeField(help_text="when the job finished writing it: the work it saves")
+    uploaded_at = models.DateTimeField(default=timezone.now)
+    pruned_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["written_at", "id"]
+        indexes = [models.Index(fields=["job", "pruned_at"])]
+
+    def __str__(self):
+        return f"{self.name} of {self.job_id}"
 
 
 class DatasetUpload(models.Model):

@@ -4,6 +4,7 @@ The environment is built from scratch: nothing of the runner's own environment (
 Redis URL, storage credentials, the Django secret) reaches the job.
 """
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -37,17 +38,39 @@ class JobDirs:
         return self.root / "tmp"
 
     @property
+    def control(self):
+        """Where the job and its runner talk: metrics out, the stop notice in."""
+        return self.root / ".e31"
+
+    @property
+    def metrics(self):
+        return self.control / "metrics.jsonl"
+
+    @property
+    def stop_file(self):
+        return self.control / "stop"
+
+    @property
+    def output_data(self):
+        """SageMaker's SM_OUTPUT_DATA_DIR: other outputs, kept beside the model under data/."""
+        return self.output / "data"
+
+    @property
     def config(self):
         return self.root / "config.json"
 
     def create(self):
-        for path in (self.code, self.data / "train", self.data / "heldout", self.output, self.checkpoints, self.tmp):
+        for path in (
+            self.code, self.data / "train", self.data / "heldout", self.output, self.output_data, self.checkpoints, self.tmp,
+            self.control,
+        ):
             path.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o700)
 
 
-def build_environment(*, job_id, dirs, devices, device_type, declared, python=sys.executable):
-    """The job's whole environment: PATH, HOME, the E31_ variables, what the job declares."""
+def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable):
+    """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
+    same places, and what the job declares."""
     env = {
         "PATH": os.pathsep.join([str(Path(python).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(dirs.root),
@@ -61,6 +84,10 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, python=sy
         "E31_CHECKPOINT_DIR": str(dirs.checkpoints),
         "E31_CONFIG": str(dirs.config),
         "E31_NUM_DEVICES": str(len(devices)),
+        "E31_METRICS_FILE": str(dirs.metrics),
+        "E31_STOP_FILE": str(dirs.stop_file),
+        "E31_RESTART": str(restart),
+        **sagemaker_environment(dirs, devices, device_type, config or {}),
     }
     for name, value in declared.items():
         if not name.startswith(RESERVED_ENV):
@@ -72,6 +99,57 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, python=sy
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
     return env
+
+
+def sagemaker_environment(dirs, devices, device_type, config):
+    """The variables of SageMaker's training toolkit, pointing at the job's places, so that a
+    script written for SageMaker runs unchanged."""
+    channels = {"train": dirs.data / "train", "heldout": dirs.data / "heldout"}
+    hosts = ["algo-1"]
+    env = {
+        "SM_MODEL_DIR": str(dirs.output),
+        "SM_OUTPUT_DIR": str(dirs.output),
+        "SM_OUTPUT_DATA_DIR": str(dirs.output_data),
+        "SM_INPUT_DIR": str(dirs.data),
+        "SM_CHANNELS": json.dumps(sorted(channels)),
+        "SM_NUM_GPUS": "0" if device_type == "cpu" else str(len(devices)),
+        "SM_NUM_CPUS": str(len(devices) if device_type == "cpu" else os.cpu_count() or 1),
+        "SM_HPS": json.dumps(config),
+        "SM_CURRENT_HOST": hosts[0],
+        "SM_HOSTS": json.dumps(hosts),
+    }
+    for name, path in channels.items():
+        env[f"SM_CHANNEL_{name.upper()}"] = str(path)
+    for name, value in config.items():
+        key = "".join(c if c.isalnum() else "_" for c in str(name)).upper()
+        env[f"SM_HP_{key}"] = value if isinstance(value, str) else json.dumps(value)
+    env["SM_TRAINING_ENV"] = json.dumps(
+        {
+            "model_dir": env["SM_MODEL_DIR"], "output_data_dir": env["SM_OUTPUT_DATA_DIR"],
+            "channel_input_dirs": {n: str(p) for n, p in channels.items()}, "hyperparameters": config,
+            "num_gpus": int(env["SM_NUM_GPUS"]), "num_cpus": int(env["SM_NUM_CPUS"]),
+            "current_host": hosts[0], "hosts": hosts,
+        }
+    )
+    return env
+
+
+# Started between the runner and the job's command: it asks the kernel to kill the job when
+# the runner dies (kill -9, a crash), so a lost runner leaves no training running unwatched.
+PARENT_DEATH_SHIM = (
+    "import ctypes,os,sys\n"
+    "try:\n ctypes.CDLL(None,use_errno=True).prctl(1,9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "except Exception:\n pass\n"
+    "if os.getppid()!=int(sys.argv[1]):\n os._exit(137)\n"
+    "os.execv(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+def with_parent_death(command, python=sys.executable):
+    """The command, killed by the kernel if the process that starts it dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [python, "-S", "-c", PARENT_DEATH_SHIM, str(os.getpid()), *command]
 
 
 def command_for(entrypoint, args, python=sys.executable):

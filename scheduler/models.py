@@ -56,6 +56,10 @@ class Allocation(models.Model):
     NODE_LOST = "node_lost"
     RUNNER_STOPPED = "runner_stopped"
     START_FAILED = "start_failed"
+    PREEMPTED = "preempted"
+    EARLY_STOP = "early_stop"
+    # Ends the network is to blame for: time since the last checkpoint is credited.
+    NETWORK_FAULTS = (NODE_LOST, RUNNER_STOPPED, PREEMPTED)
     END_REASONS = [
         (EXITED, "Process exited"),
         (CANCELLED, "Cancelled"),
@@ -63,6 +67,8 @@ class Allocation(models.Model):
         (NODE_LOST, "Node lost"),
         (RUNNER_STOPPED, "Runner stopped"),
         (START_FAILED, "Could not start"),
+        (PREEMPTED, "Preempted"),
+        (EARLY_STOP, "Stopped early"),
     ]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -77,6 +83,9 @@ class Allocation(models.Model):
     launched_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=20, choices=END_REASONS, blank=True)
+    preemptible = models.BooleanField(default=False)
+    preempt_requested_at = models.DateTimeField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True, help_text="the job's process (group) on the node")
 
     class Meta:
         ordering = ["started_at"]
@@ -113,6 +122,7 @@ class Allocation(models.Model):
                 return None
             self.ended_at, self.end_reason = at, reason
             seconds, amount = self.meter()
+            credit_seconds, credit_amount, credit_reason = self.lost_time_credit(amount)
             usage = UsageRecord.objects.create(
                 team_id=self.job.team_id,
                 job_id=self.job_id,
@@ -124,9 +134,25 @@ class Allocation(models.Model):
                 held_seconds=seconds,
                 rate=self.rate,
                 amount=amount,
+                credit_seconds=credit_seconds,
+                credit_amount=credit_amount,
+                credit_reason=credit_reason,
             )
             self.job.record("meter", at=at, data=self.job.meter_event(at))
         return usage
+
+
+    def lost_time_credit(self, charged):
+        """(seconds, amount, why) credited when the network took the compute away: the time
+        since the job's last checkpoint uploaded from this allocation."""
+        if self.end_reason not in self.NETWORK_FAULTS:
+            return 0, 0, ""
+        last = self.checkpoints.aggregate(at=models.Max("written_at"))["at"]
+        seconds, amount = meter.lost_time_credit(self.gpus, self.rate, self.started_at, self.ended_at, last, charged)
+        if not seconds:
+            return 0, 0, ""
+        since = "its last checkpoint" if last is not None and last > self.started_at else "the allocation began (no checkpoint)"
+        return seconds, amount, f"{self.get_end_reason_display().lower()}: time since {since} lost"
 
 
 class Staging(models.Model):

@@ -18,7 +18,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
@@ -29,7 +30,8 @@ from e31web.storage import get_storage
 from jobs import archive, states
 from jobs.logs import log_key, stream_log
 from jobs.models import Artifact, Job, JobEvent
-from scheduler.launch import JobDirs, artifact_name_problem, build_environment, command_for
+from scheduler import checkpoints, stopping
+from scheduler.launch import JobDirs, artifact_name_problem, build_environment, command_for, with_parent_death
 from scheduler.cache import BlobCache
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
@@ -44,6 +46,10 @@ QUEUE_LINES = 100_000
 # After the process exits, how long its pipes may stay open (a daemon that left the process
 # group holding them) before the runner stops reading and finishes the job.
 READER_JOIN_SECONDS = 5.0
+# Metric points read from a job's metrics file per step, at most.
+METRICS_READ_BYTES = 1 << 20
+MAX_METRIC_VALUES = 50
+MAX_METRIC_NAME = 100
 
 
 def detect_device_type():
@@ -124,12 +130,51 @@ class StopRequest:
     release_at: object = None  # when the meter stops (datetime), if fixed in advance
 
 
+def parse_metric_line(raw, now):
+    """One line of a job's metrics file as (step, at, values), or None if it is not one.
+    Non-finite values are kept as the strings "NaN", "Infinity", "-Infinity"."""
+    try:
+        point = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(point, dict) or not isinstance(point.get("values"), dict):
+        return None
+    step = point.get("step")
+    if isinstance(step, bool) or not (step is None or isinstance(step, int)):
+        return None
+    values = {}
+    for name, value in list(point["values"].items())[:MAX_METRIC_VALUES]:
+        if not isinstance(name, str) or not name or len(name) > MAX_METRIC_NAME:
+            continue
+        number = stopping.as_number(value)
+        if number is None:
+            continue
+        if number != number:
+            values[name] = "NaN"
+        elif number in (float("inf"), float("-inf")):
+            values[name] = "Infinity" if number > 0 else "-Infinity"
+        else:
+            values[name] = number
+    if not values:
+        return None
+    at = now
+    stamp = point.get("at")
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and 0 < stamp < 1e11:
+        at = min(datetime.fromtimestamp(stamp, tz=dt_timezone.utc), now)
+    return step, at, values
+
+
 class RunningJob:
-    def __init__(self, allocation, process, dirs, max_line_bytes):
+    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None):
         self.allocation = allocation
         self.job = allocation.job
         self.process = process
         self.dirs = dirs
+        self.keeper = keeper
+        self.watch = watch or stopping.Watch()
+        self.metrics_pos = 0
+        self.metrics_rest = b""
+        self.bad_metric_lines = 0
         self.reader = OutputReader(process, max_line_bytes)
         self.stop = None
         self.exited_at = None
@@ -153,6 +198,45 @@ class RunningJob:
         self.pending = []
         return count == PUMP_BATCH
 
+    def read_metrics(self, limit=METRICS_READ_BYTES):
+        """Store the metric points the job wrote since the last call, and stop the job if a
+        point says so (early stopping, a NaN loss). True if there may be more to read."""
+        try:
+            with open(self.dirs.metrics, "rb") as source:
+                source.seek(self.metrics_pos)
+                chunk = source.read(limit)
+        except FileNotFoundError:
+            return False
+        if not chunk:
+            return False
+        lines = (self.metrics_rest + chunk).split(b"\n")
+        rest = lines.pop()
+        if len(rest) > limit:  # a "line" that never ends is not a metric
+            rest = b""
+            self.bad_metric_lines += 1
+        now = timezone.now()
+        points = []
+        for raw in lines:
+            if not raw.strip():
+                continue
+            point = parse_metric_line(raw, now)
+            if point is None:
+                self.bad_metric_lines += 1
+                if self.bad_metric_lines == 1:
+                    self.job.record("notice", data={"text": "a line of the metrics file is not a metric point; such lines are skipped"})
+                continue
+            points.append(point)
+        JobEvent.append(self.job.pk, [JobEvent(kind="metric", at=at, data={"step": step, "values": values}) for step, at, values in points])
+        # Only now, with the points stored, is the file read this far.
+        self.metrics_pos += len(chunk)
+        self.metrics_rest = rest
+        for step, _, values in points:
+            verdict = self.watch.add(step, values)
+            if verdict is not None and self.stop is None:
+                state = states.FAILED if verdict.failed else states.SUCCEEDED
+                self.request_stop(Allocation.EARLY_STOP, state, verdict.message)
+        return len(chunk) == limit
+
     def tick(self, now_monotonic):
         if now_monotonic - self.last_tick >= 1.0:
             self.last_tick = now_monotonic
@@ -166,13 +250,25 @@ class RunningJob:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def request_stop(self, reason, state, message, release_at=None):
+    def request_stop(self, reason, state, message, release_at=None, grace=None):
         if self.stop is not None:
             return
         log.info("stopping job %s: %s", self.job.pk, message)
         self.job.record("notice", data={"text": message})
+        self.write_stop_file(message, grace)
         self.signal_group(signal.SIGTERM)
         self.stop = StopRequest(reason, state, message, time.monotonic(), release_at)
+
+    def write_stop_file(self, message, grace):
+        """The notice the SDK's should_stop() sees, written whole (temporary name, rename)."""
+        try:
+            self.dirs.control.mkdir(parents=True, exist_ok=True)
+            notice = {"reason": message, "deadline": time.time() + (grace or settings.E31_STOP_GRACE_SECONDS)}
+            partial = self.dirs.control / ".stop.tmp"
+            partial.write_text(json.dumps(notice))
+            os.replace(partial, self.dirs.stop_file)
+        except OSError:
+            log.exception("could not write the stop notice of job %s", self.job.pk)
 
     def enforce_limit(self, now, grace):
         """Stop the job so that it is down by the end of its span or ceiling: SIGTERM goes out a
@@ -255,19 +351,51 @@ class RunningJob:
             kept += 1
         return kept, skipped
 
+    def keep_last_checkpoints(self):
+        """The job has exited: upload what its checkpoint folder holds that is not up yet
+        (the checkpoint it wrote when told to stop, say), and wait for every upload."""
+        if self.keeper is None:
+            return
+        try:
+            self.keeper.poll(time.monotonic(), final=True)
+        except Exception:  # noqa: BLE001 - the job must still end
+            log.exception("could not look at the checkpoints of job %s", self.job.pk)
+        self.keeper.wait()
+
+    def return_latest_checkpoint(self):
+        """A job stopped by the network (ceiling, span, early stopping) that left no output
+        files gets its latest checkpoint back as its output: the weights so far."""
+        found = checkpoints.scan(self.dirs.checkpoints)
+        if not found:
+            return None
+        name = max(found, key=lambda n: (found[n][1], checkpoints.step_of(n) or 0))
+        artifact_name = f"checkpoints/{name}"
+        key = f"jobs/{self.job.pk}/artifacts/{artifact_name}"
+        size, sha256 = get_storage().save_file(key, self.dirs.checkpoints / name)
+        Artifact.objects.update_or_create(job=self.job, name=artifact_name, defaults={"key": key, "size": size, "sha256": sha256})
+        return artifact_name
+
     def finish(self):
-        """After the process ended and its output is stored: keep its output files, stop the
-        meter (at the moment it exited), set the state. Whatever goes wrong with the files, the
-        compute is released and the job ends."""
+        """After the process ended and its output is stored: keep its checkpoints and output
+        files, stop the meter (at the moment it exited), set the state. Whatever goes wrong
+        with the files, the compute is released and the job ends."""
         while self.pump():
             pass
+        while self.read_metrics():
+            pass
+        self.keep_last_checkpoints()
         reason, state, message = self.outcome()
         try:
-            kept, skipped = self.store_artifacts()
-            if kept:
-                self.job.record("notice", data={"text": f"kept {kept} output file{'s' if kept != 1 else ''}"})
-            for item in skipped:
-                self.job.record("notice", data={"text": f"output file not kept: {item}"})
+            if state != states.QUEUED:  # a requeued run's outputs are not the job's output
+                kept, skipped = self.store_artifacts()
+                if kept:
+                    self.job.record("notice", data={"text": f"kept {kept} output file{'s' if kept != 1 else ''}"})
+                for item in skipped:
+                    self.job.record("notice", data={"text": f"output file not kept: {item}"})
+                if not kept and reason in (Allocation.LIMIT, Allocation.EARLY_STOP):
+                    returned = self.return_latest_checkpoint()
+                    if returned:
+                        self.job.record("notice", data={"text": f"no output files: its latest checkpoint is returned as {returned}"})
         except Exception as error:  # noqa: BLE001 - the job must still end and its compute be released
             log.exception("could not keep the outputs of job %s", self.job.pk)
             state, message = states.FAILED, f"its output files could not be kept: {error}"
@@ -278,6 +406,36 @@ class RunningJob:
             release_at = min(release_at, self.limit_at)
         end_allocation(self.allocation, release_at, reason, state, message, exit_code=self.process.returncode)
         shutil.rmtree(self.dirs.root, ignore_errors=True)
+
+
+def metric_watch(job):
+    """The job's early-stopping and NaN checks, primed with the points of its earlier runs."""
+    watch = stopping.Watch(
+        metric=job.early_stop_metric, mode=job.early_stop_mode, patience=job.early_stop_patience, stop_on_nan=job.stop_on_nan
+    )
+    if job.early_stop_metric and job.early_stop_patience:
+        for data in job.events.filter(kind="metric").order_by("seq").values_list("data", flat=True).iterator():
+            values = (data or {}).get("values", {})
+            if job.early_stop_metric in values:
+                watch.add(data.get("step"), {job.early_stop_metric: values[job.early_stop_metric]})
+    return watch
+
+
+def kill_leftover(pid, job_id):
+    """Kill what a dead runner left of a job (its process group), if that process is still
+    the job's: a reused pid belongs to someone else and is left alone."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if f"E31_JOB_ID={job_id}".encode() not in environ:
+        return False
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    log.warning("killed the leftover processes of job %s (pid %s)", job_id, pid)
+    return True
 
 
 def archive_log(job_id):
@@ -318,6 +476,9 @@ class Runner:
         self.staging_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="staging")
         self.stagings = {}  # staging id -> future
         self._cache_lock = threading.Lock()
+        # Checkpoint uploads, so a training run never waits for its checkpoint to reach storage.
+        self.upload_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint")
+        self.spool = self.work_dir / ".spool"
 
     # Registration and heartbeats ----------------------------------------------------------------
 
@@ -328,6 +489,9 @@ class Runner:
             age = (now - node.last_heartbeat).total_seconds()
             raise RuntimeError(f"a runner named {self.name!r} is already running (heartbeat {age:.0f} s ago)")
         last_seen = node.last_heartbeat if node is not None else now
+        if node is not None:
+            for pid, job_id in Allocation.objects.filter(node=node, ended_at__isnull=True, pid__isnull=False).values_list("pid", "job_id"):
+                kill_leftover(pid, job_id)
         node, _ = Node.objects.update_or_create(
             name=self.name,
             defaults={
@@ -402,11 +566,18 @@ class Runner:
         process = None
         try:
             self.stage(job, dirs)
+            restored = checkpoints.restore(job, dirs.checkpoints)
+            if restored is not None:
+                at = f" (step {restored.step})" if restored.step is not None else ""
+                job.record("resume", data={"name": restored.name, "step": restored.step, "text": f"resumed from {restored.name}{at}"})
+            keeper = checkpoints.CheckpointKeeper(job, allocation, dirs.checkpoints, self.spool / str(allocation.pk), self.upload_pool, self.name)
+            keeper.ignore_existing()
             process = subprocess.Popen(
-                command_for(job.entrypoint, job.args),
+                with_parent_death(command_for(job.entrypoint, job.args)),
                 cwd=dirs.code,
                 env=build_environment(
-                    job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env
+                    job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
+                    config=job.config, restart=job.restarts,
                 ),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -418,6 +589,7 @@ class Runner:
             with transaction.atomic():
                 if not Allocation.objects.select_for_update().filter(pk=allocation.pk, ended_at__isnull=True).exists():
                     raise AllocationGone()
+                Allocation.objects.filter(pk=allocation.pk).update(pid=process.pid)
                 job.mark_running()
         except AllocationGone:
             log.warning("allocation %s ended while its job was starting; stopping it", allocation.pk)
@@ -428,7 +600,7 @@ class Runner:
             _kill_group(process)
             shutil.rmtree(dirs.root, ignore_errors=True)
             raise
-        running = RunningJob(allocation, process, dirs, self.max_line_bytes)
+        running = RunningJob(allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job))
         self.running[allocation.pk] = running
         return running
 
@@ -564,8 +736,10 @@ class Runner:
         """Cancellations asked for, and allocations ended elsewhere (node declared lost)."""
         if not self.running:
             return
-        rows = Allocation.objects.filter(pk__in=list(self.running)).values_list("pk", "ended_at", "job__cancel_requested_at")
-        for pk, ended_at, cancel_requested_at in rows:
+        rows = Allocation.objects.filter(pk__in=list(self.running)).values_list(
+            "pk", "ended_at", "job__cancel_requested_at", "preempt_requested_at"
+        )
+        for pk, ended_at, cancel_requested_at, preempt_requested_at in rows:
             running = self.running[pk]
             if ended_at is not None:
                 log.warning("allocation %s was ended elsewhere; killing its process", pk)
@@ -575,6 +749,10 @@ class Runner:
                 del self.running[pk]
             elif cancel_requested_at is not None:
                 running.request_stop(Allocation.CANCELLED, states.CANCELLED, "cancelled by the team")
+            elif preempt_requested_at is not None:
+                running.request_stop(
+                    Allocation.PREEMPTED, states.QUEUED, "preempted: checkpoint now; the job goes back to the queue and resumes"
+                )
 
     def step(self):
         """One pass over the node's work; returns True if there is more output waiting."""
@@ -592,6 +770,9 @@ class Runner:
 
     def step_one(self, pk, running, now):
         busy = running.pump()
+        busy |= running.read_metrics()
+        if running.keeper is not None and running.exited_at is None:
+            running.keeper.poll(time.monotonic())
         if not running.poll():
             running.enforce_limit(now, self.grace)
             running.escalate(self.grace)
@@ -615,6 +796,7 @@ class Runner:
             running.kill()
             try:
                 running.drain_output()
+                running.keep_last_checkpoints()
                 end_allocation(running.allocation, running.exited_at, reason, states.QUEUED, "requeued: its runner stopped")
             except Exception:  # noqa: BLE001 - the next runner of this node releases what is left
                 log.exception("could not release job %s while stopping", running.job.pk)
@@ -622,6 +804,7 @@ class Runner:
         self.running.clear()
         self.shutdown = True  # stagings in progress stop between files and go back to waiting
         self.staging_pool.shutdown(wait=True, cancel_futures=True)
+        self.upload_pool.shutdown(wait=True)
         if self.node is not None:
             Staging.objects.filter(node=self.node, state=Staging.STAGING).update(state=Staging.WAITING)
             Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())

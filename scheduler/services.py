@@ -58,7 +58,7 @@ def end_allocation(allocation, at, reason, state, message="", exit_code=None):
         job = Job.objects.select_for_update().get(pk=allocation.job_id)
         if job.state in states.HOLDING:
             if state == states.QUEUED:
-                job.requeue(message, at=at)
+                job.requeue(message, at=at, preempted=reason == Allocation.PREEMPTED)
             else:
                 job.finish(state, reason=message, exit_code=exit_code, at=at)
     return True
@@ -78,6 +78,7 @@ def queued_jobs(now=None):
             not_before=job.not_before,
             staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED),
             staging_note=staging_note(stagings.get(job.pk, [])),
+            preemptible=job.preemptible,
         )
         for job in Job.objects.filter(state=states.QUEUED).order_by("created_at")
     ]
@@ -149,7 +150,7 @@ def place(placement, now=None):
         job = Job.objects.select_for_update().get(pk=placement.job_id)
         if job.state != states.QUEUED:
             return None
-        rate = Rate.objects.in_force(node.device_type, now).per_gpu_hour
+        rate = Rate.objects.in_force(node.device_type, now).for_job(job.preemptible)
         limit, cap = remaining_allowance(job, rate)
         allocation = Allocation.objects.create(
             job=job,
@@ -160,17 +161,21 @@ def place(placement, now=None):
             limit_seconds=limit,
             cost_cap=cap,
             started_at=now,
+            preemptible=job.preemptible,
         )
         job.start(allocation)
     return allocation
 
 
 def remaining_allowance(job, rate):
-    """What is left of the job's span or ceiling after its earlier allocations (if requeued)."""
+    """What is left of the job's span or ceiling after its earlier allocations (if requeued).
+    Time credited for the network's faults is given back: it was not billed."""
     request = job.meter_request()
     limit = meter.held_limit_seconds(request, rate)
     cap = meter.cost_cap(request, rate)
     held_before, spent_before = job.held()
+    credit_seconds, credit_amount = job.credited()
+    held_before, spent_before = max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount)
     if limit is not None:
         limit = min(max(0, limit - held_before), meter.MAX_HELD_SECONDS)
     if cap is not None:
@@ -178,10 +183,41 @@ def remaining_allowance(job, rate):
     return limit, cap
 
 
+def running_allocations(nodes):
+    rows = Allocation.objects.filter(ended_at__isnull=True, node_id__in=[n.id for n in nodes])
+    return [
+        policy.Running(
+            id=str(a.pk), node_id=str(a.node_id), devices=tuple(a.devices), preemptible=a.preemptible,
+            started_at=a.started_at, preempting=a.preempt_requested_at is not None,
+        )
+        for a in rows
+    ]
+
+
+def preempt(allocation_id, why):
+    """Ask the runner holding a preemptible allocation to give it back: the job is told to
+    stop (SIGTERM, the SDK's should_stop()), gets the grace period to checkpoint, and goes back
+    to the queue. False if it is not preemptible, already ended or already asked."""
+    now = timezone.now()
+    asked = Allocation.objects.filter(
+        pk=allocation_id, preemptible=True, ended_at__isnull=True, preempt_requested_at__isnull=True
+    ).update(preempt_requested_at=now)
+    if asked:
+        job = Job.objects.get(allocations__pk=allocation_id)
+        job.record("notice", data={"text": f"preempted: {why}; it goes back to the queue and resumes from its latest checkpoint"})
+    return bool(asked)
+
+
 def schedule(now=None):
-    """One scheduling cycle: place what fits, and tell the rest why they wait."""
+    """One scheduling cycle: place what fits, preempt what must make room, and tell the rest
+    why they wait."""
     now = now or timezone.now()
-    plan = policy.place_fcfs(queued_jobs(now), node_states(now), now)
+    queue, nodes = queued_jobs(now), node_states(now)
+    plan = policy.place_fcfs(queue, nodes, now)
+    victims, notes = policy.choose_preemptions(plan, queue, nodes, running_allocations(nodes), now)
+    for allocation_id in victims:
+        preempt(allocation_id, "a job that is not preemptible needs its devices")
+    plan.waiting.update(notes)
     placed = []
     for placement in plan.placements:
         try:

@@ -107,3 +107,17 @@ def test_months_are_parsed_strictly():
 def test_december_ends_at_new_year():
     start, end = month_bounds(2026, 12)
     assert (start.month, end.year, end.month) == (12, 2027, 1)
+
+
+def test_the_credit_for_lost_time_runs_from_the_last_checkpoint():
+    start = datetime(2026, 12, 2, 22, 0, tzinfo=timezone.utc)
+    end = start + timedelta(seconds=600)
+    rate = Decimal("3.60")  # 0.001 per GPU-second
+    charged = meter.charge(2, 600, rate)
+    assert meter.lost_time_credit(2, rate, start, end, start + timedelta(seconds=400), charged) == (200, Decimal("0.4"))
+    # No checkpoint in this allocation (or only an earlier allocation's): all of it is lost.
+    assert meter.lost_time_credit(2, rate, start, end, None, charged) == (600, charged)
+    assert meter.lost_time_credit(2, rate, start, end, start - timedelta(hours=1), charged) == (600, charged)
+    # A checkpoint at the very end: nothing lost. Never more than was charged (a capped bill).
+    assert meter.lost_time_credit(2, rate, start, end, end, charged) == (0, Decimal("0"))
+    assert meter.lost_time_credit(2, rate, start, end, None, Decimal("0.25")) == (600, Decimal("0.25"))

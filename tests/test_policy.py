@@ -1,6 +1,6 @@
 from datetime import datetime, timedelta, timezone
 
-from scheduler.policy import NodeState, QueuedJob, place_fcfs
+from scheduler.policy import NodeState, QueuedJob, Running, choose_preemptions, place_fcfs
 
 NOW = datetime(2026, 12, 2, 23, 0, tzinfo=timezone.utc)
 
@@ -60,3 +60,59 @@ def test_a_gpu_type_is_matched():
 def test_no_nodes_no_placements():
     plan = place_fcfs([job("a", 1, 1)], [], NOW)
     assert plan.placements == [] and "none is online" in plan.waiting["a"]
+
+
+# Preemption ------------------------------------------------------------------------------------
+
+def running(id, node_id, devices, minutes_ago, preemptible=True, preempting=False):
+    return Running(id, node_id, tuple(devices), preemptible, NOW - timedelta(minutes=minutes_ago), preempting)
+
+
+def preemptions(queue, nodes, allocations):
+    plan = place_fcfs(queue, nodes, NOW)
+    return choose_preemptions(plan, queue, nodes, allocations, NOW)
+
+
+def test_a_job_that_is_not_preemptible_preempts_the_youngest_preemptible_ones():
+    nodes = [node("n1", 4, free=())]
+    allocations = [running("old", "n1", [0, 1], 30), running("young", "n1", [2], 5), running("fixed", "n1", [3], 1, preemptible=False)]
+    victims, notes = preemptions([job("urgent", 1, 0)], nodes, allocations)
+    assert victims == ["young"]
+    assert notes == {"urgent": "preempting 1 preemptible job to make room"}
+    victims, _ = preemptions([job("big", 3, 0)], nodes, allocations)
+    assert sorted(victims) == ["old", "young"]
+
+
+def test_a_preemptible_job_preempts_no_one_and_nothing_is_preempted_that_would_not_be_enough():
+    nodes = [node("n1", 2, free=())]
+    allocations = [running("a", "n1", [0], 5), running("b", "n1", [1], 5, preemptible=False)]
+    assert preemptions([job("cheap", 1, 0, preemptible=True)], nodes, allocations) == ([], {})
+    assert preemptions([job("big", 2, 0)], nodes, allocations) == ([], {})
+
+
+def test_devices_already_being_given_back_are_counted_and_not_preempted_twice():
+    nodes = [node("n1", 2, free=())]
+    allocations = [running("going", "n1", [0], 5, preempting=True), running("other", "n1", [1], 1)]
+    victims, notes = preemptions([job("urgent", 1, 0)], nodes, allocations)
+    assert victims == [] and "preempting 1" in notes["urgent"]
+
+
+def test_preemption_waits_for_the_data_and_the_not_before_time():
+    nodes = [node("n1", 1, free=())]
+    allocations = [running("a", "n1", [0], 5)]
+    assert preemptions([job("urgent", 1, 0, staged_on=frozenset())], nodes, allocations) == ([], {})
+    later = job("later", 1, 0, not_before=NOW + timedelta(hours=1))
+    assert preemptions([later], nodes, allocations) == ([], {})
+
+
+def test_two_waiting_jobs_do_not_count_the_same_freed_devices():
+    nodes = [node("n1", 2, free=())]
+    allocations = [running("a", "n1", [0], 5), running("b", "n1", [1], 6)]
+    victims, _ = preemptions([job("u1", 1, 2), job("u2", 1, 1)], nodes, allocations)
+    assert sorted(victims) == ["a", "b"]
+
+
+def test_preemptible_jobs_queue_behind_the_others():
+    nodes = [node("n1", 1)]
+    plan = place_fcfs([job("cheap", 1, 10, preemptible=True), job("urgent", 1, 0)], nodes, NOW)
+    assert [p.job_id for p in plan.placements] == ["urgent"]

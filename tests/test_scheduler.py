@@ -87,14 +87,22 @@ def test_a_lost_node_s_allocations_end_at_its_last_heartbeat_and_jobs_requeue(al
     assert "was lost" in job.timeline().last().data["reason"]
 
 
-def test_a_requeued_job_only_has_what_is_left_of_its_span(alice, rate, node):
+def test_a_requeued_job_only_has_what_is_left_of_its_span_less_what_was_credited(alice, rate, node):
+    from jobs.models import Checkpoint
+
     job = make_job(alice, span_hours=Decimal("0.5"))
     [first] = schedule_now()
+    Checkpoint.objects.create(
+        job=job, allocation=first, name="step-1.pt", step=1, key="k", size=1, sha256="0" * 64,
+        written_at=first.started_at + timedelta(seconds=400),
+    )
     first.release(first.started_at + timedelta(seconds=600), Allocation.NODE_LOST)
+    usage = UsageRecord.objects.get(allocation=first)
+    assert usage.held_seconds == 600 and usage.credit_seconds == 200  # lost since the checkpoint
     job.refresh_from_db()
     job.requeue("requeued: test")
     [second] = schedule_now()
-    assert second.limit_seconds == 1800 - 600
+    assert second.limit_seconds == 1800 - 400  # the credited 200 s are given back
 
 
 def test_a_money_ceiling_becomes_a_time_limit_and_a_cap(alice, rate, node):

@@ -1,0 +1,195 @@
+"""The runner's side of checkpoints: take each new checkpoint a job writes, upload it to
+storage without holding up the training, keep the latest K, and put the latest back when the
+job starts again.
+
+A checkpoint is a file in the job's checkpoint folder whose name does not start with "." or
+end in ".tmp". The SDK writes each one under a temporary name and renames it, so it appears
+whole; for scripts that write in place, a file is taken only once its size and modification
+time have held still between two looks.
+"""
+
+import logging
+import os
+import re
+import threading
+import uuid
+from datetime import datetime, timezone as dt_timezone
+from pathlib import Path
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from e31web.storage import get_storage
+from jobs.models import Checkpoint
+
+log = logging.getLogger(__name__)
+
+STEP = re.compile(r"(\d+)")
+SCAN_SECONDS = 0.5
+
+
+def step_of(name):
+    """The step a checkpoint's name tells (the last number in it), or None."""
+    numbers = STEP.findall(Path(name).stem)
+    return int(numbers[-1]) if numbers else None
+
+
+def is_candidate(name):
+    return not name.startswith(".") and not name.endswith((".tmp", ".partial"))
+
+
+def scan(folder):
+    """{name: (size, mtime_ns)} of the candidate files in a checkpoint folder."""
+    found = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if not is_candidate(entry.name):
+            continue
+        try:
+            if entry.is_symlink() or not entry.is_file():
+                continue
+            stat = entry.stat()
+        except FileNotFoundError:
+            continue
+        found[entry.name] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+class CheckpointKeeper:
+    """Watches one running job's checkpoint folder and uploads what appears in it.
+
+    poll() is called from the runner's loop and only looks at the folder; the copies run on
+    the runner's upload pool. Each new checkpoint is first hard-linked into the runner's own
+    folder, so the job deleting or rewriting its file later cannot spoil the upload."""
+
+    def __init__(self, job, allocation, folder, spool, pool, node_name):
+        self.job = job
+        self.allocation = allocation
+        self.folder = Path(folder)
+        self.spool = Path(spool)
+        self.pool = pool
+        self.node_name = node_name
+        self.seen = {}  # name -> (size, mtime_ns) last looked at
+        self.taken = {}  # name -> (size, mtime_ns) already uploaded or uploading
+        self.futures = []
+        self.last_scan = 0.0
+        self.lock = threading.Lock()
+
+    def ignore_existing(self):
+        """What is in the folder before the job starts (a restored checkpoint) is not new."""
+        self.taken.update(scan(self.folder))
+
+    def poll(self, now_monotonic, final=False):
+        """Look at the folder; start uploads of new checkpoints. final: the job has exited, so
+        every file is complete and taken without waiting for it to hold still."""
+        if not final and now_monotonic - self.last_scan < SCAN_SECONDS:
+            return
+        self.last_scan = now_monotonic
+        current = scan(self.folder)
+        fresh = []
+        for name, signature in current.items():
+            if self.taken.get(name) == signature:
+                continue
+            if final or self.seen.get(name) == signature:
+                fresh.append((signature[1], name, signature))
+        self.seen = current
+        for _, name, signature in sorted(fresh):  # oldest first: the latest is uploaded last
+            self.take(name, signature)
+
+    def take(self, name, signature):
+        source = self.folder / name
+        self.spool.mkdir(parents=True, exist_ok=True)
+        copy = self.spool / f"{uuid.uuid4().hex}-{name}"
+        try:
+            os.link(source, copy)
+        except FileNotFoundError:
+            return  # deleted by the job before we got to it: a newer one will come
+        except OSError:
+            # Another filesystem: a plain copy, still ours once made.
+            import shutil
+
+            try:
+                shutil.copyfile(source, copy)
+            except FileNotFoundError:
+                return
+        self.taken[name] = signature
+        written_at = datetime.fromtimestamp(signature[1] / 1e9, tz=dt_timezone.utc)
+        self.futures.append(self.pool.submit(self._upload, name, copy, written_at))
+
+    def _upload(self, name, path, written_at):
+        try:
+            key = f"jobs/{self.job.pk}/checkpoints/{uuid.uuid4().hex}/{name}"
+            size, sha256 = get_storage().save_file(key, path)
+            with self.lock:
+                checkpoint = Checkpoint.objects.create(
+                    job_id=self.job.pk, allocation_id=self.allocation.pk, name=name, step=step_of(name), key=key,
+                    size=size, sha256=sha256, written_at=min(written_at, timezone.now()),
+                )
+                self.job.record(
+                    "checkpoint",
+                    data={
+                        "name": name, "step": checkpoint.step, "size": size, "node": self.node_name,
+                        "text": f"checkpoint {name} kept" + (f" (step {checkpoint.step})" if checkpoint.step is not None else ""),
+                    },
+                )
+                prune(self.job.pk, self.job.keep_checkpoints)
+            return checkpoint
+        except Exception:
+            log.exception("could not upload checkpoint %s of job %s", name, self.job.pk)
+            raise
+        finally:
+            path.unlink(missing_ok=True)
+            connection.close()
+
+    def wait(self, timeout=None):
+        """Block until every upload started has finished (the job is ending)."""
+        for future in self.futures:
+            try:
+                future.result(timeout=timeout)
+            except Exception:  # noqa: BLE001 - logged in the upload; the job still ends
+                pass
+        self.futures = [f for f in self.futures if not f.done()]
+
+    def pending(self):
+        self.futures = [f for f in self.futures if not f.done()]
+        return len(self.futures)
+
+
+def prune(job_id, keep):
+    """Delete all but the latest `keep` checkpoints of a job from storage."""
+    keep = max(1, keep)
+    with transaction.atomic():
+        kept = Checkpoint.objects.select_for_update().filter(job_id=job_id, pruned_at__isnull=True).order_by("-written_at", "-id")
+        old = list(kept[keep:])
+        if not old:
+            return 0
+        Checkpoint.objects.filter(pk__in=[c.pk for c in old]).update(pruned_at=timezone.now())
+    storage = get_storage()
+    for checkpoint in old:
+        try:
+            storage.delete(checkpoint.key)
+        except Exception:  # noqa: BLE001 - a leftover object costs space, not correctness
+            log.exception("could not delete checkpoint %s", checkpoint.key)
+    return len(old)
+
+
+def latest(job_id):
+    return Checkpoint.objects.filter(job_id=job_id, pruned_at__isnull=True).order_by("-written_at", "-id").first()
+
+
+def restore(job, folder):
+    """Put the job's latest checkpoint in its checkpoint folder; returns it, or None."""
+    checkpoint = latest(job.pk)
+    if checkpoint is None:
+        return None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / checkpoint.name
+    get_storage().download(checkpoint.key, target)
+    # Its time is when it was written, so scripts that pick the newest file pick it.
+    stamp = checkpoint.written_at.timestamp()
+    os.utime(target, (stamp, stamp))
+    return checkpoint
