@@ -31,6 +31,9 @@ def usage(request):
                     "held_seconds": line.held_seconds,
                     "rates": [str(r) for r in line.rates],
                     "amount": str(line.amount),
+                    "credit_seconds": line.credit_seconds,
+                    "credit": str(line.credit),
+                    "billed": str(line.billed),
                 }
                 for line in statement.lines
             ],
@@ -44,9 +47,13 @@ def usage(request):
                     "held_seconds": r.held_seconds,
                     "rate": str(r.rate),
                     "amount": str(r.amount),
+                    "credit_seconds": r.credit_seconds,
+                    "credit_amount": str(r.credit_amount),
+                    "credit_reason": r.credit_reason,
                 }
                 for r in records
             ],
+            "credits": str(statement.credits),
             "total": str(statement.total),
         }
     )

@@ -16,6 +16,8 @@ class Usage:
     held_seconds: int
     rate: Decimal
     amount: Decimal
+    credit_seconds: int = 0
+    credit_amount: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,13 @@ class Line:
     held_seconds: int
     gpu_seconds: int
     rates: tuple[Decimal, ...]
-    amount: Decimal  # rounded once, here
+    amount: Decimal  # what the held time cost, rounded once, here
+    credit_seconds: int = 0
+    credit: Decimal = Decimal("0.00")  # lost through the network's fault, rounded once
+
+    @property
+    def billed(self):
+        return self.amount - self.credit
 
     @property
     def held_hours(self):
@@ -41,7 +49,11 @@ class Line:
 @dataclass(frozen=True)
 class Statement:
     lines: list[Line]
-    total: Decimal  # the sum of the rounded lines
+    total: Decimal  # the sum of the rounded lines, less their credits
+
+    @property
+    def credits(self):
+        return sum((line.credit for line in self.lines), Decimal("0.00"))
 
     @property
     def held_seconds(self):
@@ -49,7 +61,8 @@ class Statement:
 
 
 def statement(usages):
-    """One line per job (its allocations summed), each rounded once; the total sums the lines."""
+    """One line per job (its allocations summed), each amount and credit rounded once; the
+    total sums what the lines bill (amount less credit)."""
     by_job = {}
     for usage in usages:
         by_job.setdefault(usage.job_id, []).append(usage)
@@ -66,9 +79,11 @@ def statement(usages):
                 gpu_seconds=sum(u.held_seconds * u.gpus for u in items),
                 rates=tuple(sorted({u.rate for u in items})),
                 amount=meter.round_money(sum((u.amount for u in items), Decimal(0))),
+                credit_seconds=sum(u.credit_seconds for u in items),
+                credit=meter.round_money(sum((u.credit_amount for u in items), Decimal(0))),
             )
         )
-    return Statement(lines=lines, total=sum((line.amount for line in lines), Decimal("0.00")))
+    return Statement(lines=lines, total=sum((line.billed for line in lines), Decimal("0.00")))
 
 
 def month_bounds(year, month):

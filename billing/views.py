@@ -30,6 +30,8 @@ def month_usage(team, year, month, records=None):
             held_seconds=r.held_seconds,
             rate=r.rate,
             amount=r.amount,
+            credit_seconds=r.credit_seconds,
+            credit_amount=r.credit_amount,
         )
         for r in records
     )
@@ -69,7 +71,7 @@ def usage_csv(request):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{team.name}-{year:04d}-{month:02d}.csv"'
     writer = csv.writer(response)
-    writer.writerow(["job_id", "job", "gpus", "gpu_type", "held_seconds", "held_hours", "gpu_hours", "rate_per_gpu_hour", "amount", "currency"])
+    writer.writerow(["job_id", "job", "gpus", "gpu_type", "held_seconds", "held_hours", "gpu_hours", "rate_per_gpu_hour", "amount", "credit_seconds", "credit", "billed", "currency"])
     for line in statement.lines:
         writer.writerow(
             [
@@ -82,8 +84,17 @@ def usage_csv(request):
                 f"{line.gpu_hours:.4f}",
                 " ".join(str(r) for r in line.rates),
                 f"{line.amount:.2f}",
+                line.credit_seconds,
+                f"{line.credit:.2f}",
+                f"{line.billed:.2f}",
                 settings.E31_CURRENCY,
             ]
         )
-    writer.writerow(["", "total", "", "", statement.held_seconds, "", "", "", f"{statement.total:.2f}", settings.E31_CURRENCY])
+    writer.writerow(
+        [
+            "", "total", "", "", statement.held_seconds, "", "", "", f"{sum(line.amount for line in statement.lines):.2f}",
+            sum(line.credit_seconds for line in statement.lines), f"{statement.credits:.2f}", f"{statement.total:.2f}",
+            settings.E31_CURRENCY,
+        ]
+    )
     return response

@@ -230,3 +230,18 @@ def test_the_largest_ceiling_is_accepted_and_placed(api, alice):
 def test_months_outside_the_calendar_are_a_400(api, month):
     response = api.get(reverse("api:usage") + f"?month={month}")
     assert response.status_code == 400 and "out of range" in response.json()["month"][0]
+
+
+def test_checkpoint_and_stopping_fields_through_the_api(api):
+    body = submit(api, {"gpus": 1, "span_hours": 1}).json()
+    assert body["stop_on_nan"] is True and body["preemptible"] is False and body["keep_checkpoints"] == 3
+    spec = {"gpus": 1, "span_hours": 1, "preemptible": True, "stop_on_nan": False, "keep_checkpoints": 2,
+            "max_restarts": 0, "early_stop_metric": "acc", "early_stop_mode": "max", "early_stop_patience": 5}
+    body = submit(api, spec).json()
+    assert (body["preemptible"], body["stop_on_nan"], body["keep_checkpoints"], body["max_restarts"]) == (True, False, 2, 0)
+    assert (body["early_stop_metric"], body["early_stop_mode"], body["early_stop_patience"]) == ("acc", "max", 5)
+    assert body["preemptions"] == 0 and body["credited"] == "0"
+    response = submit(api, {"gpus": 1, "span_hours": 1, "preemptible": "yes"})
+    assert response.status_code == 400 and response.json()["preemptible"] == ["preemptible must be true or false, not str."]
+    response = submit(api, {"gpus": 1, "span_hours": 1, "early_stop_mode": "sideways", "early_stop_metric": "a", "early_stop_patience": 1})
+    assert response.status_code == 400 and "early_stop_mode" in response.json()["errors"]

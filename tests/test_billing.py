@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from billing.models import NoRateInForce, Rate
+from billing.models import NoRateInForce, Rate, UsageRecord
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
 
@@ -62,8 +62,8 @@ def test_the_billing_page_lists_jobs_and_the_month_total(client, alice, rate, no
     client.force_login(alice)
     page = client.get(reverse("billing:usage")).content.decode()
     assert "first-run" in page and "second-run" in page
-    # Each line: the rate 2.40, and the cost 2.40 (1 GPU x 1 h, and 2 GPUs x 0.5 h).
-    assert page.count("USD 2.40<") == 4
+    # Each line: the rate 2.40, the cost 2.40 (1 GPU x 1 h, and 2 GPUs x 0.5 h), billed 2.40.
+    assert page.count("USD 2.40<") == 6
     assert 'id="month-total">USD 4.80<' in page
     assert "Holding compute now" not in page
 
@@ -119,3 +119,26 @@ def test_no_rate_is_written_in_code():
     for path in pathlib.Path("billing").glob("*.py"):
         text = path.read_text()
         assert not re.search(r"per_gpu_hour\s*=\s*Decimal\(\"\d", text), path
+
+
+def test_credits_are_shown_and_taken_off_the_total(client, alice, rate, node):
+    from jobs.models import Checkpoint
+
+    job = make_job(alice, name="lost-run")
+    [allocation] = schedule_now()
+    Checkpoint.objects.create(
+        job=job, allocation=allocation, name="c.pt", step=1, key="k", size=1, sha256="0" * 64,
+        written_at=allocation.started_at + timedelta(seconds=1800),
+    )
+    allocation.release(allocation.started_at + timedelta(hours=1), Allocation.NODE_LOST)
+    usage = UsageRecord.objects.get(allocation=allocation)
+    assert usage.amount == Decimal("2.40") and usage.credit_amount == Decimal("1.20") and usage.credit_seconds == 1800
+    client.force_login(alice)
+    month = allocation.ended_at.strftime("%Y-%m")
+    page = client.get(f"/billing/?month={month}").content.decode()
+    assert 'id="month-credits">−USD 1.20<' in page and 'id="month-total">USD 1.20<' in page
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/billing/usage.csv?month={month}").content.decode())))
+    assert rows[0]["amount"] == "2.40" and rows[0]["credit"] == "1.20" and rows[0]["billed"] == "1.20"
+    assert rows[-1]["billed"] == "1.20"
+    data = client.get(f"/api/usage/?month={month}").json()
+    assert data["total"] == "1.20" and data["credits"] == "1.20" and data["records"][0]["credit_seconds"] == 1800

@@ -204,3 +204,52 @@ def test_an_oversized_upload_is_refused_with_its_name(client_a, settings):
     response = post(client_a, code=script(), data=data_file())
     assert "larger than" in errors_of(response)["code"][0]
     assert not Job.objects.exists()
+
+
+def test_checkpoint_and_stopping_choices_are_kept_on_the_job(client_a):
+    response = post(
+        client_a, code=script(), data=data_file(), preemptible="on", keep_checkpoints="5", max_restarts="1",
+        early_stop_metric="heldout_loss", early_stop_mode="min", early_stop_patience="4",
+    )
+    assert response.status_code == 302, errors_of(response)
+    job = Job.objects.get()
+    assert job.preemptible and job.keep_checkpoints == 5 and job.max_restarts == 1
+    assert (job.early_stop_metric, job.early_stop_mode, job.early_stop_patience) == ("heldout_loss", "min", 4)
+    assert not job.stop_on_nan  # an unticked box
+
+
+def test_the_defaults_keep_three_checkpoints_and_stop_on_nan(client_a):
+    page = client_a.get(URL).content.decode()
+    import re
+
+    [tag] = re.findall(r'<input[^>]*name="stop_on_nan"[^>]*>', page)
+    assert "checked" in tag
+    response = post(client_a, code=script(), data=data_file(), stop_on_nan="on")
+    job = Job.objects.get()
+    assert response.status_code == 302 and job.keep_checkpoints == 3 and job.max_restarts == 3 and job.stop_on_nan
+    assert not job.preemptible and job.early_stop_metric == "" and job.early_stop_patience is None
+
+
+@pytest.mark.parametrize(
+    "fields, field, message",
+    [
+        ({"early_stop_metric": "val_loss"}, "early_stop_patience", "Early stopping needs a patience"),
+        ({"early_stop_patience": "3"}, "early_stop_metric", "Name the metric to watch"),
+        ({"early_stop_metric": "val loss!", "early_stop_patience": "3"}, "early_stop_metric", "A metric name is letters"),
+        ({"keep_checkpoints": "0"}, "keep_checkpoints", "greater than or equal to 1"),
+        ({"max_restarts": "-1"}, "max_restarts", "greater than or equal to 0"),
+    ],
+)
+def test_bad_stopping_choices_are_refused_next_to_their_field(client_a, fields, field, message):
+    response = post(client_a, code=script(), data=data_file(), **fields)
+    assert response.status_code == 200
+    assert any(message in e for e in errors_of(response)[field]), errors_of(response)
+
+
+def test_the_estimate_uses_the_preemptible_rate(client_a):
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("2.40"), preemptible_per_gpu_hour=Decimal("0.80"))
+    url = reverse("jobs:estimate")
+    body = client_a.post(url, {"gpus": "1", "mode": "span", "span_hours": "1", "preemptible": "on"}).content.decode()
+    assert "USD 0.80" in body
+    body = client_a.post(url, {"gpus": "1", "mode": "span", "span_hours": "1"}).content.decode()
+    assert "USD 2.40" in body

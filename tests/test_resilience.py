@@ -72,10 +72,14 @@ CONFIG = {"steps": 240, "checkpoint_every": 80, "sleep": 0.04, "eval_every": 40}
 @pytest.fixture
 def two_runners():
     env = {"E31_NODE_TIMEOUT_SECONDS": str(HEARTBEAT_TIMEOUT), "E31_STOP_GRACE_SECONDS": "5"}
-    with LiveSystem(devices=1, env=env) as system:
+    system = LiveSystem(devices=1, env=env)
+    try:
+        system.start(runner=False)
         system.start_runner("a", devices=1)
         system.start_runner("b", devices=1)
         yield system
+    finally:
+        system.stop()
 
 
 def test_a_runner_killed_mid_run_loses_nothing_and_the_weights_are_bit_identical(two_runners, tmp_path):

@@ -1,0 +1,160 @@
+"""What checkpoints cost a run, and how fast a run comes back after its runner dies.
+
+Overhead: the same training job (a 100 MB model: one 5000 x 5000 linear layer, SGD) submitted
+twice to a LiveSystem (daphne + scheduler + two runners, a fresh database): once without
+checkpoints and once saving a checkpoint with the e31 SDK every --every seconds, which the
+runner uploads to storage while the training goes on. The job times its own training loop;
+the ratio of the two is the overhead (target: at most 1.05). The number of steps is calibrated
+first so that a run lasts about --seconds.
+
+Recovery: a job that checkpoints every few seconds is running when its runner is killed with
+SIGKILL; timed from the kill to the job running again on the other runner, against the
+heartbeat timeout (target: under 2x the timeout).
+
+    .venv/bin/python bench/checkpoint_overhead.py [--seconds 90] [--every 30] [--timeout 5]
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.system import LiveSystem  # noqa: E402  (no Django inside)
+
+OVERHEAD_TARGET = 1.05
+RECOVERY_TARGET = 2.0
+
+JOB = '''
+import json, os, time
+import torch
+from e31 import checkpoint, checkpoint_due, resume, should_stop
+
+config = json.load(open(os.environ["E31_CONFIG"])) if os.environ.get("E31_CONFIG") else {}
+steps, every = config.get("steps", 20), config.get("every")
+torch.manual_seed(0)
+model = torch.nn.Linear(5000, 5000)  # 25M parameters: 100 MB of float32
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+state = resume(model=model, optimizer=optimizer) if every else None
+start = state.step if state else 0
+x = torch.randn(16, 5000)
+saves, save_seconds = 0, 0.0
+started = time.perf_counter()
+for step in range(start + 1, steps + 1):
+    optimizer.zero_grad()
+    model(x).square().mean().backward()
+    optimizer.step()
+    if every and checkpoint_due(step, every_seconds=every):
+        t = time.perf_counter()
+        checkpoint(step, model=model, optimizer=optimizer)
+        save_seconds += time.perf_counter() - t
+        saves += 1
+    if should_stop():
+        break
+seconds = time.perf_counter() - started
+print("RESULT " + json.dumps({"seconds": seconds, "steps": steps - start, "saves": saves, "save_seconds": save_seconds}))
+'''
+
+
+def calibrate(script, probe_steps=15):
+    """Seconds per training step of the job, run directly on one thread."""
+    with tempfile.TemporaryDirectory() as folder:  # noqa: SIM117
+        config = Path(folder) / "config.json"
+        config.write_text(json.dumps({"steps": probe_steps}))
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "E31_CONFIG": str(config), "OMP_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True, timeout=300)
+    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    return result["seconds"] / result["steps"]
+
+
+def result_of(system, job_id):
+    lines = system.api("GET", f"/api/jobs/{job_id}/logs/", params={"limit": 5000}).json()["lines"]
+    for line in reversed(lines):
+        if line["text"].startswith("RESULT "):
+            return json.loads(line["text"][len("RESULT "):])
+    raise RuntimeError(f"job {job_id} printed no result: {lines[-20:]}")
+
+
+def run_job(system, script, config, name):
+    job = system.submit({"name": name, "train_dataset": "digits", "gpus": 1, "span_hours": 2, "config": config}, script)
+    finished = system.wait_for_state(job["id"], timeout=3600)
+    if finished["state"] != "succeeded":
+        raise RuntimeError(f"{name} ended {finished['state']}: {finished['reason']}")
+    checkpoints = [e for e in finished["timeline"] if e["kind"] == "checkpoint"]
+    return result_of(system, job["id"]), finished, checkpoints
+
+
+def recovery(system, script, timeout):
+    """Seconds from SIGKILL of the runner holding a job to the job running on the other one."""
+    job = system.submit(
+        {"name": "recovery", "train_dataset": "digits", "gpus": 1, "span_hours": 2, "config": {"steps": 10**6, "every": 3}}, script
+    )
+    job_id = job["id"]
+    system.wait_until(
+        lambda: any(e["kind"] == "checkpoint" for e in system.job(job_id)["timeline"]), 600, "the recovery job's first checkpoint"
+    )
+    node = system.job(job_id)["allocation"]["node"]
+    victim = {"e2e-a": "a", "e2e-b": "b"}[node]
+    system.processes[victim].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    system.processes[victim].wait()
+    system.wait_until(
+        lambda: (j := system.job(job_id))["state"] == "running" and j["allocation"]["node"] != node, 10 * timeout + 60,
+        "the job to run again",
+    )
+    seconds = time.monotonic() - killed
+    resumed = [e for e in system.job(job_id)["timeline"] if e["kind"] == "resume"]
+    system.api("POST", f"/api/jobs/{job_id}/cancel/")
+    system.wait_for_state(job_id, timeout=120)
+    return seconds, resumed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=90.0, help="length of each training run")
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between checkpoints")
+    parser.add_argument("--timeout", type=float, default=5.0, help="heartbeat timeout of the runners")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    script = work / "train.py"
+    script.write_text(JOB)
+    per_step = calibrate(script)
+    steps = max(10, round(args.seconds / per_step))
+    print(f"model: 25,000,000 parameters (100 MB); {per_step * 1000:.1f} ms per step; {steps} steps per run")
+
+    env = {"E31_NODE_TIMEOUT_SECONDS": str(args.timeout), "E31_HEARTBEAT_SECONDS": "0.5", "E31_STOP_GRACE_SECONDS": "10"}
+    system = LiveSystem(devices=1, env=env)
+    try:
+        system.start(runner=False)
+        system.start_runner("a", devices=1)
+        system.start_runner("b", devices=1)
+        plain, _, _ = run_job(system, script, {"steps": steps}, "without checkpoints")
+        saved, job, checkpoints = run_job(system, script, {"steps": steps, "every": args.every}, "with checkpoints")
+        sizes = {e["name"]: e for e in checkpoints}
+        print(f"without checkpoints: {plain['seconds']:.2f} s of training")
+        print(
+            f"with a checkpoint every {args.every:g} s: {saved['seconds']:.2f} s of training; {saved['saves']} checkpoints "
+            f"saved in {saved['save_seconds']:.2f} s by the job, {len(sizes)} uploaded by the runner"
+        )
+        seconds, resumed = recovery(system, script, args.timeout)
+    finally:
+        system.stop()
+    print(
+        f"runner killed -> job running on the other runner: {seconds:.2f} s with a heartbeat timeout of {args.timeout:g} s "
+            f"({seconds / args.timeout:.2f}x the timeout; target under {RECOVERY_TARGET:g}x); "
+            f"resumed from {resumed[-1]['name'] if resumed else 'nothing'}"
+        )
+    ratio = saved["seconds"] / plain["seconds"]
+    print(f"checkpoint overhead, training time with / without checkpoints: {ratio:.3f} (target at most {OVERHEAD_TARGET})")
+
+
+if __name__ == "__main__":
+    main()
