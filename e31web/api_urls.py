@@ -2,7 +2,7 @@ from django.urls import path
 
 from billing import api as billing_api
 from jobs import api as jobs_api
-from jobs import dataset_api
+from jobs import dataset_api, run_api
 
 app_name = "api"
 urlpatterns = [
@@ -13,6 +13,9 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/cancel/", jobs_api.job_cancel, name="job-cancel"),
     path("jobs/<uuid:job_id>/artifacts/", jobs_api.job_artifacts, name="job-artifacts"),
     path("jobs/<uuid:job_id>/artifacts/<path:name>", jobs_api.job_artifact, name="job-artifact"),
+    path("jobs/<uuid:job_id>/metrics/", run_api.job_metrics, name="job-metrics"),
+    path("jobs/<uuid:job_id>/checkpoints/", run_api.job_checkpoints, name="job-checkpoints"),
+    path("jobs/<uuid:job_id>/checkpoints/<path:name>", run_api.job_checkpoint, name="job-checkpoint"),
     path("datasets/", dataset_api.dataset_list, name="datasets"),
     path("datasets/s3/", dataset_api.dataset_register_s3, name="dataset-register-s3"),
     path("datasets/<uuid:dataset_id>/", dataset_api.dataset_detail, name="dataset"),

@@ -11,4 +11,5 @@ urlpatterns = [
     path("<uuid:job_id>/cancel/", views.job_cancel, name="cancel"),
     path("<uuid:job_id>/log.txt", views.job_log, name="log"),
     path("<uuid:job_id>/artifacts/<path:name>", views.artifact_download, name="artifact"),
+    path("<uuid:job_id>/checkpoints/<path:name>", views.checkpoint_download, name="checkpoint"),
 ]

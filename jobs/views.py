@@ -2,7 +2,8 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, StreamingHttpResponse
+from django.db.models import F
+from django.http import Http404, HttpResponseGone, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -10,11 +11,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from accounts.access import get_for_team, require_team
 from e31web.downloads import download_response
 from e31web.storage import get_storage
+from jobs import metrics
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.logs import log_key, stream_log
-from jobs.models import Job
+from jobs.models import Job, event_message
 
 LOG_LINES_ON_PAGE = 500
+# Points per metric series the job page starts with (min/max buckets: see jobs.metrics).
+METRIC_POINTS_ON_PAGE = 1000
 
 
 def get_job(request, job_id):
@@ -72,10 +76,15 @@ def job_detail(request, job_id):
     job = get_job(request, job_id)
     if request.htmx and request.GET.get("part") == "artifacts":
         return render(request, "jobs/_artifacts.html", {"job": job, "artifacts": job.artifacts.all()})
-    lines = list(job.events.filter(kind="log").order_by("-seq")[:LOG_LINES_ON_PAGE])[::-1]
+    if request.htmx and request.GET.get("part") == "checkpoints":
+        return render(request, "jobs/_checkpoints.html", {"job": job, "checkpoints": job_checkpoints(job)})
+    # Everything below shows the job up to job.last_seq; the websocket sends what comes after.
+    chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE)
+    chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
+    lines = list(job.events.filter(kind="log", seq__lte=job.last_seq).order_by("-seq")[:LOG_LINES_ON_PAGE])[::-1]
     context = {
         "job": job,
-        "timeline": job.timeline(),
+        "timeline": job.timeline().filter(seq__lte=job.last_seq),
         "lines": lines,
         "earlier_lines": lines and lines[0].seq > 1 and job.events.filter(kind="log", seq__lt=lines[0].seq).exists(),
         "meter": job.meter_event(),
@@ -85,6 +94,9 @@ def job_detail(request, job_id):
         "uploads": job.uploads.exclude(role="code"),
         "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,
+        "checkpoints": job_checkpoints(job),
+        "metrics": chart,
+        "metric_rows": metric_rows(chart["summary"]),
     }
     return render(request, "jobs/detail.html", context)
 
@@ -132,3 +144,94 @@ def get_artifact(job, name):
     if artifact is None:
         raise Http404("No such output file.")
     return artifact
+
+
+# Metrics ------------------------------------------------------------------------------------
+
+
+def metric_events(job, after=0, upto=None):
+    """The job's metric events after seq `after` (up to `upto`), in order, as the websocket
+    sends them; read in chunks, so a job with many thousands of points is not held as rows."""
+    rows = job.events.filter(kind="metric", seq__gt=after)
+    if upto is not None:
+        rows = rows.filter(seq__lte=upto)
+    for seq, at, data in rows.order_by("seq").values_list("seq", "at", "data").iterator(chunk_size=2000):
+        yield event_message(seq, "metric", at, "", "", data)
+
+
+def metric_modes(job):
+    """Which way is better for the job's early-stopping metric, when it has one."""
+    return {job.early_stop_metric: job.early_stop_mode} if job.early_stop_metric else {}
+
+
+def metrics_data(job, after=0, upto=None, names=None, limit=None):
+    """{"series", "summary", "events", "last_seq"} of the job's metric points after seq `after`
+    (see jobs.metrics); events: how many metric events the job had up to the last one read
+    (the x of step-less points continues from there)."""
+    offset = job.events.filter(kind="metric", seq__lte=after).count() if after else 0
+    counted = []
+
+    def counting(events):
+        for event in events:
+            counted.append(event["seq"])
+            yield event
+
+    data = metrics.build(counting(metric_events(job, after, upto)), names=names, offset=offset, limit=limit, modes=metric_modes(job))
+    data["events"] = offset + len(counted)
+    data["last_seq"] = max(counted[-1] if counted else 0, after, upto or 0)
+    return data
+
+
+def metric_rows(summary):
+    """The summary as rows for the page's table (readable without the chart)."""
+    return [
+        {
+            "name": name,
+            "last": metrics.format_value(s["last"]),
+            "last_x": s["last_x"],
+            "best": metrics.format_value(s["best"]) if s["best"] is not None else "",
+            "best_x": s["best_x"],
+            "mode": s["mode"],
+            "count": s["count"],
+            "non_finite": s["non_finite"],
+        }
+        for name, s in sorted(summary.items())
+    ]
+
+
+# Checkpoints --------------------------------------------------------------------------------
+
+
+def job_checkpoints(job):
+    """Kept and pruned checkpoints, the newest first."""
+    return job.checkpoints.select_related("allocation__node").order_by("-written_at", "-id")
+
+
+def get_checkpoint(job, name):
+    """The job's checkpoint of that name (a kept one before a pruned one), or Http404."""
+    checkpoint = job.checkpoints.filter(name=name).order_by(F("pruned_at").desc(nulls_first=True), "-written_at", "-id").first()
+    if checkpoint is None:
+        raise Http404("No such checkpoint.")
+    return checkpoint
+
+
+def gone_message(job, checkpoint):
+    when = checkpoint.pruned_at.strftime("%Y-%m-%d %H:%M UTC") if checkpoint.pruned_at else "earlier"
+    return (
+        f"Checkpoint {checkpoint.name} was deleted from storage ({when}): a job keeps only its latest "
+        f"{job.keep_checkpoints} checkpoint{'s' if job.keep_checkpoints != 1 else ''}."
+    )
+
+
+def checkpoint_is_gone(checkpoint):
+    return checkpoint.pruned_at is not None or not get_storage().exists(checkpoint.key)
+
+
+@login_required
+@require_GET
+def checkpoint_download(request, job_id, name):
+    job = get_job(request, job_id)
+    checkpoint = get_checkpoint(job, name)
+    if checkpoint_is_gone(checkpoint):
+        return HttpResponseGone(gone_message(job, checkpoint), content_type="text/plain; charset=utf-8")
+    return download_response(request, checkpoint.key, checkpoint.name.rsplit("/", 1)[-1])
