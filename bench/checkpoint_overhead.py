@@ -11,13 +11,16 @@ Recovery: a job that checkpoints every few seconds is running when its runner is
 SIGKILL; timed from the kill to the job running again on the other runner, against the
 heartbeat timeout (target: under 2x the timeout).
 
-    .venv/bin/python bench/checkpoint_overhead.py [--seconds 90] [--every 30] [--timeout 5]
+    .venv/bin/python bench/checkpoint_overhead.py [--seconds 90] [--every 30] [--timeout 5] [--repeat 3]
+
+Runs with and without checkpoints alternate; the medians are compared.
 """
 
 import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,6 +124,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=90.0, help="length of each training run")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between checkpoints")
     parser.add_argument("--timeout", type=float, default=5.0, help="heartbeat timeout of the runners")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each kind, alternating")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
@@ -136,23 +140,28 @@ def main():
         system.start(runner=False)
         system.start_runner("a", devices=1)
         system.start_runner("b", devices=1)
-        plain, _, _ = run_job(system, script, {"steps": steps}, "without checkpoints")
-        saved, job, checkpoints = run_job(system, script, {"steps": steps, "every": args.every}, "with checkpoints")
-        sizes = {e["name"]: e for e in checkpoints}
-        print(f"without checkpoints: {plain['seconds']:.2f} s of training")
-        print(
-            f"with a checkpoint every {args.every:g} s: {saved['seconds']:.2f} s of training; {saved['saves']} checkpoints "
-            f"saved in {saved['save_seconds']:.2f} s by the job, {len(sizes)} uploaded by the runner"
-        )
+        plain, saved = [], []
+        for n in range(args.repeat):  # alternating, so drift on a shared machine hits both alike
+            plain.append(run_job(system, script, {"steps": steps}, f"without checkpoints {n}")[0])
+            result, _, checkpoints = run_job(system, script, {"steps": steps, "every": args.every}, f"with checkpoints {n}")
+            saved.append(result)
+            print(
+                f"run {n + 1}: without checkpoints {plain[-1]['seconds']:.2f} s of training; with a checkpoint every "
+                f"{args.every:g} s {result['seconds']:.2f} s ({result['saves']} checkpoints saved in "
+                f"{result['save_seconds']:.2f} s by the job, {len({e['name'] for e in checkpoints})} uploaded by the runner)"
+            )
         seconds, resumed = recovery(system, script, args.timeout)
     finally:
         system.stop()
     print(
         f"runner killed -> job running on the other runner: {seconds:.2f} s with a heartbeat timeout of {args.timeout:g} s "
-            f"({seconds / args.timeout:.2f}x the timeout; target under {RECOVERY_TARGET:g}x); "
-            f"resumed from {resumed[-1]['name'] if resumed else 'nothing'}"
-        )
-    ratio = saved["seconds"] / plain["seconds"]
+        f"({seconds / args.timeout:.2f}x the timeout; target under {RECOVERY_TARGET:g}x); "
+        f"resumed from {resumed[-1]['name'] if resumed else 'nothing'}"
+    )
+    without = statistics.median(r["seconds"] for r in plain)
+    with_checkpoints = statistics.median(r["seconds"] for r in saved)
+    print(f"medians over {args.repeat} runs each: without {without:.2f} s, with {with_checkpoints:.2f} s")
+    ratio = with_checkpoints / without
     print(f"checkpoint overhead, training time with / without checkpoints: {ratio:.3f} (target at most {OVERHEAD_TARGET})")
 
 
