@@ -364,6 +364,16 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None,
             progress.bytes_done += item.size * counts[item.sha256]
             progress.bytes_moved += moved
 
+    def part_done(fetch, index, completed):
+        # Bytes count as they arrive, part by part, so one huge file does not sit at 0% until
+        # its last byte; the file counts once it is verified and in the cache.
+        start, end = fetch.parts[index]
+        with lock:
+            progress.bytes_done += (end - start) * counts[fetch.item.sha256]
+            progress.bytes_moved += end - start
+            if completed:
+                progress.files_done += counts[fetch.item.sha256]
+
     missing = []
     for sha, item in unique.items():
         if cache.has(sha):
@@ -381,8 +391,7 @@ def stage(items, cache, datasets, workers=8, on_progress=None, should_stop=None,
             raise _Abandoned()
         if stopped():
             raise StagingError("staging was stopped")
-        if fetch.fetch_part(index, abandon):
-            done(fetch.item, fetch.item.size)
+        part_done(fetch, index, fetch.fetch_part(index, abandon))
 
     if missing:
         # Largest first, so a big file does not start last and finish alone.

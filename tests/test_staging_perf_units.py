@@ -278,3 +278,30 @@ def test_s3_ranged_reads_on_a_real_server(s3_storage):
     for start in range(0, 100_000, 10_000):
         assert read_all(s3_storage.open_range("blobs/x", start, start + 10_000)) == data[start:start + 10_000]
     assert sum(pool.num_connections for pool in pools._container.values()) - before <= 1
+
+
+def test_bytes_count_part_by_part_before_a_large_file_is_done(cache, store, monkeypatch):
+    big = os.urandom(40_000)
+    items = [store.add("data/train/big.bin", big)]
+    release = threading.Event()
+    plain = store.source(items[0])
+
+    def held_back(item, datasets):
+        def open_range(start, end):
+            if start >= 36_000:  # the last part waits until the test has looked
+                assert release.wait(20)
+            return plain.open(start, end)
+
+        return staging._Source(item, open_range, plain.missing, ranged=True)
+
+    monkeypatch.setattr(staging, "_source", held_back)
+    seen = []
+
+    def on_progress(progress):
+        seen.append((progress.files_done, progress.bytes_done))
+        if progress.bytes_done:
+            release.set()
+
+    progress = stage(items, cache, {}, workers=4, part_size=4000, on_progress=on_progress)
+    assert (0, 36_000) in seen  # nine of ten parts in, the file not yet done
+    assert seen[-1] == (1, 40_000) and progress.bytes_moved == 40_000
