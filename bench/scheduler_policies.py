@@ -1,0 +1,136 @@
+"""The scheduling policies side by side on a real trace, and the speed of one scheduling pass.
+
+1. shared/traces/itp_cluster02.csv (5,778 jobs over 59.7 days, Microsoft ITP) replayed by
+   scheduler.simulator on 128 GPUs (16 nodes x 8) with every policy (fifo, sjf, easy, edf, ours),
+   once with the trace's own deadlines (about half cannot be met by a rigid job) and once with
+   stretched ones (submit + duration x U(1.5, 3), all feasible); then the same on 192 GPUs.
+   Teams, estimate noise and stretched deadlines follow scheduler.simulator's docstring (seed 0
+   unless --seed): the policy sees estimates (true duration x max(1, lognormal, median 1.5)), the
+   true duration decides when a job ends. Jain's index is over the 8 teams' mean bounded slowdown.
+2. One scheduling pass (policy.plan, texts included) with 10,000 queued jobs over 1,000 GPUs
+   (125 nodes x 8, about half busy, a fifth of the running allocations preemptible), timed
+   (median of --repeat; target: under 100 ms); and the whole cluster02 trace simulated with ours
+   (its wall time from part 1; target: under 60 s).
+3. The targets for ours at 128 GPUs, each marked met or NOT met:
+   mean JCT <= 0.25 x FIFO's and <= 0.8 x EASY's; deadline satisfaction >= EDF's; utilization
+   >= EASY's - 0.02; Jain's index over teams >= 0.9; longest wait of a 16+ GPU job <= EASY's.
+
+The last line: our mean JCT / FIFO's, and our deadline satisfaction / EDF's (128 GPUs; trace
+deadlines, then stretched).
+
+    .venv/bin/python bench/scheduler_policies.py [--trace PATH] [--seed 0] [--repeat 7]
+"""
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler import policy, simulator  # noqa: E402
+
+TRACES = ROOT.parent / "shared" / "traces"
+
+
+def run_all(rows, gpus, deadlines, seed):
+    jobs = simulator.prepare(rows, seed=seed, deadlines=deadlines)
+    nodes = simulator.make_nodes(gpus, 8)
+    return {name: simulator.metrics(simulator.simulate(jobs, nodes, name)) for name in policy.POLICY_ORDER}
+
+
+def big_pass(seed=1):
+    """10,000 queued jobs over 125 nodes x 8 GPUs, about half busy."""
+    rng = random.Random(seed)
+    now = 1_800_000_000.0
+    nodes, running = [], []
+    for i in range(125):
+        busy = rng.choice([0, 0, 2, 4, 6, 8, 8])
+        nodes.append(policy.NodeState(f"n{i:03d}", "H100", 8, tuple(range(busy, 8))))
+        d = 0
+        while d < busy:
+            g = min(busy - d, rng.choice([1, 2, 4, 8]))
+            running.append(policy.Running(
+                f"a{i}-{d}", f"n{i:03d}", tuple(range(d, d + g)), rng.random() < 0.2, now - rng.uniform(0, 86400),
+                job_id=f"r{i}-{d}", team=f"team{rng.randrange(8)}", expected_end=now + rng.uniform(60, 86400)))
+            d += g
+    queue = [
+        policy.QueuedJob(
+            f"q{k}", rng.choice([1] * 6 + [2, 4, 8, 16, 32, 64]), now - rng.uniform(0, 4 * 86400),
+            expected_seconds=rng.uniform(60, 86400), team=f"team{rng.randrange(8)}",
+            deadline=(now + rng.uniform(0, 2 * 86400)) if rng.random() < 0.5 else None,
+            not_before=(now + rng.uniform(0, 86400)) if rng.random() < 0.05 else None,
+            preemptible=rng.random() < 0.1)
+        for k in range(10000)
+    ]
+    usage = {f"team{t}": rng.uniform(0, 1e7) for t in range(8)}
+    return queue, nodes, running, now, usage
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default=str(TRACES / "itp_cluster02.csv"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    rows = simulator.read_trace(args.trace)
+    print(f"trace {Path(args.trace).name}: {len(rows)} jobs; seed {args.seed}; 8 teams; estimates = true x max(1, lognormal(median 1.5, sigma 0.5))")
+    results = {}
+    for gpus in (128, 192):
+        for deadlines in ("trace", "stretched"):
+            began = time.perf_counter()
+            results[gpus, deadlines] = run_all(rows, gpus, deadlines, args.seed)
+            print(f"\n{gpus} GPUs ({gpus // 8} nodes x 8), deadlines: {deadlines} "
+                  f"({'the trace own, about half infeasible' if deadlines == 'trace' else 'submit + duration x U(1.5, 3), all feasible'}); "
+                  f"{time.perf_counter() - began:.0f} s for the five")
+            for line in simulator.table(list(results[gpus, deadlines].items())):
+                print("  " + line)
+
+    queue, nodes, running, now, usage = big_pass()
+    times = []
+    for _ in range(args.repeat):
+        began = time.perf_counter()
+        result = policy.plan(queue, nodes, running, now, usage=usage, policy="ours")
+        times.append(time.perf_counter() - began)
+    busy = sum(n.devices - len(n.free) for n in nodes)
+    pass_ms = statistics.median(times) * 1000
+    print(f"\none pass of plan(ours): {len(queue)} queued jobs, {sum(n.devices for n in nodes)} GPUs ({busy} busy, "
+          f"{len(running)} allocations): median {pass_ms:.1f} ms, min {min(times) * 1000:.1f} ms over {args.repeat} "
+          f"(target < 100 ms): {len(result.placements)} placed, {len(result.preempt)} preempted, "
+          f"{len(result.reservations)} reservation, {len(result.infeasible)} flagged infeasible")
+    sim_s = results[128, "trace"]["ours"]["wall_seconds"]
+    print(f"whole trace simulated with ours at 128 GPUs: {sim_s:.1f} s, {results[128, 'trace']['ours']['plans']} passes (target < 60 s)")
+
+    print("\ntargets for ours at 128 GPUs:")
+    for deadlines in ("trace", "stretched"):
+        r = results[128, deadlines]
+        ours, fifo, easy, edf = r["ours"], r["fifo"], r["easy"], r["edf"]
+        checks = [
+            (f"mean JCT {ours['mean_jct']:.0f} s <= 0.25 x FIFO's {fifo['mean_jct']:.0f} s ({ours['mean_jct'] / fifo['mean_jct']:.3f}x)",
+             ours["mean_jct"] <= 0.25 * fifo["mean_jct"]),
+            (f"mean JCT <= 0.8 x EASY's {easy['mean_jct']:.0f} s ({ours['mean_jct'] / easy['mean_jct']:.3f}x)",
+             ours["mean_jct"] <= 0.8 * easy["mean_jct"]),
+            (f"deadline satisfaction {ours['deadline_satisfaction']:.3f} >= EDF's {edf['deadline_satisfaction']:.3f}",
+             ours["deadline_satisfaction"] >= edf["deadline_satisfaction"]),
+            (f"utilization {ours['utilization']:.3f} >= EASY's {easy['utilization']:.3f} - 0.02",
+             ours["utilization"] >= easy["utilization"] - 0.02),
+            (f"Jain's index over teams {ours['jain_teams']:.3f} >= 0.9", ours["jain_teams"] >= 0.9),
+            (f"longest wait of a 16+ GPU job {ours['longest_wait_16plus'] / 3600:.1f} h <= EASY's {easy['longest_wait_16plus'] / 3600:.1f} h",
+             ours["longest_wait_16plus"] <= easy["longest_wait_16plus"]),
+        ]
+        for text, ok in checks:
+            print(f"  [{deadlines}] {'met    ' if ok else 'NOT met'} {text}")
+    print(f"  {'met    ' if pass_ms < 100 else 'NOT met'} one pass with 10,000 jobs over 1,000 GPUs: {pass_ms:.1f} ms < 100 ms")
+    print(f"  {'met    ' if sim_s < 60 else 'NOT met'} whole trace with ours: {sim_s:.1f} s < 60 s")
+
+    t, s = results[128, "trace"], results[128, "stretched"]
+    print(f"ours/fifo mean JCT: {t['ours']['mean_jct'] / t['fifo']['mean_jct']:.3f}; "
+          f"ours/edf deadline satisfaction: {t['ours']['deadline_satisfaction'] / t['edf']['deadline_satisfaction']:.3f} (trace deadlines), "
+          f"{s['ours']['deadline_satisfaction'] / s['edf']['deadline_satisfaction']:.3f} (stretched)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The trace simulator (scheduler.simulator) and the `simulate` command: no database."""
+
+import json
+import math
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from scheduler import simulator as S
+from scheduler.policy import NodeState
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+def two_jobs():
+    """On one node of 2 devices: A (2 devices, 100 s) at 0, B (1 device, 50 s) at 10 waits for A."""
+    return [
+        S.TraceJob("A", submit=0, gpus=2, duration=100, deadline=100, team="t0"),
+        S.TraceJob("B", submit=10, gpus=1, duration=50, deadline=120, team="t1"),
+    ]
+
+
+def test_metrics_arithmetic_on_a_tiny_trace():
+    result = S.simulate(two_jobs(), [NodeState("n", "gpu", 2, (0, 1))], "fifo")
+    assert result.stuck == []
+    assert [(result.outcomes[j].first_start, result.outcomes[j].finish) for j in "AB"] == [(0, 100), (100, 150)]
+    m = S.metrics(result)
+    assert m["mean_jct"] == 120 and m["median_jct"] == 120 and m["p99_jct"] == 140
+    assert m["mean_wait"] == 45 and m["p99_wait"] == 90
+    assert m["mean_bounded_slowdown"] == pytest.approx((1 + 140 / 50) / 2)
+    assert m["makespan"] == 150
+    assert m["utilization"] == pytest.approx((2 * 100 + 1 * 50) / (2 * 150))
+    assert m["deadline_satisfaction"] == 0.5  # A by 100, B at 150 after 120
+    assert m["jain_teams"] == pytest.approx((1 + 2.8) ** 2 / (2 * (1 + 2.8**2)))
+    assert math.isnan(m["longest_wait_16plus"])
+
+
+def test_bounded_slowdown_counts_short_jobs_as_ten_seconds():
+    jobs = [S.TraceJob("A", 0, 1, 100), S.TraceJob("B", 0, 1, 2)]
+    m = S.metrics(S.simulate(jobs, [NodeState("n", "gpu", 1, (0,))], "fifo"))
+    # A first (by id at the same time), B waits 100 s then runs 2 s: JCT 102, over max(2, 10).
+    assert m["mean_bounded_slowdown"] == pytest.approx((1 + 102 / 10) / 2)
+
+
+def test_jain_index():
+    assert S.jain([1, 1, 1]) == 1.0
+    assert S.jain([1, 0, 0, 0]) == 0.25
+
+
+def test_the_policy_sees_estimates_and_the_true_duration_decides_the_end():
+    job = S.TraceJob("A", 0, 1, duration=100, estimate=500)
+    result = S.simulate([job], [NodeState("n", "gpu", 1, (0,))], "ours")
+    assert result.outcomes["A"].finish == 100
+
+
+def test_a_job_running_past_its_estimate_is_extended_and_a_large_one_gets_whole_nodes():
+    jobs = [S.TraceJob("over", 0, 8, duration=500, estimate=100), S.TraceJob("gang", 1, 16, duration=10)]
+    result = S.simulate(jobs, S.make_nodes(16, 8), "easy")
+    assert result.outcomes["over"].finish == 500
+    assert result.outcomes["gang"].first_start == 500
+    assert len(result.outcomes["gang"].runs[0][2]) == 2  # two nodes
+
+
+def test_prepare_is_seeded_and_documents_its_noise():
+    rows = [{"job_id": f"j{i}", "submit_time_s": float(i), "num_gpus": 1, "duration_s": 1000.0, "deadline_s": i + 1200.0} for i in range(200)]
+    a, b = S.prepare(rows, seed=3), S.prepare(rows, seed=3)
+    assert [(j.estimate, j.team) for j in a] == [(j.estimate, j.team) for j in b]
+    assert all(j.estimate >= j.duration for j in a)
+    assert 1.2 < sorted(j.estimate / j.duration for j in a)[100] < 1.8  # median about 1.5
+    assert {j.team for j in a} <= {f"team{k}" for k in range(8)} and len({j.team for j in a}) == 8
+    assert [j.deadline for j in a] == [r["deadline_s"] for r in rows]
+    stretched = S.prepare(rows, seed=3, deadlines="stretched")
+    assert all(1.5 * 1000 <= j.deadline - j.submit <= 3 * 1000 for j in stretched)
+    assert [j.estimate for j in stretched] == [j.estimate for j in a]  # same noise whatever the deadlines
+
+
+@pytest.fixture
+def tiny_trace(tmp_path):
+    path = tmp_path / "tiny.csv"
+    path.write_text(
+        "job_id,submit_time_s,num_gpus,duration_s,deadline_s\n"
+        "a,0,8,3600,7200\n"
+        "b,10,16,600,2000\n"
+        "c,20,1,60,100\n"
+        "d,30,2,7200,20000\n"
+    )
+    return path
+
+
+def test_the_command_prints_the_metrics(tiny_trace):
+    out = StringIO()
+    call_command("simulate", trace=str(tiny_trace), gpus=16, gpus_per_node=8, policy="ours", stdout=out)
+    text = out.getvalue()
+    assert "4 jobs on 16 GPUs (8 per node), deadlines: trace" in text
+    for words in ("JCT: mean", "queueing delay: mean", "bounded slowdown", "makespan", "utilization",
+                  "deadline satisfaction", "Jain's index over teams", "longest wait of a job of 16+ GPUs"):
+        assert words in text
+
+
+def test_the_command_prints_json_and_a_table_of_all_policies(tiny_trace):
+    out = StringIO()
+    call_command("simulate", trace=str(tiny_trace), gpus=16, policy="easy", json=True, deadlines="stretched", seed=4, stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["policy"] == "easy" and data["deadlines"] == "stretched" and data["seed"] == 4
+    assert data["finished"] == 4 and data["makespan"] > 0 and 0 < data["utilization"] <= 1
+    out = StringIO()
+    call_command("simulate", trace=str(tiny_trace), gpus=16, policy="all", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert [line.split()[0] for line in lines[2:]] == ["fifo", "sjf", "easy", "edf", "ours"]
+
+
+@pytest.mark.skipif(not (TRACES / "itp_cluster10.csv").exists(), reason="shared/traces is not beside the repository")
+def test_the_small_real_trace_runs_to_the_end_with_every_policy():
+    rows = S.read_trace(TRACES / "itp_cluster10.csv")
+    assert len(rows) == 260 and rows[0]["job_id"]
+    jobs = S.prepare(rows)
+    for name in ("fifo", "sjf", "easy", "edf", "ours"):
+        result = S.simulate(jobs, S.make_nodes(32, 8), name)
+        m = S.metrics(result)
+        assert result.stuck == [] and m["finished"] == 260, name
+        assert 0 < m["utilization"] < 1 and 0 <= m["deadline_satisfaction"] <= 1 and 0 < m["jain_teams"] <= 1
