@@ -8,6 +8,9 @@ class Team(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    share = models.PositiveIntegerField(
+        default=1, help_text="The team's share of the network for fair share (relative to the other teams' shares)."
+    )
 
     def __str__(self):
         return self.name

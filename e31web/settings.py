@@ -188,6 +188,11 @@ E31_HEARTBEAT_SECONDS = env_float("E31_HEARTBEAT_SECONDS", 1.0, minimum=0.1)
 E31_NODE_TIMEOUT_SECONDS = env_float("E31_NODE_TIMEOUT_SECONDS", 30.0, minimum=1.0)
 E31_SCHEDULER_INTERVAL_SECONDS = env_float("E31_SCHEDULER_INTERVAL_SECONDS", 1.0, minimum=0.05)
 E31_STOP_GRACE_SECONDS = env_float("E31_STOP_GRACE_SECONDS", 2.0, minimum=0.0)
+# Fair share: a team's past usage counts half as much after this many hours.
+E31_FAIR_SHARE_HALF_LIFE_HOURS = env_float("E31_FAIR_SHARE_HALF_LIFE_HOURS", 168.0, minimum=0.01)
+E31_SCHEDULER_POLICY = env_str("E31_SCHEDULER_POLICY", "ours")
+# How often the scheduler refreshes the predicted start and finish of queued jobs.
+E31_PREDICT_SECONDS = env_float("E31_PREDICT_SECONDS", 5.0, minimum=0.1)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
 E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
 E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # reads at once (files, or parts of large ones)

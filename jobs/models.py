@@ -188,6 +188,12 @@ class Job(models.Model):
     early_stop_patience = models.PositiveIntegerField(null=True, blank=True, help_text="evaluations without improvement")
     stop_on_nan = models.BooleanField(default=True, help_text="stop when a loss becomes NaN or infinite")
 
+    # What the scheduler expects for a queued job (a simulation of the queue), and its flags
+    predicted_start = models.DateTimeField(null=True, blank=True)
+    predicted_finish = models.DateTimeField(null=True, blank=True)
+    deadline_missed_at = models.DateTimeField(null=True, blank=True, help_text="when its deadline was found infeasible")
+    last_preempted_at = models.DateTimeField(null=True, blank=True)
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["team", "-created_at"]), models.Index(fields=["state", "created_at"])]

@@ -57,6 +57,8 @@ def job_new(request):
         "kept_data": form.kept("kept_data"),
         "kept_heldout": form.kept("kept_heldout"),
     }
+    if request.method == "GET" and estimate_form.estimate is not None:
+        context.update(prediction(team, estimate_form))
     return render(request, "jobs/new.html", context)
 
 
@@ -64,10 +66,30 @@ def job_new(request):
 @require_POST
 def job_estimate(request):
     """The cost of the request as the form is filled in (an htmx fragment)."""
-    require_team(request.user)
+    team = require_team(request.user)
     form = RequestForm(request.POST)
-    form.is_valid()
-    return render(request, "jobs/_estimate.html", {"form": form})
+    context = {"form": form}
+    if form.is_valid() and form.estimate is not None:
+        context.update(prediction(team, form))
+    return render(request, "jobs/_estimate.html", context)
+
+
+def prediction(team, form):
+    """When the request as filled in would start and finish behind today's queue, and whether
+    that misses its deadline."""
+    from scheduler.services import predict_request
+
+    cleaned = form.cleaned_data
+    start, finish = predict_request(
+        team, form.meter_request(), gpu_type=cleaned.get("gpu_type") or "", not_before=cleaned.get("not_before"),
+        deadline=cleaned.get("deadline"), preemptible=bool(cleaned.get("preemptible")), rate=form.rate,
+    )
+    deadline = cleaned.get("deadline")
+    return {
+        "predicted_start": start,
+        "predicted_finish": finish,
+        "deadline_at_risk": deadline is not None and (finish is None or finish > deadline),
+    }
 
 
 @login_required

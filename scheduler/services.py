@@ -1,7 +1,8 @@
 """The scheduler's steps over the database; decisions come from scheduler.policy."""
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 
 from django.conf import settings
@@ -10,7 +11,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing import meter
-from billing.models import NoRateInForce, Rate
+from accounts.models import Team
+from billing.models import NoRateInForce, Rate, UsageRecord
 from jobs import states
 from jobs.models import Job
 from scheduler import policy
@@ -64,24 +66,89 @@ def end_allocation(allocation, at, reason, state, message="", exit_code=None):
     return True
 
 
-def queued_jobs(now=None):
+def stamp(moment):
+    """A datetime as the policy's float seconds (None stays None)."""
+    return None if moment is None else moment.timestamp()
+
+
+class Rates:
+    """The rates in force, looked up once per cycle per device type."""
+
+    def __init__(self, now):
+        self.now = now
+        self.cache = {}
+
+    def for_job(self, job):
+        key = (job.gpu_type, job.preemptible)
+        if key not in self.cache:
+            try:
+                rate = Rate.objects.in_force(job.gpu_type, self.now) if job.gpu_type else Rate.objects.worst_case(self.now)
+                self.cache[key] = rate.for_job(job.preemptible)
+            except NoRateInForce:
+                self.cache[key] = None
+        return self.cache[key]
+
+
+def expected_seconds(job, rate, held_before=0):
+    """How long the job is expected to hold its devices: its span, or the time its ceiling buys,
+    less what it held already (a requeued job). An hour when nothing bounds it."""
+    limit = meter.held_limit_seconds(job.meter_request(), rate) if rate is not None else None
+    if limit is None:
+        if job.span_hours is not None:
+            limit = float(job.span_hours) * 3600
+        else:
+            return 3600.0
+    return float(max(60, min(limit, meter.MAX_HELD_SECONDS) - held_before))
+
+
+def queued_jobs(now=None, staged=True):
+    """The queue as the policy sees it. staged=False: as if every job's data were staged (for
+    predictions, which look past the staging)."""
+    now = now or timezone.now()
     live_nodes = Node.objects.live(now)
     stagings = {}
-    for row in Staging.objects.filter(job__state=states.QUEUED, state__in=Staging.LIVE, node__in=live_nodes).select_related("node"):
-        stagings.setdefault(row.job_id, []).append(row)
-    return [
-        policy.QueuedJob(
-            id=str(job.pk),
-            gpus=job.gpus,
-            submitted_at=job.created_at,
-            gpu_type=job.gpu_type,
-            not_before=job.not_before,
-            staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED),
-            staging_note=staging_note(stagings.get(job.pk, [])),
-            preemptible=job.preemptible,
+    if staged:
+        for row in Staging.objects.filter(job__state=states.QUEUED, state__in=Staging.LIVE, node__in=live_nodes).select_related("node"):
+            stagings.setdefault(row.job_id, []).append(row)
+    rates = Rates(now)
+    queue = []
+    for job in Job.objects.filter(state=states.QUEUED).order_by("created_at"):
+        held_before = job.held(now)[0] - job.credited()[0] if job.restarts else 0
+        queue.append(
+            policy.QueuedJob(
+                id=str(job.pk),
+                gpus=job.gpus,
+                submitted_at=job.created_at.timestamp(),
+                gpu_type=job.gpu_type,
+                not_before=stamp(job.not_before),
+                deadline=stamp(job.deadline),
+                expected_seconds=expected_seconds(job, rates.for_job(job), held_before),
+                team=str(job.team_id),
+                preemptible=job.preemptible,
+                staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED) if staged else None,
+                staging_note=staging_note(stagings.get(job.pk, [])) if staged else "",
+            )
         )
-        for job in Job.objects.filter(state=states.QUEUED).order_by("created_at")
+    return queue
+
+
+def team_usage(now=None):
+    """Each team's GPU-seconds of released allocations, decayed with the fair-share half-life."""
+    now = now or timezone.now()
+    half_life = settings.E31_FAIR_SHARE_HALF_LIFE_HOURS * 3600
+    since = now - timedelta(seconds=8 * half_life)  # older usage weighs less than 1/256
+    records = [
+        (str(team), gpus * seconds, ended.timestamp())
+        for team, gpus, seconds, ended in UsageRecord.objects.filter(ended_at__gte=since).values_list(
+            "team_id", "gpus", "held_seconds", "ended_at"
+        )
     ]
+    # What running allocations have held so far, the policy adds itself.
+    return policy.decayed_usage(records, now.timestamp(), half_life)
+
+
+def team_shares():
+    return {str(pk): share for pk, share in Team.objects.values_list("pk", "share")}
 
 
 def staging_note(stagings):
@@ -141,10 +208,12 @@ def place(placement, now=None):
     """Hold devices for a job: the allocation's started_at is when the meter starts.
 
     The node row is locked while its free devices are re-read, so two schedulers cannot hand
-    out the same device; the job's transition checks it is still queued."""
-    now = now or timezone.now()
+    out the same device; the job's transition checks it is still queued. Without `now`, the
+    meter starts when the lock is held: not at the start of a cycle, when the devices may
+    still have been another job's."""
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=placement.node_id)
+        now = now or timezone.now()
         if node.lost_at or node.stopped_at or set(placement.devices) & node.used_devices():
             return None
         job = Job.objects.select_for_update().get(pk=placement.job_id)
@@ -183,15 +252,23 @@ def remaining_allowance(job, rate):
     return limit, cap
 
 
-def running_allocations(nodes):
-    rows = Allocation.objects.filter(ended_at__isnull=True, node_id__in=[n.id for n in nodes])
-    return [
-        policy.Running(
-            id=str(a.pk), node_id=str(a.node_id), devices=tuple(a.devices), preemptible=a.preemptible,
-            started_at=a.started_at, preempting=a.preempt_requested_at is not None,
+def running_allocations(nodes, now=None):
+    """The allocations holding devices, with when each is expected to end: its limit, or an
+    hour from now when nothing bounds it."""
+    now = now or timezone.now()
+    rows = Allocation.objects.filter(ended_at__isnull=True, node_id__in=[n.id for n in nodes]).select_related("job")
+    running = []
+    for a in rows:
+        end = a.started_at.timestamp() + a.limit_seconds if a.limit_seconds is not None else now.timestamp() + 3600
+        running.append(
+            policy.Running(
+                id=str(a.pk), node_id=str(a.node_id), devices=tuple(a.devices), preemptible=a.preemptible,
+                started_at=a.started_at.timestamp(), job_id=str(a.job_id), team=str(a.job.team_id),
+                expected_end=max(end, now.timestamp()), preempting=a.preempt_requested_at is not None,
+                last_preempted_at=stamp(a.job.last_preempted_at),
+            )
         )
-        for a in rows
-    ]
+    return running
 
 
 def preempt(allocation_id, why):
@@ -204,24 +281,32 @@ def preempt(allocation_id, why):
     ).update(preempt_requested_at=now)
     if asked:
         job = Job.objects.get(allocations__pk=allocation_id)
+        Job.objects.filter(pk=job.pk).update(last_preempted_at=now)
         job.record("notice", data={"text": f"preempted: {why}; it goes back to the queue and resumes from its latest checkpoint"})
     return bool(asked)
 
 
 def schedule(now=None):
-    """One scheduling cycle: place what fits, preempt what must make room, and tell the rest
-    why they wait."""
-    now = now or timezone.now()
+    """One scheduling cycle: place what the policy chose, preempt what must make room, flag
+    deadlines that can no longer be met, and tell the rest why they wait."""
+    given, now = now, now or timezone.now()
     queue, nodes = queued_jobs(now), node_states(now)
-    plan = policy.place_fcfs(queue, nodes, now)
-    victims, notes = policy.choose_preemptions(plan, queue, nodes, running_allocations(nodes), now)
-    for allocation_id in victims:
-        preempt(allocation_id, "a job that is not preemptible needs its devices")
-    plan.waiting.update(notes)
+    plan = policy.plan(
+        queue, nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
+        policy=settings.E31_SCHEDULER_POLICY, half_life=settings.E31_FAIR_SHARE_HALF_LIFE_HOURS * 3600,
+    )
+    for allocation_id in plan.preempt:
+        preempt(allocation_id, plan.preempt_reasons.get(allocation_id, "another job needs its devices"))
+    flag_missed_deadlines(plan.infeasible, now)
     placed = []
     for placement in plan.placements:
+        if len(placement.parts) != 1:
+            plan.waiting[placement.job_id] = (
+                f"needs {len(placement.parts)} nodes at once: runs across nodes are not available yet"
+            )
+            continue
         try:
-            allocation = place(placement, now)
+            allocation = place(placement, given)
         except NoRateInForce as error:
             plan.waiting[placement.job_id] = str(error)
             continue
@@ -234,3 +319,55 @@ def schedule(now=None):
     for job_id, reason in plan.waiting.items():
         Job.objects.filter(pk=job_id, state=states.QUEUED).exclude(wait_reason=reason).update(wait_reason=reason[:300])
     return placed
+
+
+def flag_missed_deadlines(job_ids, now):
+    """Jobs whose deadline can no longer be met are flagged once, and the team told on the
+    job's page, instead of starving silently."""
+    for job_id in job_ids:
+        if Job.objects.filter(pk=job_id, deadline_missed_at__isnull=True).update(deadline_missed_at=now):
+            job = Job.objects.get(pk=job_id)
+            job.record(
+                "notice",
+                data={"text": f"its deadline ({job.deadline:%Y-%m-%d %H:%M} UTC) can no longer be met; it stays queued and runs as soon as it can"},
+            )
+
+
+def predictions(queue, now, extra=()):
+    """{job id: (start, finish) as datetimes} from a simulation of the queue and the running
+    allocations (no new arrivals, expected durations)."""
+    nodes = node_states(now)
+    result = policy.predict(
+        [*queue, *extra], nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
+        policy=settings.E31_SCHEDULER_POLICY,
+    )
+    as_time = lambda t: datetime.fromtimestamp(t, dt_timezone.utc) if t is not None and t < 4e9 else None  # noqa: E731
+    return {job_id: (as_time(start), as_time(finish)) for job_id, (start, finish) in result.items()}
+
+
+def update_predictions(now=None):
+    """Store each queued job's predicted start and finish, for its page and the API."""
+    now = now or timezone.now()
+    predicted = predictions(queued_jobs(now, staged=False), now)
+    changed = []
+    for job in Job.objects.filter(state=states.QUEUED).only("pk", "predicted_start", "predicted_finish"):
+        start, finish = predicted.get(str(job.pk), (None, None))
+        if (job.predicted_start, job.predicted_finish) != (start, finish):
+            job.predicted_start, job.predicted_finish = start, finish
+            changed.append(job)
+    Job.objects.bulk_update(changed, ["predicted_start", "predicted_finish"], batch_size=500)
+    return len(changed)
+
+
+def predict_request(team, request, *, gpu_type="", not_before=None, deadline=None, preemptible=False, rate=None, now=None):
+    """When a request as filled in on the form would start and finish, behind the queue as it
+    is now: (start, finish) as datetimes, or (None, None) when no node could run it."""
+    now = now or timezone.now()
+    limit = meter.held_limit_seconds(request, rate) if rate is not None else None
+    if limit is None and request.span_hours is not None:
+        limit = float(request.span_hours) * 3600
+    wanted = policy.QueuedJob(
+        id="(this request)", gpus=request.gpus, submitted_at=now.timestamp(), gpu_type=gpu_type, not_before=stamp(not_before),
+        deadline=stamp(deadline), expected_seconds=float(limit or 3600), team=str(team.pk), preemptible=preemptible,
+    )
+    return predictions(queued_jobs(now, staged=False), now, extra=[wanted]).get(wanted.id, (None, None))

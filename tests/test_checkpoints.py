@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing.models import Rate, UsageRecord
 from jobs.models import Checkpoint, Job
 from scheduler import services
-from scheduler.models import Allocation, Node
+from scheduler.models import Node
 from scheduler.runner import Runner
 from tests.conftest import make_job
 from tests.test_runner import log_lines, run_job, run_until
@@ -61,8 +61,9 @@ open(os.path.join(os.environ["E31_OUTPUT_DIR"], "done.txt"), "w").write(str(star
 
 def test_checkpoints_are_uploaded_pruned_and_restored_after_the_node_is_lost(runner, alice, rate, settings):
     job = make_job(alice, script=COUNTING, keep_checkpoints=2)
-    run_until(runner, lambda: Checkpoint.objects.filter(job=job).count() >= 4)
     kept = Checkpoint.objects.filter(job=job, pruned_at__isnull=True)
+    # Four uploaded, and the pruning after the fourth done.
+    run_until(runner, lambda: Checkpoint.objects.filter(job=job).count() >= 4 and kept.count() == 2)
     assert sorted(kept.values_list("name", flat=True)) == ["ckpt-3.bin", "ckpt-4.bin"]
     assert [c.step for c in Checkpoint.objects.filter(job=job)] == [1, 2, 3, 4]
     pruned = Checkpoint.objects.filter(job=job, pruned_at__isnull=False)

@@ -28,6 +28,7 @@ class Command(BaseCommand):
     def handle(self, *args, interval, once, **options):
         self.shutdown = False
         self.next_housekeeping = 0.0
+        self.next_prediction = 0.0
         # Scans of registered buckets read every object: they run beside the cycle, not in it.
         self.scans = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scan")
         if once:
@@ -65,6 +66,9 @@ class Command(BaseCommand):
             services.line_up()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
+            if time.monotonic() >= self.next_prediction:
+                self.next_prediction = time.monotonic() + settings.E31_PREDICT_SECONDS
+                services.update_predictions()
             if time.monotonic() >= self.next_housekeeping:
                 self.next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
                 purged = Upload.purge_unclaimed(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
