@@ -191,6 +191,8 @@ E31_STOP_GRACE_SECONDS = env_float("E31_STOP_GRACE_SECONDS", 2.0, minimum=0.0)
 # Fair share: a team's past usage counts half as much after this many hours.
 E31_FAIR_SHARE_HALF_LIFE_HOURS = env_float("E31_FAIR_SHARE_HALF_LIFE_HOURS", 168.0, minimum=0.01)
 E31_SCHEDULER_POLICY = env_str("E31_SCHEDULER_POLICY", "ours")
+# A preemptible job is preempted at most once in this many seconds (it keeps some progress).
+E31_PREEMPT_EVERY_SECONDS = env_float("E31_PREEMPT_EVERY_SECONDS", 3600.0, minimum=0.0)
 # How often the scheduler refreshes the predicted start and finish of queued jobs.
 E31_PREDICT_SECONDS = env_float("E31_PREDICT_SECONDS", 5.0, minimum=0.1)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)

@@ -406,10 +406,14 @@ def _order_key(policy, now, factors, infeasible, urgent):
 
 # The pass ---------------------------------------------------------------------------------------
 
-def plan(queue, nodes, running, now, *, usage=None, shares=None, policy="ours", half_life=DEFAULT_HALF_LIFE, explain=True):
+def plan(
+    queue, nodes, running, now, *, usage=None, shares=None, policy="ours", half_life=DEFAULT_HALF_LIFE, explain=True,
+    preempt_every=PREEMPT_AT_MOST_EVERY,
+):
     """One scheduling pass (see the module's docstring). usage: decayed GPU-seconds per team of
     ended allocations (decayed_usage); the running allocations' usage so far is added here.
-    explain=False leaves out the texts of jobs that merely wait (the simulator's speed)."""
+    explain=False leaves out the texts of jobs that merely wait (the simulator's speed).
+    preempt_every: a job is preempted at most once in this many seconds."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICY_ORDER)}")
     now = _seconds(now)
@@ -454,7 +458,7 @@ def plan(queue, nodes, running, now, *, usage=None, shares=None, policy="ours", 
         end = INF if a.expected_end is None else max(a.expected_end, now)
         releases.append([end, a.node_id, a.devices, a.id])
         if a.preemptible and a.node_id in pool.nodes and (
-            a.preempting or a.last_preempted_at is None or now - a.last_preempted_at >= PREEMPT_AT_MOST_EVERY
+            a.preempting or a.last_preempted_at is None or now - a.last_preempted_at >= preempt_every
         ):
             victims.setdefault(a.node_id, []).append(a)
     release_of = {r[3]: r for r in releases}

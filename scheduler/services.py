@@ -294,6 +294,7 @@ def schedule(now=None):
     plan = policy.plan(
         queue, nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
         policy=settings.E31_SCHEDULER_POLICY, half_life=settings.E31_FAIR_SHARE_HALF_LIFE_HOURS * 3600,
+        preempt_every=settings.E31_PREEMPT_EVERY_SECONDS,
     )
     for allocation_id in plan.preempt:
         preempt(allocation_id, plan.preempt_reasons.get(allocation_id, "another job needs its devices"))

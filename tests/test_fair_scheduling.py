@@ -111,3 +111,16 @@ def test_the_team_share_is_the_operator_s_to_set(alice, charlie, rate, node, tea
     second = make_job(charlie, name="b-second")
     [allocation] = schedule_now()
     assert allocation.job_id == second.pk
+
+
+def test_the_job_list_shows_the_prediction_and_a_missed_deadline(client, alice, rate, node):
+    make_job(alice, name="running", span_hours=Decimal("1"))
+    schedule_now()
+    waiting = make_job(alice, name="waiting", span_hours=Decimal("2"), deadline=timezone.now() + timedelta(minutes=90))
+    schedule_now()
+    services.update_predictions()
+    waiting.refresh_from_db()
+    client.force_login(alice)
+    page = client.get(reverse("jobs:list")).content.decode()
+    assert f"starts about {timezone.localtime(waiting.predicted_start):%m-%d %H:%M}" in page
+    assert "deadline can no longer be met" in page

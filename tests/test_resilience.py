@@ -116,7 +116,8 @@ def test_two_preemptions_lose_nothing_and_the_weights_are_bit_identical(tmp_path
     reference = reference_weights(tmp_path, config)
     hello = tmp_path / "hello.py"
     hello.write_text("print('urgent work done')\n")
-    with LiveSystem(devices=1, env={"E31_STOP_GRACE_SECONDS": "5"}) as system:
+    # Preempted twice in a minute: the hour a preempted job is normally spared is cut short here.
+    with LiveSystem(devices=1, env={"E31_STOP_GRACE_SECONDS": "5", "E31_PREEMPT_EVERY_SECONDS": "1"}) as system:
         job_id = submit(system, config, preemptible=True)
         def checkpointed_since_resuming():
             job = system.job(job_id)
