@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from billing.models import Rate, UsageRecord
+from billing.models import Invoice, InvoiceLine, Rate, UsageRecord
 
 
 @admin.register(Rate)
@@ -15,6 +15,40 @@ class UsageRecordAdmin(admin.ModelAdmin):
     list_filter = ["team", "gpu_type"]
 
     # The ledger is append-only: written by the system when an allocation is released.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class InvoiceLineInline(admin.TabularInline):
+    model = InvoiceLine
+    fields = ["position", "kind", "job_name", "job_ref", "description", "gpu_type", "gpus", "seconds", "rates", "amount"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(admin.ModelAdmin):
+    """Invoices are made by `manage.py invoices`; issued ones never change (a correction is a
+    credit note: `manage.py invoices --credit-note ID --reason ...`)."""
+
+    list_display = ["number", "kind", "team_name", "period_start", "state", "issued_at", "total", "currency"]
+    list_filter = ["state", "kind", "team"]
+    search_fields = ["number", "team_name"]
+    inlines = [InvoiceLineInline]
+
     def has_add_permission(self, request):
         return False
 

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from billing import api as billing_api
+from billing import invoice_views
 from jobs import api as jobs_api
 from jobs import dataset_api, run_api
 
@@ -27,4 +28,9 @@ urlpatterns = [
     path("datasets/uploads/<uuid:upload_id>/", dataset_api.upload_detail, name="dataset-upload"),
     path("datasets/uploads/<uuid:upload_id>/complete/", dataset_api.upload_complete, name="dataset-upload-complete"),
     path("usage/", billing_api.usage, name="usage"),
+    path("invoices/", invoice_views.api_invoices, name="invoices"),
+    path("invoices/statement/", invoice_views.api_statement, name="invoice-statement"),
+    path("invoices/<uuid:invoice_id>/", invoice_views.api_invoice, name="invoice"),
+    path("invoices/<uuid:invoice_id>.pdf", invoice_views.api_invoice_download, {"ext": "pdf"}, name="invoice-pdf"),
+    path("invoices/<uuid:invoice_id>.csv", invoice_views.api_invoice_download, {"ext": "csv"}, name="invoice-csv"),
 ]

@@ -1,0 +1,212 @@
+"""How long issuing a month's invoices takes, and how many SQL queries each invoice costs.
+
+On a fresh PostgreSQL database (CREATE DATABASE e31_bench_..., migrated with manage.py
+migrate, dropped at the end), --teams teams get --records usage records in October 2026 over
+jobs of a random number each (so invoices have from a few lines to many), every job with a
+staging row (bulk_create throughout). Then each team's invoice is issued, as `manage.py
+invoices --month 2026-10` does, one team at a time, timed and with its queries counted
+(django.test.utils.CaptureQueriesContext): the count must not grow with the lines.
+
+The last line is the ratio of the total time to the time of one aggregate SQL query over the
+same records (sums per team and job, the figures an invoice needs).
+
+    .venv/bin/python bench/invoicing.py [--teams 1000] [--records 100000] [--keep]
+"""
+
+import argparse
+import os
+import random
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLED = 20  # teams whose queries CaptureQueriesContext lists (and which are not timed)
+sys.path.insert(0, str(ROOT))
+ADMIN_URL = os.environ.get("E31_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+UTC = timezone.utc
+START = datetime(2026, 10, 1, tzinfo=UTC)
+
+
+def admin(sql):
+    import psycopg
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def populate(teams, records, seed=31):
+    from django.contrib.auth import get_user_model
+
+    from accounts.models import Team
+    from billing import meter
+    from billing.models import UsageRecord
+    from jobs.models import Job
+    from scheduler.models import Allocation, Node, Staging
+
+    rng = random.Random(seed)
+    user = get_user_model().objects.create_user("bench", "bench@example.com", "x")
+    node = Node.objects.create(name="bench", device_type="NVIDIA H100", devices=8)
+    team_rows = Team.objects.bulk_create([Team(name=f"team-{i:05d}") for i in range(teams)])
+    per_team = max(1, records // teams)
+    jobs, allocations, usages, stagings = [], [], [], []
+    rates = [Decimal("2.40"), Decimal("3.125"), Decimal("1.80")]
+    made = 0
+    for t, team in enumerate(team_rows):
+        count = per_team if t < teams - 1 else records - made
+        made += count
+        n_jobs = rng.randint(1, max(1, min(count, per_team // 2)))
+        team_jobs = []
+        for j in range(n_jobs):
+            created = START + timedelta(seconds=rng.randint(0, 20 * 86400))
+            job = Job(team=team, created_by=user, name=f"run-{t}-{j}", entrypoint="train.py", gpus=rng.choice([1, 2, 4, 8]), span_hours=Decimal(1), created_at=created, state="succeeded")
+            team_jobs.append(job)
+            stagings.append(Staging(job=job, node=node, state=Staging.STAGED, created_at=created, started_at=created + timedelta(seconds=5), finished_at=created + timedelta(seconds=5 + rng.randint(1, 600))))
+        jobs += team_jobs
+        for _ in range(count):
+            job = rng.choice(team_jobs)
+            started = job.created_at + timedelta(seconds=rng.randint(60, 86400))
+            seconds = rng.randint(1, 6 * 3600)
+            rate = rng.choice(rates)
+            amount = meter.charge(job.gpus, seconds, rate)
+            credit = amount / 4 if rng.random() < 0.05 else Decimal(0)
+            allocation = Allocation(job=job, node=node, devices=list(range(job.gpus)), device_type="NVIDIA H100", rate=rate, started_at=started, ended_at=started + timedelta(seconds=seconds), end_reason="exited")
+            allocations.append(allocation)
+            usages.append(
+                UsageRecord(
+                    team=team, job=job, allocation=allocation, gpu_type="NVIDIA H100", gpus=job.gpus, started_at=started,
+                    ended_at=started + timedelta(seconds=seconds), held_seconds=seconds, rate=rate, amount=amount,
+                    credit_seconds=seconds // 4 if credit else 0, credit_amount=credit.quantize(meter.AMOUNT_PLACES), credit_reason="preempted" if credit else "",
+                )
+            )
+    Job.objects.bulk_create(jobs, batch_size=5000)
+    Staging.objects.bulk_create(stagings, batch_size=5000)
+    Allocation.objects.bulk_create(allocations, batch_size=5000)
+    UsageRecord.objects.bulk_create(usages, batch_size=5000)
+    return team_rows
+
+
+def run(teams, records):
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.db.models import Count, Sum
+    from django.test.utils import CaptureQueriesContext
+
+    from accounts.models import Team
+    from billing import invoice_service
+    from billing.models import Invoice, UsageRecord
+
+    t0 = time.perf_counter()
+    populate(teams, records)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    print(f"populated {teams} teams, {UsageRecord.objects.count()} usage records in {time.perf_counter() - t0:.1f} s")
+
+    now = datetime(2026, 11, 2, tzinfo=UTC)
+    timings, queries, lines, checked = [], [], [], []
+    counted = [0]
+
+    def count(execute, sql, params, many, context):
+        counted[0] += 1
+        return execute(sql, params, many, context)
+
+    started = time.perf_counter()
+    with connection.execute_wrapper(count):
+        for i, team in enumerate(Team.objects.order_by("name")):
+            counted[0] = 0
+            if i < SAMPLED:
+                # CaptureQueriesContext turns on the debug cursor, which formats every query's
+                # parameters (slow): it checks the cheap counter on the first teams only.
+                connection.queries_log.clear()  # the log keeps 9,000 queries: count from empty
+                with CaptureQueriesContext(connection) as captured:
+                    invoice = invoice_service.invoice_team_month(team, 2026, 10, now=now)
+                checked.append((len(captured.captured_queries), counted[0]))
+            else:
+                t = time.perf_counter()
+                invoice = invoice_service.invoice_team_month(team, 2026, 10, now=now)
+                timings.append(time.perf_counter() - t)
+            queries.append(counted[0])
+            lines.append(invoice.lines.count())
+            counted[0] = 0
+    total = time.perf_counter() - started
+    again = time.perf_counter()
+    assert invoice_service.invoice_month(2026, 10, now=now) == []
+    idempotent = time.perf_counter() - again
+
+    # The figures an invoice needs, for every team at once, in one SQL query (raw: no model
+    # instances, no Decimal conversion by the ORM).
+    sql, params = (
+        UsageRecord.objects.filter(ended_at__gte=START, ended_at__lt=datetime(2026, 11, 1, tzinfo=UTC))
+        .values("team_id", "job_id")
+        .annotate(n=Count("id"), held=Sum("held_seconds"), amount=Sum("amount"), credit=Sum("credit_amount"))
+        .query.sql_with_params()
+    )
+    aggregate_times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        aggregate_times.append(time.perf_counter() - t)
+    aggregate = statistics.median(aggregate_times)
+
+    if not timings:  # a run of SAMPLED teams or fewer: time the sampled ones after all
+        timings = [total / len(queries)]
+    issued = Invoice.objects.filter(state=Invoice.ISSUED).count()
+    by_lines = sorted(zip(lines, queries))
+    few, many = by_lines[: len(by_lines) // 10 or 1], by_lines[-(len(by_lines) // 10 or 1):]
+    print(f"issued {issued} invoices, {sum(lines)} lines ({min(lines)}..{max(lines)} per invoice) in {total:.2f} s")
+    print(
+        f"time per invoice: median {statistics.median(timings) * 1000:.1f} ms, "
+        f"p90 {sorted(timings)[int(len(timings) * 0.9)] * 1000:.1f} ms, max {max(timings) * 1000:.1f} ms"
+    )
+    print(
+        f"SQL queries per invoice: min {min(queries)}, max {max(queries)}; "
+        f"fewest-lines tenth {statistics.mean(q for _, q in few):.1f} (~{statistics.mean(n for n, _ in few):.0f} lines), "
+        f"most-lines tenth {statistics.mean(q for _, q in many):.1f} (~{statistics.mean(n for n, _ in many):.0f} lines)"
+    )
+    print(f"CaptureQueriesContext on the first {len(checked)} invoices: {sorted({c for c, _ in checked})} queries (it also lists BEGIN and COMMIT; counter: {sorted({n for _, n in checked})})")
+    print(f"re-running the month (idempotent, nothing to issue): {idempotent:.2f} s")
+    print(f"one aggregate SQL query over the same records (sums per team and job, {len(rows)} rows): {aggregate * 1000:.1f} ms (median of 5)")
+    print(f"ratio of total invoicing time to the aggregate query: {total / aggregate:.1f}")
+    return max(queries) == min(queries) and all(c == n + 2 for c, n in checked)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teams", type=int, default=1000)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--keep", action="store_true", help="keep the database")
+    args = parser.parse_args()
+
+    name = f"e31_bench_{secrets.token_hex(4)}"
+    admin(f'CREATE DATABASE "{name}"')
+    env = {
+        **os.environ,
+        "DATABASE_URL": ADMIN_URL.rsplit("/", 1)[0] + f"/{name}",
+        "E31_VAR_DIR": tempfile.mkdtemp(prefix="e31-bench-"),
+        "DJANGO_SETTINGS_MODULE": "e31web.settings",
+    }
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        os.environ.update(env)
+        constant = run(args.teams, args.records)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    sys.exit(0 if constant else 1)
+
+
+if __name__ == "__main__":
+    main()
