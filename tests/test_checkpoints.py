@@ -302,18 +302,18 @@ def test_a_job_whose_runner_dies_is_killed_with_it(tmp_path):
 def test_a_run_needing_twice_its_money_ceiling_stops_at_it_with_its_weights(runner, alice, rate, team_a):
     from e31web.demo import add_dataset, digits_csv, digits_split
 
-    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("7.20"))  # 0.01 buys 5 s of one device
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("3.60"))  # 0.01 buys 10 s of one device
     (x, y), _ = digits_split()
     dataset = add_dataset(team_a, "digits", {"digits-train.csv": digits_csv(x[:500], y[:500])})
     script = (ROOT / "examples" / "resumable" / "train.py").read_bytes()
-    # 200 steps with 0.05 s of sleep each: at least 10 s, so at least 0.02 of money.
-    config = {"steps": 200, "sleep": 0.05, "checkpoint_every": 20, "eval_every": 20}
+    # 400 steps with 0.05 s of sleep each: at least 20 s, so at least 0.02 of money.
+    config = {"steps": 400, "sleep": 0.05, "checkpoint_every": 20, "eval_every": 20}
     job = make_job(alice, script=script, train_version=dataset.latest_version(), config=config, span_hours=None, ceiling_amount=Decimal("0.01"))
     job = run_job(runner, job, timeout=90)
     assert job.state == "stopped" and "ceiling is reached" in job.reason
     assert job.artifacts.filter(name="model.pt").exists()  # the weights so far, written when told to stop
     assert Checkpoint.objects.filter(job=job).exists()
     usage = UsageRecord.objects.get(job=job)
-    assert usage.amount <= Decimal("0.01") and usage.held_seconds <= 5
+    assert usage.amount <= Decimal("0.01") and usage.held_seconds <= 10
     steps = [p[0] for p in metric_points(job) if "loss" in p[1]]
-    assert 0 < max(steps) < 200
+    assert 0 < max(steps) < 400

@@ -84,6 +84,9 @@ def accuracy(model, x, y):
 
 
 def main():
+    # Asked once at the start, so a stop that comes while the data loads (SIGTERM) is a request
+    # this script answers with a checkpoint, not the end of the process.
+    should_stop()
     config = load_config()
     out_dir = Path(os.environ.get("E31_OUTPUT_DIR", "output"))
     out_dir.mkdir(parents=True, exist_ok=True)
