@@ -10,7 +10,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "share", "created_at"]
+    list_display = ["name", "share", "monthly_budget", "created_at"]
     search_fields = ["name"]
     inlines = [MembershipInline]
 

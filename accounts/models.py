@@ -1,6 +1,7 @@
 import uuid
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -10,6 +11,11 @@ class Team(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     share = models.PositiveIntegerField(
         default=1, help_text="The team's share of the network for fair share (relative to the other teams' shares)."
+    )
+    monthly_budget = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="The most the team may spend in a calendar month (UTC), in the network's currency; blank: no budget. "
+        "Jobs whose worst case would take the month's spend past it wait.",
     )
 
     def __str__(self):

@@ -5,8 +5,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from accounts.access import require_team
-from billing import statements
-from billing.views import month_records, month_usage
+from billing import meter, statements
+from billing.views import budget_status, month_records, month_usage
 
 
 @api_view(["GET"])
@@ -18,6 +18,8 @@ def usage(request):
         raise ValidationError({"month": [str(error)]}) from None
     records = list(month_records(team, year, month))
     statement = month_usage(team, year, month, records)
+    now = timezone.now()
+    budget = budget_status(team, now)
     return Response(
         {
             "month": f"{year:04d}-{month:02d}",
@@ -55,5 +57,15 @@ def usage(request):
             ],
             "credits": str(statement.credits),
             "total": str(statement.total),
+            # The team's budget against this month's spend (whatever month the statement is of).
+            "budget": {
+                "month": f"{now.year:04d}-{now.month:02d}",
+                "monthly_budget": None if budget.budget is None else str(budget.budget),
+                "spent": str(meter.round_money(budget.spent)),
+                "committed": str(meter.round_money(budget.committed)),
+                "remaining": None if budget.remaining is None else str(meter.round_money(budget.remaining)),
+                "percent": budget.percent,
+                "level": budget.level,
+            },
         }
     )

@@ -1,14 +1,17 @@
 import csv
 
+from django import forms
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse, HttpResponseBadRequest
-from django.shortcuts import render
+from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseForbidden
+from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
 from accounts.access import require_team
-from billing import statements
+from accounts.models import Membership
+from billing import budgets, statements
 from billing.models import UsageRecord
 from jobs import states
 from jobs.models import Job
@@ -41,22 +44,63 @@ def month_from_request(request):
     return statements.parse_month(request.GET.get("month", ""), timezone.now())
 
 
+class BudgetForm(forms.Form):
+    budget = forms.DecimalField(
+        required=False, min_value=0, max_digits=14, decimal_places=2, label="Monthly budget",
+        help_text="Blank: no budget.",
+    )
+
+
+def is_owner(user):
+    return getattr(getattr(user, "membership", None), "role", None) == Membership.OWNER
+
+
+def budget_status(team, now=None):
+    """The team's budget and this month's spend (billing.budgets.Status)."""
+    from scheduler.services import month_spend
+
+    now = now or timezone.now()
+    return budgets.status(team.monthly_budget, month_spend([team.pk], now)[str(team.pk)])
+
+
 @login_required
-@require_GET
+@require_http_methods(["GET", "POST"])
 def usage_page(request):
     team = require_team(request.user)
+    owner = is_owner(request.user)
+    budget_form = None
+    if request.method == "POST":
+        # The budget of the user's own team, set by its owner; members see it read-only.
+        if not owner:
+            return HttpResponseForbidden("Only the team's owner can set its budget.")
+        budget_form = BudgetForm(request.POST)
+        if budget_form.is_valid():
+            team.monthly_budget = budget_form.cleaned_data["budget"]
+            team.save(update_fields=["monthly_budget"])
+            if team.monthly_budget is None:
+                messages.success(request, "The team has no monthly budget now.")
+            else:
+                messages.success(request, f"The team's monthly budget is {settings.E31_CURRENCY} {team.monthly_budget:,.2f}.")
+            return redirect("billing:usage")
     try:
         year, month = month_from_request(request)
     except ValueError as error:
         return HttpResponseBadRequest(str(error))
+    if owner and budget_form is None:
+        budget_form = BudgetForm(initial={"budget": team.monthly_budget})
+    now = timezone.now()
     holding = Job.objects.filter(team=team, state__in=states.HOLDING).prefetch_related("allocations")
     context = {
         "statement": month_usage(team, year, month),
         "month": f"{year:04d}-{month:02d}",
+        "this_month": f"{now.year:04d}-{now.month:02d}",
         "holding": [(job, *job.held()) for job in holding],
         "currency": settings.E31_CURRENCY,
+        "budget": budget_status(team, now),
+        "budget_form": budget_form,
+        "is_owner": owner,
     }
-    return render(request, "billing/usage.html", context)
+    return render(request, "billing/usage.html", context, status=400 if request.method == "POST" else 200)
 
 
 @login_required

@@ -1,10 +1,13 @@
 import json
+from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import F
+from django.db.models import Case, F, FloatField, Func, Q, Sum, Value, When
+from django.db.models.functions import Cast, Coalesce, Greatest, Least
 from django.http import Http404, HttpResponseGone, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -25,13 +28,60 @@ def get_job(request, job_id):
     return get_for_team(Job.objects.all(), request.user, pk=job_id)
 
 
+JOB_SORTS = {"cost": ("cost", "-created_at"), "-cost": ("-cost", "-created_at")}
+
+
+class SecondsSince(Func):
+    """Seconds from a timestamp column to a moment, as a float, in SQLite and PostgreSQL."""
+
+    output_field = FloatField()
+
+    def __init__(self, expression, moment):
+        super().__init__(expression, Value(moment))
+
+    def compiled(self, compiler):
+        start, moment = self.source_expressions
+        (start_sql, start_params), (moment_sql, moment_params) = compiler.compile(start), compiler.compile(moment)
+        return start_sql, moment_sql, [*moment_params, *start_params]
+
+    def as_sqlite(self, compiler, connection, **extra):
+        start, moment, params = self.compiled(compiler)
+        return f"((julianday({moment}) - julianday({start})) * 86400.0)", params
+
+    def as_postgresql(self, compiler, connection, **extra):
+        start, moment, params = self.compiled(compiler)
+        return f"EXTRACT(EPOCH FROM (({moment})::timestamptz - {start}))::float", params
+
+
+def with_cost(jobs, now):
+    """Annotate each job's cost in one query: its released allocations' usage, and what its
+    running allocation has cost so far (GPUs x held time x rate, never past its cost cap)."""
+    held = Greatest(SecondsSince("allocations__started_at", now), Value(0.0))
+    live = Cast(F("gpus"), FloatField()) * held * Cast(F("allocations__rate"), FloatField()) / 3600.0
+    capped = Least(live, Coalesce(Cast(F("allocations__cost_cap"), FloatField()), Value(1e30)))
+    cost = Sum(
+        Case(
+            When(Q(allocations__ended_at__isnull=True, allocations__isnull=False), then=capped),
+            default=Cast(F("allocations__usage__amount"), FloatField()),
+            output_field=FloatField(),
+        )
+    )
+    return jobs.annotate(cost=Coalesce(cost, Value(0.0)))
+
+
 @login_required
 @require_GET
 def job_list(request):
     team = require_team(request.user)
-    jobs = Job.objects.filter(team=team).prefetch_related("allocations")[:200]
+    sort = request.GET.get("sort", "")
+    jobs = Job.objects.filter(team=team)
+    if sort in JOB_SORTS:
+        jobs = with_cost(jobs, timezone.now()).order_by(*JOB_SORTS[sort])
+    else:
+        sort = ""
+    jobs = jobs.prefetch_related("allocations")[:200]
     template = "jobs/_job_rows.html" if request.htmx else "jobs/list.html"
-    return render(request, template, {"jobs": jobs, "any_active": any(job.is_active for job in jobs)})
+    return render(request, template, {"jobs": jobs, "any_active": any(job.is_active for job in jobs), "sort": sort})
 
 
 @login_required
@@ -59,6 +109,7 @@ def job_new(request):
     }
     if request.method == "GET" and estimate_form.estimate is not None:
         context.update(prediction(team, estimate_form))
+        context.update(budget_left(team, estimate_form.estimate.amount))
     return render(request, "jobs/new.html", context)
 
 
@@ -71,7 +122,19 @@ def job_estimate(request):
     context = {"form": form}
     if form.is_valid() and form.estimate is not None:
         context.update(prediction(team, form))
+        context.update(budget_left(team, form.estimate.amount))
     return render(request, "jobs/_estimate.html", context)
+
+
+def budget_left(team, worst_case):
+    """What the team's monthly budget leaves for new jobs, and whether the request's worst case
+    fits in it (the scheduler holds it back when it does not)."""
+    if team.monthly_budget is None:
+        return {}
+    from billing.views import budget_status
+
+    remaining = budget_status(team).remaining
+    return {"budget_remaining": remaining, "over_budget": worst_case > remaining}
 
 
 def prediction(team, form):
@@ -120,6 +183,9 @@ def job_detail(request, job_id):
         "metrics": chart,
         "metric_rows": metric_rows(chart["summary"]),
     }
+    # The cost of the experiment beside its metrics: billed so far (less credits), final once it ended.
+    meter_now = context["meter"]
+    context["cost"] = Decimal(meter_now["amount"]) - Decimal(meter_now["credit_amount"])
     return render(request, "jobs/detail.html", context)
 
 

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from billing import meter
+from billing import budgets, meter, statements
 from accounts.models import Team
 from billing.models import NoRateInForce, Rate, UsageRecord
 from jobs import states
@@ -291,6 +291,10 @@ def schedule(now=None):
     deadlines that can no longer be met, and tell the rest why they wait."""
     given, now = now, now or timezone.now()
     queue, nodes = queued_jobs(now), node_states(now)
+    # A job whose worst case alone would overrun its team's budget is not planned at all: it
+    # must not hold devices back from, or preempt, jobs that can start.
+    over_budget = budget_holds([(q.id, None) for q in queue], now, cumulative=False)
+    queue = [q for q in queue if q.id not in over_budget]
     plan = policy.plan(
         queue, nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
         policy=settings.E31_SCHEDULER_POLICY, half_life=settings.E31_FAIR_SHARE_HALF_LIFE_HOURS * 3600,
@@ -299,8 +303,16 @@ def schedule(now=None):
     for allocation_id in plan.preempt:
         preempt(allocation_id, plan.preempt_reasons.get(allocation_id, "another job needs its devices"))
     flag_missed_deadlines(plan.infeasible, now)
+    plan.waiting.update(over_budget)
+    # Together, the jobs about to start must fit too: each one's worst case counts against its
+    # team's budget before the next one is allowed, at the rate of the node it would start on.
+    device_types = {n.id: n.device_type for n in nodes}
+    held_back = budget_holds([(p.job_id, device_types.get(p.parts[0][0], "")) for p in plan.placements], now)
+    plan.waiting.update(held_back)
     placed = []
     for placement in plan.placements:
+        if placement.job_id in held_back:
+            continue
         if len(placement.parts) != 1:
             plan.waiting[placement.job_id] = (
                 f"needs {len(placement.parts)} nodes at once: runs across nodes are not available yet"
@@ -320,6 +332,79 @@ def schedule(now=None):
     for job_id, reason in plan.waiting.items():
         Job.objects.filter(pk=job_id, state=states.QUEUED).exclude(wait_reason=reason).update(wait_reason=reason[:300])
     return placed
+
+
+def budget_holds(entries, now, cumulative=True):
+    """{job id: why it waits} for the jobs that must not start because their worst case would
+    take their team's spend this month past its budget (see billing.budgets).
+
+    entries: (job id, device type of the node it would start on, or None when not known yet: the
+    rate of the job's type, the highest when it takes any type), in the order they would start.
+    Only jobs of teams with a budget are looked at."""
+    ids = [job_id for job_id, _ in entries]
+    jobs = {
+        str(job.pk): job
+        for job in Job.objects.filter(pk__in=ids, team__monthly_budget__isnull=False).select_related("team")
+    }
+    if not jobs:
+        return {}
+    team_budgets = {str(job.team_id): job.team.monthly_budget for job in jobs.values()}
+    spends = month_spend(team_budgets, now)
+    rates, node_rates = Rates(now), {}
+    candidates = []
+    for job_id, device_type in entries:
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        if device_type is None:
+            rate = rates.for_job(job)
+        else:
+            key = (device_type, job.preemptible)
+            if key not in node_rates:
+                try:
+                    node_rates[key] = Rate.objects.in_force(device_type, now).for_job(job.preemptible)
+                except NoRateInForce:
+                    node_rates[key] = None
+            rate = node_rates[key]
+        if rate is None:
+            continue  # it cannot start anyway; placing it tells why
+        if job.restarts:
+            limit, cap = remaining_allowance(job, rate)  # a requeued job: what is left of it
+        else:
+            request = job.meter_request()
+            limit, cap = meter.held_limit_seconds(request, rate), meter.cost_cap(request, rate)
+        candidates.append(budgets.Candidate(job_id, str(job.team_id), budgets.worst_case(job.gpus, rate, limit, cap)))
+    return budgets.hold_back(candidates, team_budgets, spends, settings.E31_CURRENCY, cumulative=cumulative)
+
+
+def month_spend(team_ids, now=None):
+    """{team id: billing.budgets.Spend} for the calendar month (UTC) of `now`: released usage
+    billed this month, and what the allocations running now have cost so far and may cost in
+    all (an allocation that nothing bounds counts what it cost so far)."""
+    now = now or timezone.now()
+    utc = now.astimezone(dt_timezone.utc)
+    start, end = statements.month_bounds(utc.year, utc.month)
+    team_ids = [str(team) for team in team_ids]
+    released = {
+        str(row["team_id"]): (row["amount"] or Decimal(0)) - (row["credit"] or Decimal(0))
+        for row in UsageRecord.objects.filter(team_id__in=team_ids, ended_at__gte=start, ended_at__lt=end)
+        .values("team_id")
+        .annotate(amount=Sum("amount"), credit=Sum("credit_amount"))
+    }
+    so_far, worst = {}, {}
+    for allocation in Allocation.objects.filter(ended_at__isnull=True, job__team_id__in=team_ids).select_related("job"):
+        team = str(allocation.job.team_id)
+        spent = allocation.meter(now)[1]
+        most = budgets.worst_case(allocation.gpus, allocation.rate, allocation.limit_seconds, allocation.cost_cap)
+        so_far[team] = so_far.get(team, Decimal(0)) + spent
+        worst[team] = worst.get(team, Decimal(0)) + (spent if most is None else max(most, spent))
+    return {
+        team: budgets.Spend(
+            released=released.get(team, Decimal(0)), running_so_far=so_far.get(team, Decimal(0)),
+            running_worst_case=worst.get(team, Decimal(0)),
+        )
+        for team in team_ids
+    }
 
 
 def flag_missed_deadlines(job_ids, now):
