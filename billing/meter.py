@@ -67,6 +67,18 @@ def held_limit_seconds(request, rate_per_gpu_hour):
     return min(limits) if limits else None
 
 
+def remaining_allowance(request, rate_per_gpu_hour, held_before=0, spent_before=Decimal(0)):
+    """(held seconds, money) a new allocation may use after earlier ones held held_before
+    seconds and were billed spent_before (credits already taken off); None where unbounded."""
+    limit = held_limit_seconds(request, rate_per_gpu_hour)
+    cap = cost_cap(request, rate_per_gpu_hour)
+    if limit is not None:
+        limit = min(max(0, limit - held_before), MAX_HELD_SECONDS)
+    if cap is not None:
+        cap = max(Decimal(0), Decimal(cap) - Decimal(spent_before))
+    return limit, cap
+
+
 def cost_cap(request, rate_per_gpu_hour):
     """The most the job may be billed: its money ceiling, or what its GPU-hour ceiling costs."""
     caps = []

@@ -239,17 +239,11 @@ def place(placement, now=None):
 def remaining_allowance(job, rate):
     """What is left of the job's span or ceiling after its earlier allocations (if requeued).
     Time credited for the network's faults is given back: it was not billed."""
-    request = job.meter_request()
-    limit = meter.held_limit_seconds(request, rate)
-    cap = meter.cost_cap(request, rate)
     held_before, spent_before = job.held()
     credit_seconds, credit_amount = job.credited()
-    held_before, spent_before = max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount)
-    if limit is not None:
-        limit = min(max(0, limit - held_before), meter.MAX_HELD_SECONDS)
-    if cap is not None:
-        cap = max(Decimal(0), cap - spent_before)
-    return limit, cap
+    return meter.remaining_allowance(
+        job.meter_request(), rate, max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount)
+    )
 
 
 def running_allocations(nodes, now=None):

@@ -121,3 +121,37 @@ def test_the_credit_for_lost_time_runs_from_the_last_checkpoint():
     # A checkpoint at the very end: nothing lost. Never more than was charged (a capped bill).
     assert meter.lost_time_credit(2, rate, start, end, end, charged) == (0, Decimal("0"))
     assert meter.lost_time_credit(2, rate, start, end, None, Decimal("0.25")) == (600, Decimal("0.25"))
+
+
+from hypothesis import given, settings as hypothesis_settings, strategies as st  # noqa: E402
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(
+    gpus=st.integers(1, 64),
+    ceiling=st.decimals(min_value=Decimal("0.01"), max_value=Decimal("5000"), places=2),
+    runs=st.lists(
+        st.tuples(
+            st.decimals(min_value=Decimal("0.01"), max_value=Decimal("99"), places=4),  # the rate of this allocation
+            st.integers(0, 10**7),  # how long the process would have held it
+            st.floats(0, 1),  # the share of it lost through the network's fault, credited
+        ),
+        min_size=1, max_size=6,
+    ),
+)
+def test_no_job_is_ever_billed_past_its_money_ceiling(gpus, ceiling, runs):
+    """Over any run of allocations (requeues, rate changes, credits), what the job is billed
+    stays within its ceiling: each allocation gets only what is left, the runner releases it
+    at its limit, and each charge is capped."""
+    request = meter.Request(gpus=gpus, ceiling_amount=ceiling)
+    held, billed = 0, Decimal(0)
+    for rate, wanted, lost in runs:
+        limit, cap = meter.remaining_allowance(request, rate, held, billed)
+        seconds = min(wanted, limit)  # the runner releases at the limit
+        amount = meter.charge(gpus, seconds, rate, cap=cap)
+        credit_seconds = int(seconds * lost)
+        credit = min(meter.charge(gpus, credit_seconds, rate), amount)
+        held += seconds - credit_seconds
+        billed += amount - credit
+        assert amount <= cap
+    assert billed <= ceiling

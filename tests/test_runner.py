@@ -411,3 +411,19 @@ def test_a_batch_of_lines_the_database_refused_is_written_again(runner, alice, r
     job = run_job(runner, job)
     assert failures and job.state == "succeeded"
     assert [t for _, t in log_lines(job)] == [str(i) for i in range(300)]
+
+
+def test_the_live_meter_and_the_bill_agree_at_release(runner, alice, rate):
+    from billing import meter
+
+    job = run_job(runner, make_job(alice, script=b"import time\ntime.sleep(2.5)\n"))
+    usage = UsageRecord.objects.get(job=job)
+    ticks = [e.data for e in job.events.filter(kind="meter").order_by("seq")]
+    live = [t for t in ticks if t["running"]]
+    assert live, "the meter ticked while the job ran"
+    one_second = meter.charge(usage.gpus, 1, usage.rate)
+    assert Decimal(usage.amount) - Decimal(live[-1]["amount"]) <= one_second
+    assert live[-1]["held_seconds"] <= usage.held_seconds <= live[-1]["held_seconds"] + 1
+    # The figure the page shows once released is the bill itself.
+    assert not ticks[-1]["running"] and Decimal(ticks[-1]["amount"]) == usage.amount
+    assert ticks[-1]["held_seconds"] == usage.held_seconds
