@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing import meter
+from billing import meter, statements
 
 USAGE = "usage"
 CREDIT = "credit"
@@ -23,20 +23,8 @@ BILLED_KINDS = (USAGE, CREDIT)
 ZERO = Decimal("0.00")
 
 
-@dataclass(frozen=True)
-class Usage:
-    """One usage record (one allocation released in the month)."""
-
-    job_id: str
-    job_name: str
-    gpus: int
-    gpu_type: str
-    held_seconds: int
-    rate: Decimal
-    amount: Decimal  # as metered: GPUs x held seconds x rate, 8 places
-    credit_seconds: int = 0
-    credit_amount: Decimal = Decimal(0)
-    credit_reason: str = ""
+# One usage record (one allocation released in the month): the statement's, shared.
+Usage = statements.Usage
 
 
 @dataclass(frozen=True)

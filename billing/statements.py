@@ -18,6 +18,7 @@ class Usage:
     amount: Decimal
     credit_seconds: int = 0
     credit_amount: Decimal = Decimal(0)
+    credit_reason: str = ""
 
 
 @dataclass(frozen=True)
