@@ -11,6 +11,7 @@ time have held still between two looks.
 import logging
 import os
 import re
+import shutil
 import threading
 import uuid
 from datetime import datetime, timezone as dt_timezone
@@ -109,8 +110,6 @@ class CheckpointKeeper:
             return  # deleted by the job before we got to it: a newer one will come
         except OSError:
             # Another filesystem: a plain copy, still ours once made.
-            import shutil
-
             try:
                 shutil.copyfile(source, copy)
             except FileNotFoundError:

@@ -146,15 +146,9 @@ def parse_metric_line(raw, now):
     for name, value in list(point["values"].items())[:MAX_METRIC_VALUES]:
         if not isinstance(name, str) or not name or len(name) > MAX_METRIC_NAME:
             continue
-        number = stopping.as_number(value)
-        if number is None:
-            continue
-        if number != number:
-            values[name] = "NaN"
-        elif number in (float("inf"), float("-inf")):
-            values[name] = "Infinity" if number > 0 else "-Infinity"
-        else:
-            values[name] = number
+        stored = stopping.as_stored(value)
+        if stored is not None:
+            values[name] = stored
     if not values:
         return None
     at = now
@@ -250,20 +244,20 @@ class RunningJob:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def request_stop(self, reason, state, message, release_at=None, grace=None):
+    def request_stop(self, reason, state, message, release_at=None):
         if self.stop is not None:
             return
         log.info("stopping job %s: %s", self.job.pk, message)
         self.job.record("notice", data={"text": message})
-        self.write_stop_file(message, grace)
+        self.write_stop_file(message)
         self.signal_group(signal.SIGTERM)
         self.stop = StopRequest(reason, state, message, time.monotonic(), release_at)
 
-    def write_stop_file(self, message, grace):
+    def write_stop_file(self, message):
         """The notice the SDK's should_stop() sees, written whole (temporary name, rename)."""
         try:
             self.dirs.control.mkdir(parents=True, exist_ok=True)
-            notice = {"reason": message, "deadline": time.time() + (grace or settings.E31_STOP_GRACE_SECONDS)}
+            notice = {"reason": message, "deadline": time.time() + settings.E31_STOP_GRACE_SECONDS}
             partial = self.dirs.control / ".stop.tmp"
             partial.write_text(json.dumps(notice))
             os.replace(partial, self.dirs.stop_file)

@@ -79,25 +79,30 @@ class Rates:
         self.cache = {}
 
     def for_job(self, job):
-        key = (job.gpu_type, job.preemptible)
+        """The rate the job pays on devices of its type (the highest, when it takes any type)."""
+        return self.for_type(job.gpu_type, job.preemptible, any_type=not job.gpu_type)
+
+    def for_type(self, device_type, preemptible, any_type=False):
+        """The rate on devices of a type; None when no rate is in force."""
+        key = (device_type, preemptible, any_type)
         if key not in self.cache:
             try:
-                rate = Rate.objects.in_force(job.gpu_type, self.now) if job.gpu_type else Rate.objects.worst_case(self.now)
-                self.cache[key] = rate.for_job(job.preemptible)
+                rate = Rate.objects.worst_case(self.now) if any_type else Rate.objects.in_force(device_type, self.now)
+                self.cache[key] = rate.for_job(preemptible)
             except NoRateInForce:
                 self.cache[key] = None
         return self.cache[key]
 
 
-def expected_seconds(job, rate, held_before=0):
-    """How long the job is expected to hold its devices: its span, or the time its ceiling buys,
-    less what it held already (a requeued job). An hour when nothing bounds it."""
-    limit = meter.held_limit_seconds(job.meter_request(), rate) if rate is not None else None
+def expected_seconds(request, rate, held_before=0):
+    """How long a request (a meter.Request) is expected to hold its devices: its span, or the
+    time its ceiling buys, less what it held already (a requeued job). An hour when nothing
+    bounds it."""
+    limit = meter.held_limit_seconds(request, rate) if rate is not None else None
     if limit is None:
-        if job.span_hours is not None:
-            limit = float(job.span_hours) * 3600
-        else:
+        if request.span_hours is None:
             return 3600.0
+        limit = float(request.span_hours) * 3600
     return float(max(60, min(limit, meter.MAX_HELD_SECONDS) - held_before))
 
 
@@ -122,7 +127,7 @@ def queued_jobs(now=None, staged=True):
                 gpu_type=job.gpu_type,
                 not_before=stamp(job.not_before),
                 deadline=stamp(job.deadline),
-                expected_seconds=expected_seconds(job, rates.for_job(job), held_before),
+                expected_seconds=expected_seconds(job.meter_request(), rates.for_job(job), held_before),
                 team=str(job.team_id),
                 preemptible=job.preemptible,
                 staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED) if staged else None,
@@ -344,29 +349,19 @@ def budget_holds(entries, now, cumulative=True):
         return {}
     team_budgets = {str(job.team_id): job.team.monthly_budget for job in jobs.values()}
     spends = month_spend(team_budgets, now)
-    rates, node_rates = Rates(now), {}
+    rates = Rates(now)
     candidates = []
     for job_id, device_type in entries:
         job = jobs.get(job_id)
         if job is None:
             continue
-        if device_type is None:
-            rate = rates.for_job(job)
-        else:
-            key = (device_type, job.preemptible)
-            if key not in node_rates:
-                try:
-                    node_rates[key] = Rate.objects.in_force(device_type, now).for_job(job.preemptible)
-                except NoRateInForce:
-                    node_rates[key] = None
-            rate = node_rates[key]
+        rate = rates.for_job(job) if device_type is None else rates.for_type(device_type, job.preemptible)
         if rate is None:
             continue  # it cannot start anyway; placing it tells why
         if job.restarts:
             limit, cap = remaining_allowance(job, rate)  # a requeued job: what is left of it
         else:
-            request = job.meter_request()
-            limit, cap = meter.held_limit_seconds(request, rate), meter.cost_cap(request, rate)
+            limit, cap = meter.remaining_allowance(job.meter_request(), rate)
         candidates.append(budgets.Candidate(job_id, str(job.team_id), budgets.worst_case(job.gpus, rate, limit, cap)))
     return budgets.hold_back(candidates, team_budgets, spends, settings.E31_CURRENCY, cumulative=cumulative)
 
@@ -421,8 +416,12 @@ def predictions(queue, now, extra=()):
         [*queue, *extra], nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
         policy=settings.E31_SCHEDULER_POLICY,
     )
-    as_time = lambda t: datetime.fromtimestamp(t, dt_timezone.utc) if t is not None and t < 4e9 else None  # noqa: E731
-    return {job_id: (as_time(start), as_time(finish)) for job_id, (start, finish) in result.items()}
+    return {job_id: (moment(start), moment(finish)) for job_id, (start, finish) in result.items()}
+
+
+def moment(seconds):
+    """The policy's float seconds as a datetime; None for never (a prediction of infinity)."""
+    return datetime.fromtimestamp(seconds, dt_timezone.utc) if seconds is not None and seconds < 4e9 else None
 
 
 def update_predictions(now=None):
@@ -443,11 +442,8 @@ def predict_request(team, request, *, gpu_type="", not_before=None, deadline=Non
     """When a request as filled in on the form would start and finish, behind the queue as it
     is now: (start, finish) as datetimes, or (None, None) when no node could run it."""
     now = now or timezone.now()
-    limit = meter.held_limit_seconds(request, rate) if rate is not None else None
-    if limit is None and request.span_hours is not None:
-        limit = float(request.span_hours) * 3600
     wanted = policy.QueuedJob(
         id="(this request)", gpus=request.gpus, submitted_at=now.timestamp(), gpu_type=gpu_type, not_before=stamp(not_before),
-        deadline=stamp(deadline), expected_seconds=float(limit or 3600), team=str(team.pk), preemptible=preemptible,
+        deadline=stamp(deadline), expected_seconds=expected_seconds(request, rate), team=str(team.pk), preemptible=preemptible,
     )
     return predictions(queued_jobs(now, staged=False), now, extra=[wanted]).get(wanted.id, (None, None))

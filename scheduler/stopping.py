@@ -22,6 +22,17 @@ def as_number(value):
     return None
 
 
+def as_stored(value):
+    """A metric value as it is stored (JSON that every database takes): a finite float, or the
+    SDK's string for a non-finite one. None for anything that is not a number."""
+    number = as_number(value)
+    if number is None or math.isfinite(number):
+        return number
+    if math.isnan(number):
+        return "NaN"
+    return "Infinity" if number > 0 else "-Infinity"
+
+
 def is_loss(name):
     return "loss" in name.lower()
 

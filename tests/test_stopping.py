@@ -1,6 +1,6 @@
 """Early stopping and the NaN stop: pure checks over metric points."""
 
-from scheduler.stopping import Watch, as_number
+from scheduler.stopping import Watch, as_number, as_stored
 
 
 def feed(watch, points):
@@ -56,3 +56,9 @@ def test_a_nan_or_infinite_loss_fails_the_run_unless_turned_off():
 def test_values_as_numbers():
     assert as_number(1) == 1.0 and as_number("-Infinity") == float("-inf")
     assert as_number(True) is None and as_number("1.5") is None and as_number(None) is None
+
+
+def test_values_as_stored():
+    assert as_stored(0.5) == 0.5 and as_stored(3) == 3.0
+    assert as_stored(float("nan")) == "NaN" and as_stored("-Infinity") == "-Infinity" and as_stored(float("inf")) == "Infinity"
+    assert as_stored("0.5") is None and as_stored(False) is None
