@@ -81,13 +81,26 @@ class Result:
 
 # Traces -----------------------------------------------------------------------------------------
 
+TRACE_COLUMNS = ("job_id", "submit_time_s", "num_gpus", "duration_s")  # and deadline_s, optional
+
+
 def read_trace(path):
+    """The rows of a trace CSV; ValueError naming the missing column or the bad row."""
     with open(path, newline="") as f:
-        return [
-            {"job_id": r["job_id"], "submit_time_s": float(r["submit_time_s"]), "num_gpus": int(r["num_gpus"]),
-             "duration_s": float(r["duration_s"]), "deadline_s": float(r["deadline_s"]) if r.get("deadline_s") else None}
-            for r in csv.DictReader(f)
-        ]
+        reader = csv.DictReader(f)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"missing column(s) {', '.join(missing)}; expected {', '.join(TRACE_COLUMNS)}, deadline_s")
+        rows = []
+        for line, r in enumerate(reader, start=2):
+            try:
+                rows.append(
+                    {"job_id": r["job_id"], "submit_time_s": float(r["submit_time_s"]), "num_gpus": int(r["num_gpus"]),
+                     "duration_s": float(r["duration_s"]), "deadline_s": float(r["deadline_s"]) if r.get("deadline_s") else None}
+                )
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"line {line}: {error}") from None
+        return rows
 
 
 def team_of(job_id, seed=0, teams=8):

@@ -6,7 +6,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from scheduler import simulator as S
 from scheduler.policy import NodeState
@@ -121,3 +121,14 @@ def test_the_small_real_trace_runs_to_the_end_with_every_policy():
         m = S.metrics(result)
         assert result.stuck == [] and m["finished"] == 260, name
         assert 0 < m["utilization"] < 1 and 0 <= m["deadline_satisfaction"] <= 1 and 0 < m["jain_teams"] <= 1
+
+
+def test_a_malformed_trace_is_refused_with_the_column_or_line(tmp_path):
+    missing = tmp_path / "missing.csv"
+    missing.write_text("job_id,submit_time_s\nx,1\n")
+    with pytest.raises(CommandError, match="missing column\\(s\\) num_gpus, duration_s"):
+        call_command("simulate", "--trace", str(missing), "--gpus", "8", "--gpus-per-node", "8")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_time_s,num_gpus,duration_s\nx,1,two,5\n")
+    with pytest.raises(CommandError, match="line 2: invalid literal"):
+        call_command("simulate", "--trace", str(bad), "--gpus", "8", "--gpus-per-node", "8")
