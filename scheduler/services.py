@@ -425,9 +425,13 @@ def moment(seconds):
 
 
 def update_predictions(now=None):
-    """Store each queued job's predicted start and finish, for its page and the API."""
+    """Store each queued job's predicted start and finish, for its page and the API (none for
+    a job over its team's budget)."""
     now = now or timezone.now()
-    predicted = predictions(queued_jobs(now, staged=False), now)
+    queue = queued_jobs(now, staged=False)
+    # A job its team's budget holds back has no start to predict (the scheduler leaves it out too).
+    held_back = budget_holds([(q.id, None) for q in queue], now, cumulative=False)
+    predicted = predictions([q for q in queue if q.id not in held_back], now)
     changed = []
     for job in Job.objects.filter(state=states.QUEUED).only("pk", "predicted_start", "predicted_finish"):
         start, finish = predicted.get(str(job.pk), (None, None))

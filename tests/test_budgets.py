@@ -113,6 +113,12 @@ def test_a_team_budget_holds_a_job_back(alice, team_a, rate, node):
     assert job.wait_reason == (
         "held back: its worst case of USD 12.00 would take this month's spend to USD 105.00, past the team's budget of USD 100.00"
     )
+    # Held back, it has no start to predict.
+    from scheduler import services
+
+    services.update_predictions()
+    job.refresh_from_db()
+    assert job.predicted_start is None and job.predicted_finish is None
     # Another team, without a budget, is not held back by team A's.
     set_budget(team_a, None)
     [allocation] = schedule_now()
