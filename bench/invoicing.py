@@ -46,7 +46,7 @@ def populate(teams, records, seed=31):
 
     from accounts.models import Team
     from billing import meter
-    from billing.models import UsageRecord
+    from billing.models import Credit, UsageRecord, billing_month
     from jobs.models import Job
     from scheduler.models import Allocation, Node, Staging
 
@@ -55,7 +55,7 @@ def populate(teams, records, seed=31):
     node = Node.objects.create(name="bench", device_type="NVIDIA H100", devices=8)
     team_rows = Team.objects.bulk_create([Team(name=f"team-{i:05d}") for i in range(teams)])
     per_team = max(1, records // teams)
-    jobs, allocations, usages, stagings = [], [], [], []
+    jobs, allocations, usages, stagings, credits = [], [], [], [], []
     rates = [Decimal("2.40"), Decimal("3.125"), Decimal("1.80")]
     made = 0
     for t, team in enumerate(team_rows):
@@ -82,13 +82,22 @@ def populate(teams, records, seed=31):
                 UsageRecord(
                     team=team, job=job, allocation=allocation, gpu_type="NVIDIA H100", gpus=job.gpus, started_at=started,
                     ended_at=started + timedelta(seconds=seconds), held_seconds=seconds, rate=rate, amount=amount,
-                    credit_seconds=seconds // 4 if credit else 0, credit_amount=credit.quantize(meter.AMOUNT_PLACES), credit_reason="preempted" if credit else "",
+                    period=billing_month(started + timedelta(seconds=seconds)),
                 )
             )
+            if credit:
+                credits.append((len(usages) - 1, seconds // 4, credit.quantize(meter.AMOUNT_PLACES)))
     Job.objects.bulk_create(jobs, batch_size=5000)
     Staging.objects.bulk_create(stagings, batch_size=5000)
     Allocation.objects.bulk_create(allocations, batch_size=5000)
     UsageRecord.objects.bulk_create(usages, batch_size=5000)
+    Credit.objects.bulk_create(
+        [
+            Credit(team=usages[i].team, job=usages[i].job, usage=usages[i], seconds=seconds, amount=amount, reason="preempted", period=usages[i].period)
+            for i, seconds, amount in credits
+        ],
+        batch_size=5000,
+    )
     return team_rows
 
 
@@ -144,9 +153,9 @@ def run(teams, records):
     # The figures an invoice needs, for every team at once, in one SQL query (raw: no model
     # instances, no Decimal conversion by the ORM).
     sql, params = (
-        UsageRecord.objects.filter(ended_at__gte=START, ended_at__lt=datetime(2026, 11, 1, tzinfo=UTC))
+        UsageRecord.objects.filter(period=START.date())
         .values("team_id", "job_id")
-        .annotate(n=Count("id"), held=Sum("held_seconds"), amount=Sum("amount"), credit=Sum("credit_amount"))
+        .annotate(n=Count("id"), held=Sum("held_seconds"), amount=Sum("amount"))
         .query.sql_with_params()
     )
     aggregate_times = []

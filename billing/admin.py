@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from billing.models import Invoice, InvoiceLine, Rate, UsageRecord
+from billing.models import Credit, Invoice, InvoiceLine, Rate, UsageRecord
 
 
 @admin.register(Rate)
@@ -11,10 +11,29 @@ class RateAdmin(admin.ModelAdmin):
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ["job", "team", "gpus", "gpu_type", "started_at", "ended_at", "held_seconds", "rate", "amount", "credit_amount"]
-    list_filter = ["team", "gpu_type"]
+    list_display = ["job", "team", "gpus", "gpu_type", "started_at", "ended_at", "held_seconds", "rate", "amount", "provisional", "period"]
+    list_filter = ["team", "gpu_type", "provisional"]
+
+    def get_queryset(self, request):
+        return UsageRecord.ledger.all()  # provisional records too: what runs now
 
     # The ledger is append-only: written by the system when an allocation is released.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Credit)
+class CreditAdmin(admin.ModelAdmin):
+    list_display = ["job", "team", "seconds", "amount", "reason", "period", "created_at"]
+    list_filter = ["team"]
+
+    # Append-only like the usage they are against: written when a faulty allocation is released.
     def has_add_permission(self, request):
         return False
 

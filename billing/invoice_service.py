@@ -18,14 +18,16 @@ class NotInvoiceable(Exception):
 
 
 def month_usages(team_id, start, end):
-    """(usages, times) of a team's records released in [start, end): three queries, however
+    """(usages, times) of a team's records billed in the month beginning at `start` (released
+    in it, or released late into it: see billing.models.open_month): three queries, however
     many records and jobs."""
     rows = list(
-        UsageRecord.objects.filter(team_id=team_id, ended_at__gte=start, ended_at__lt=end)
+        UsageRecord.objects.filter(team_id=team_id, period=start.date())
+        .with_credits()
         .order_by("ended_at", "id")
         .values_list(
             "job_id", "job__name", "job__created_at", "gpus", "gpu_type", "held_seconds", "rate", "amount",
-            "credit_seconds", "credit_amount", "credit_reason",
+            "credited_seconds", "credited_amount", "credited_reason",
         )
     )
     usages = [
@@ -40,7 +42,7 @@ def month_usages(team_id, start, end):
     if rows:
         from scheduler.models import Allocation, Staging
 
-        jobs = UsageRecord.objects.filter(team_id=team_id, ended_at__gte=start, ended_at__lt=end).values("job_id")
+        jobs = UsageRecord.objects.filter(team_id=team_id, period=start.date()).values("job_id")
         first_start = {
             str(job_id): at
             for job_id, at in Allocation.objects.filter(job_id__in=jobs).values("job_id").annotate(at=Min("started_at")).values_list("job_id", "at")
@@ -164,7 +166,7 @@ def invoice_month(year, month, now=None, on_invoice=None):
     if end > now:
         raise NotInvoiceable(f"{year:04d}-{month:02d} is not over yet: its figures so far are a statement.")
     done = Invoice.objects.filter(kind=Invoice.INVOICE, period_start=start).values("team_id")
-    team_ids = UsageRecord.objects.filter(ended_at__gte=start, ended_at__lt=end).exclude(team_id__in=done).values("team_id").distinct()
+    team_ids = UsageRecord.objects.filter(period=start.date()).exclude(team_id__in=done).values("team_id").distinct()
     made = []
     for team in Team.objects.filter(pk__in=team_ids).order_by("name"):
         invoice = invoice_team_month(team, year, month, now=now)

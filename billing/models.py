@@ -1,6 +1,11 @@
 import uuid
+from datetime import date, datetime
+from datetime import timezone as dt_timezone
+from decimal import Decimal
 
 from django.db import models
+from django.db.models import OuterRef, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing import meter
@@ -71,8 +76,73 @@ class Rate(models.Model):
         return f"{self.gpu_type or 'any type'}: {self.per_gpu_hour}/GPU-hour from {self.effective_from:%Y-%m-%d %H:%M}"
 
 
+class LedgerImmutable(Exception):
+    """A final usage record and a credit are never changed nor deleted: the ledger is append-only."""
+
+
+def billing_month(at):
+    """The first day of the calendar month (UTC) a moment falls in: the month it is billed in,
+    unless that month is invoiced already."""
+    utc = at.astimezone(dt_timezone.utc)
+    return date(utc.year, utc.month, 1)
+
+
+def open_month(team_id, at):
+    """The month usage ending at `at` is billed in: its own month, or where the team's invoice
+    for that month was already issued (usage released late, a lost node's say), the first month
+    after it that has no invoice yet. Nothing held is ever left off a bill."""
+    month = billing_month(at)
+    invoiced = set(
+        Invoice.objects.filter(team_id=team_id, kind=Invoice.INVOICE, period_start__gte=datetime(month.year, month.month, 1, tzinfo=dt_timezone.utc))
+        .values_list("period_start", flat=True)
+    )
+    invoiced = {billing_month(p) for p in invoiced}
+    while month in invoiced:
+        month = date(month.year + month.month // 12, month.month % 12 + 1, 1)
+    return month
+
+
+class UsageQuerySet(models.QuerySet):
+    def with_credits(self):
+        """Annotate credited_seconds, credited_amount and credited_reason (the first reason)
+        from each record's credits, for value lists."""
+        mine = Credit.objects.filter(usage=OuterRef("pk")).order_by().values("usage")
+        return self.annotate(
+            credited_seconds=Coalesce(Subquery(mine.annotate(s=Sum("seconds")).values("s")), Value(0)),
+            credited_amount=Coalesce(
+                Subquery(mine.annotate(a=Sum("amount")).values("a")), Value(Decimal(0)), output_field=models.DecimalField(max_digits=30, decimal_places=8)
+            ),
+            credited_reason=Coalesce(
+                Subquery(Credit.objects.filter(usage=OuterRef("pk")).order_by("id").values("reason")[:1]), Value(""),
+                output_field=models.CharField(),
+            ),
+        )
+
+    def update(self, **kwargs):
+        if self.filter(provisional=False).exists():
+            raise LedgerImmutable("A final usage record cannot be changed.")
+        return super().update(**kwargs)
+
+    def delete(self):
+        if self.filter(provisional=False).exists():
+            raise LedgerImmutable("A final usage record cannot be deleted.")
+        return super().delete()
+
+
+class FinalUsageManager(models.Manager.from_queryset(UsageQuerySet)):
+    """The ledger as billed: final records only (provisional ones are the live meter's)."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(provisional=False)
+
+
 class UsageRecord(models.Model):
-    """One per allocation, written when it is released. Append-only."""
+    """One per allocation segment. Append-only.
+
+    Written provisionally when the allocation starts and brought up to date by its runner's
+    heartbeat while it runs (the live meter's record, never billed), and made final when it is
+    released: from then on it never changes. The rate is the one in force when the segment
+    started, for all of it: a rate change while a job runs splits nothing."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="usage")
     job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="usage")
@@ -80,24 +150,52 @@ class UsageRecord(models.Model):
     gpu_type = models.CharField(max_length=100)
     gpus = models.PositiveIntegerField()
     started_at = models.DateTimeField()
-    ended_at = models.DateTimeField()
+    ended_at = models.DateTimeField(help_text="when the segment ended; while provisional, when it was last brought up to date")
     held_seconds = models.PositiveBigIntegerField()
     rate = models.DecimalField(max_digits=12, decimal_places=4)
     amount = models.DecimalField(max_digits=30, decimal_places=8)
-    # Time lost through the network's fault (node lost, preempted) since the job's last
-    # checkpoint: recorded against the usage, not billed.
-    credit_seconds = models.PositiveBigIntegerField(default=0)
-    credit_amount = models.DecimalField(max_digits=30, decimal_places=8, default=0)
-    credit_reason = models.CharField(max_length=300, blank=True)
+    provisional = models.BooleanField(default=False, help_text="still running: the live meter's figure, not billed")
+    period = models.DateField(help_text="the month (its first day, UTC) the record is billed in")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = FinalUsageManager()
+    ledger = UsageQuerySet.as_manager()  # provisional records included
+
     class Meta:
+        base_manager_name = "ledger"
         ordering = ["ended_at", "id"]
-        indexes = [models.Index(fields=["team", "ended_at"])]
+        indexes = [models.Index(fields=["team", "period"]), models.Index(fields=["team", "ended_at"])]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not self._state.adding and UsageRecord.ledger.filter(pk=self.pk, provisional=False).exists():
+            raise LedgerImmutable(f"The usage record of {self.job_id} is final: it cannot be changed.")
+        if self.period is None:
+            self.period = billing_month(self.ended_at)
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        if not self.provisional:
+            raise LedgerImmutable(f"The usage record of {self.job_id} is final: it cannot be deleted.")
+        return super().delete(*args, **kwargs)
 
     @property
     def held_hours(self):
         return self.held_seconds / 3600
+
+    def _credits(self):
+        return list(self.credits.all())
+
+    @property
+    def credit_seconds(self):
+        return sum(c.seconds for c in self._credits())
+
+    @property
+    def credit_amount(self):
+        return sum((c.amount for c in self._credits()), Decimal(0))
+
+    @property
+    def credit_reason(self):
+        return "; ".join(dict.fromkeys(c.reason for c in self._credits() if c.reason))
 
     @property
     def billed(self):
@@ -106,6 +204,50 @@ class UsageRecord(models.Model):
     @property
     def amount_rounded(self):
         return meter.round_money(self.amount)
+
+
+class CreditQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise LedgerImmutable("A credit cannot be changed.")
+
+    def delete(self):
+        raise LedgerImmutable("A credit cannot be deleted.")
+
+
+class Credit(models.Model):
+    """Held time given back: time lost through the network's fault (a node lost, a runner
+    stopped, a preemption) since the job's last checkpoint. A ledger record of its own,
+    append-only, against the usage record of the segment it was lost in; billed in the same
+    month, as a line of its own."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="credits")
+    job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="credits")
+    usage = models.ForeignKey(UsageRecord, on_delete=models.PROTECT, related_name="credits")
+    seconds = models.PositiveBigIntegerField()
+    amount = models.DecimalField(max_digits=30, decimal_places=8)
+    reason = models.CharField(max_length=300)
+    period = models.DateField(help_text="the month (its first day, UTC) the credit is billed in")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = CreditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["team", "period"])]
+        constraints = [models.CheckConstraint(condition=models.Q(amount__gte=0), name="credit_not_negative")]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not self._state.adding:
+            raise LedgerImmutable("A credit cannot be changed.")
+        if self.period is None:
+            self.period = self.usage.period
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise LedgerImmutable("A credit cannot be deleted.")
+
+    def __str__(self):
+        return f"credit of {self.seconds} s for {self.job_id}: {self.reason}"
 
 
 class InvoiceImmutable(Exception):

@@ -19,7 +19,7 @@ from jobs.models import Job
 
 def month_records(team, year, month):
     start, end = statements.month_bounds(year, month)
-    return UsageRecord.objects.filter(team=team, ended_at__gte=start, ended_at__lt=end).select_related("job")
+    return UsageRecord.objects.filter(team=team, period=start.date()).select_related("job").prefetch_related("credits")
 
 
 def month_usage(team, year, month, records=None):

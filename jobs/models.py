@@ -316,7 +316,7 @@ class Job(models.Model):
 
     def credited(self):
         """(seconds, amount) credited for time lost through the network's fault."""
-        totals = self.usage.aggregate(s=models.Sum("credit_seconds"), a=models.Sum("credit_amount"))
+        totals = self.credits.aggregate(s=models.Sum("seconds"), a=models.Sum("amount"))
         return totals["s"] or 0, totals["a"] or Decimal(0)
 
     def meter_event(self, now=None):

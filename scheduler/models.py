@@ -109,11 +109,12 @@ class Allocation(models.Model):
         return seconds, meter.charge(self.gpus, seconds, self.rate, cap=self.cost_cap)
 
     def release(self, at, reason):
-        """End the allocation (the meter stops at `at`) and write its usage record.
+        """End the allocation (the meter stops at `at`) and make its usage record final, with
+        a credit record of its own for time lost through the network's fault.
 
         Claimed with a conditional update: if another process (the scheduler declaring the node
         lost, say) released it first, this returns None and writes nothing."""
-        from billing.models import UsageRecord
+        from billing.models import Credit, UsageRecord, open_month
 
         at = max(at, self.started_at)
         with transaction.atomic():
@@ -122,25 +123,44 @@ class Allocation(models.Model):
                 return None
             self.ended_at, self.end_reason = at, reason
             seconds, amount = self.meter()
+            final = dict(ended_at=at, held_seconds=seconds, amount=amount, provisional=False, period=open_month(self.job.team_id, at))
+            if UsageRecord.ledger.filter(allocation=self, provisional=True).update(**final):
+                usage = UsageRecord.objects.get(allocation=self)
+            else:  # an allocation from before provisional records
+                usage = UsageRecord.objects.create(
+                    team_id=self.job.team_id, job_id=self.job_id, allocation=self, gpu_type=self.device_type, gpus=self.gpus,
+                    started_at=self.started_at, rate=self.rate, **final,
+                )
             credit_seconds, credit_amount, credit_reason = self.lost_time_credit(amount)
-            usage = UsageRecord.objects.create(
-                team_id=self.job.team_id,
-                job_id=self.job_id,
-                allocation=self,
-                gpu_type=self.device_type,
-                gpus=self.gpus,
-                started_at=self.started_at,
-                ended_at=at,
-                held_seconds=seconds,
-                rate=self.rate,
-                amount=amount,
-                credit_seconds=credit_seconds,
-                credit_amount=credit_amount,
-                credit_reason=credit_reason,
-            )
+            if credit_seconds:
+                Credit.objects.create(
+                    team_id=usage.team_id, job_id=self.job_id, usage=usage, seconds=credit_seconds, amount=credit_amount,
+                    reason=credit_reason, period=usage.period, created_at=at,
+                )
             self.job.record("meter", at=at, data=self.job.meter_event(at))
         return usage
 
+    def open_usage(self):
+        """The provisional usage record of an allocation just made: the live meter's record
+        until it is released."""
+        from billing.models import UsageRecord, billing_month
+
+        return UsageRecord.ledger.create(
+            team_id=self.job.team_id, job_id=self.job_id, allocation=self, gpu_type=self.device_type, gpus=self.gpus,
+            started_at=self.started_at, ended_at=self.started_at, held_seconds=0, rate=self.rate, amount=0, provisional=True,
+            period=billing_month(self.started_at),
+        )
+
+    @classmethod
+    def bring_usage_up_to_date(cls, node_id, now=None):
+        """Bring the provisional usage records of a node's running allocations up to `now` (the
+        runner's heartbeat does, so the ledger knows what runs costs even between pages)."""
+        from billing.models import UsageRecord
+
+        now = now or timezone.now()
+        for allocation in cls.objects.filter(node_id=node_id, ended_at__isnull=True):
+            seconds, amount = allocation.meter(now)
+            UsageRecord.ledger.filter(allocation=allocation, provisional=True).update(ended_at=now, held_seconds=seconds, amount=amount)
 
     def lost_time_credit(self, charged):
         """(seconds, amount, why) credited when the network took the compute away: the time

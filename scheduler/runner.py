@@ -513,7 +513,9 @@ class Runner:
         return node
 
     def heartbeat(self):
-        Node.objects.filter(pk=self.node.pk).update(last_heartbeat=timezone.now(), lost_at=None)
+        now = timezone.now()
+        Node.objects.filter(pk=self.node.pk).update(last_heartbeat=now, lost_at=None)
+        Allocation.bring_usage_up_to_date(self.node.pk, now)
 
     def start_heartbeats(self):
         """Heartbeat on a thread of its own, so a long copy in the main loop cannot make the

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from billing import budgets, meter, statements
 from accounts.models import Team
-from billing.models import NoRateInForce, Rate, UsageRecord
+from billing.models import Credit, NoRateInForce, Rate, UsageRecord
 from jobs import states
 from jobs.models import Job
 from scheduler import policy
@@ -224,6 +224,15 @@ def place(placement, now=None):
         job = Job.objects.select_for_update().get(pk=placement.job_id)
         if job.state != states.QUEUED:
             return None
+        if job.team.monthly_budget is not None:
+            # The budget is checked again under the team's lock: another scheduler may have
+            # started one of the team's jobs since this one's plan was made, and together they
+            # must not pass the budget.
+            Team.objects.select_for_update().get(pk=job.team_id)
+            held = budget_holds([(str(job.pk), node.device_type)], now)
+            if held:
+                Job.objects.filter(pk=job.pk).update(wait_reason=held[str(job.pk)][:300])
+                return None
         rate = Rate.objects.in_force(node.device_type, now).for_job(job.preemptible)
         limit, cap = remaining_allowance(job, rate)
         allocation = Allocation.objects.create(
@@ -237,6 +246,7 @@ def place(placement, now=None):
             started_at=now,
             preemptible=job.preemptible,
         )
+        allocation.open_usage()
         job.start(allocation)
     return allocation
 
@@ -374,12 +384,16 @@ def month_spend(team_ids, now=None):
     utc = now.astimezone(dt_timezone.utc)
     start, end = statements.month_bounds(utc.year, utc.month)
     team_ids = [str(team) for team in team_ids]
+    period = start.date()
     released = {
-        str(row["team_id"]): (row["amount"] or Decimal(0)) - (row["credit"] or Decimal(0))
-        for row in UsageRecord.objects.filter(team_id__in=team_ids, ended_at__gte=start, ended_at__lt=end)
-        .values("team_id")
-        .annotate(amount=Sum("amount"), credit=Sum("credit_amount"))
+        str(team): amount or Decimal(0)
+        for team, amount in UsageRecord.objects.filter(team_id__in=team_ids, period=period)
+        .values("team_id").annotate(amount=Sum("amount")).values_list("team_id", "amount")
     }
+    for team, credit in (
+        Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
+    ):
+        released[str(team)] = released.get(str(team), Decimal(0)) - (credit or Decimal(0))
     so_far, worst = {}, {}
     for allocation in Allocation.objects.filter(ended_at__isnull=True, job__team_id__in=team_ids).select_related("job"):
         team = str(allocation.job.team_id)

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing import budgets
-from billing.models import UsageRecord
+from billing.models import Credit, UsageRecord
 from jobs.models import Job
 from scheduler import services
 from scheduler.models import Allocation, Node
@@ -92,10 +92,13 @@ def spent_this_month(job, amount, credit="0"):
         job=job, node=old, devices=[0], device_type="cpu", rate=D("2.40"), started_at=ended - timedelta(hours=1),
         ended_at=ended, end_reason="exited",
     )
-    return UsageRecord.objects.create(
+    usage = UsageRecord.objects.create(
         team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=allocation.started_at, ended_at=ended,
-        held_seconds=3600, rate=D("2.40"), amount=D(amount), credit_amount=D(credit),
+        held_seconds=3600, rate=D("2.40"), amount=D(amount),
     )
+    if D(credit):
+        Credit.objects.create(team=job.team, job=job, usage=usage, seconds=1, amount=D(credit), reason="node lost")
+    return usage
 
 
 def set_budget(team, amount):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing import invoice_service, invoices, meter, statements
-from billing.models import Invoice, InvoiceImmutable, InvoiceLine, UsageRecord
+from billing.models import Credit, Invoice, InvoiceImmutable, InvoiceLine, UsageRecord
 from jobs.models import Job
 from scheduler.models import Allocation, Node, Staging
 from tests.conftest import make_user
@@ -45,11 +45,13 @@ def record(job, node, started, seconds, rate, gpus=1, credit=Decimal(0), reason=
         end_reason=Allocation.NODE_LOST if credit else Allocation.EXITED,
     )
     amount = meter.charge(gpus, seconds, rate)
-    return UsageRecord.objects.create(
+    usage = UsageRecord.objects.create(
         team=job.team, job=job, allocation=allocation, gpu_type=gpu_type, gpus=gpus, started_at=started, ended_at=ended,
-        held_seconds=seconds, rate=rate, amount=amount, credit_seconds=seconds if credit else 0,
-        credit_amount=min(Decimal(credit), amount), credit_reason=reason,
+        held_seconds=seconds, rate=rate, amount=amount,
     )
+    if credit:
+        Credit.objects.create(team=job.team, job=job, usage=usage, seconds=seconds, amount=min(Decimal(credit), amount), reason=reason)
+    return usage
 
 
 def issue_november(team):
