@@ -1,0 +1,105 @@
+"""Does fine-tuning from an earlier run's weights pay? The charlm recipe, fine-tuned vs from scratch.
+
+Two related generated corpora: A, many records of a structured text ("name: ada; city: oslo; ...")
+and B, the same kind of records with other names, cities and field order. The charlm recipe is
+run as a job runs it (python -m e31.recipes.charlm with a job's environment, temporary folders):
+first trained on A from scratch, then on B for --steps steps twice, once starting from A's
+weights ($E31_MODEL_DIR/start) and once from scratch, same settings and seed. Printed: each run's
+final validation loss on B's held-out text and its wall time (the recipe run directly, start-up
+included; not through the platform's scheduler and runner), then the ratio of the two B runs'
+validation losses (fine-tuned / from scratch; below 1 means the earlier run's weights helped).
+
+    .venv/bin/python bench/finetune.py [--pretrain-steps 300] [--steps 100]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "batch_size": 32, "lr": 0.003, "eval_windows": 64}
+
+
+def records(rng, names, cities, fields, count):
+    lines = []
+    for _ in range(count):
+        values = {
+            "name": rng.choice(names),
+            "city": rng.choice(cities),
+            "age": str(rng.randint(18, 90)),
+            "score": f"{rng.randint(0, 100)}.{rng.randint(0, 9)}",
+        }
+        lines.append("; ".join(f"{field}: {values[field]}" for field in fields) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def make_corpora(root):
+    rng = random.Random(0)
+    corpus_a = records(rng, ["ada", "alan", "grace", "edsger", "barbara", "donald"], ["oslo", "lima", "kyoto", "paris"], ["name", "age", "city", "score"], 6000)
+    new_names, new_cities, new_fields = ["ken", "dennis", "frances", "john", "radia"], ["quito", "perth", "riga", "nairobi"], ["city", "name", "score", "age"]
+    corpus_b = records(rng, new_names, new_cities, new_fields, 600)
+    corpus_b_heldout = records(rng, new_names, new_cities, new_fields, 150)
+    for name, train, heldout in (("a", corpus_a, None), ("b", corpus_b, corpus_b_heldout)):
+        (root / name / "train").mkdir(parents=True)
+        (root / name / "train" / "records.txt").write_text(train)
+        if heldout:
+            (root / name / "heldout").mkdir()
+            (root / name / "heldout" / "records.txt").write_text(heldout)
+
+
+def run(folder, data, config, models=None):
+    """Run the recipe as a job would; (final metrics, wall seconds)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("E31_", "SM_")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        E31_DATA_DIR=str(data),
+        E31_OUTPUT_DIR=str(folder / "out"),
+        E31_CHECKPOINT_DIR=str(folder / "ckpt"),
+        E31_CONFIG=str(folder / "config.json"),
+        E31_METRICS_FILE=str(folder / "metrics.jsonl"),
+    )
+    if models is not None:
+        env["E31_MODEL_DIR"] = str(models)
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "e31.recipes.charlm"], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        sys.exit(f"the recipe failed in {folder.name}:\n{result.stdout}{result.stderr}")
+    return json.loads((folder / "out" / "metrics.json").read_text()), seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pretrain-steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="e31-bench-finetune-"))
+    try:
+        make_corpora(root)
+        tuning = {**MODEL, "max_steps": args.steps, "eval_every": args.steps, "checkpoint_every": 0}
+        pretrained, seconds = run(root / "pretrain", root / "a", {**MODEL, "max_steps": args.pretrain_steps, "eval_every": args.pretrain_steps, "checkpoint_every": 0})
+        print(f"corpus A from scratch, {args.pretrain_steps} steps: val_loss {pretrained['val_loss']:.4f} (on A), {seconds:.1f} s")
+        (root / "models").mkdir()
+        shutil.copytree(root / "pretrain" / "out", root / "models" / "start")
+        tuned, tuned_seconds = run(root / "finetune", root / "b", tuning, models=root / "models")
+        scratch, scratch_seconds = run(root / "scratch", root / "b", tuning)
+        print(f"corpus B fine-tuned from A, {args.steps} steps: val_loss {tuned['val_loss']:.4f}, val_bpb {tuned['val_bpb']:.3f}, {tuned_seconds:.1f} s")
+        print(f"corpus B from scratch,      {args.steps} steps: val_loss {scratch['val_loss']:.4f}, val_bpb {scratch['val_bpb']:.3f}, {scratch_seconds:.1f} s")
+        print(f"wall time of the recipe run directly (start-up included): fine-tune {tuned_seconds:.1f} s, scratch {scratch_seconds:.1f} s; "
+              "not measured through the platform")
+        print(f"ratio finetune/scratch val_loss: {tuned['val_loss'] / scratch['val_loss']:.3f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,434 @@
+"""What the recipes share: configuration, device and DDP, LoRA, weights in and out, the loop.
+
+The environment a recipe reads (besides the SDK's, see e31/__init__.py):
+E31_MODEL_DIR   models the network staged for the job. In train mode, start/ (when present) is
+                the model to fine-tune; in evaluate mode every subfolder is a model to score.
+                A model folder holds model.safetensors (or a torch state dict *.pt / *.pth)
+                and recipe.json, written by an earlier run of the same recipe.
+What a training run writes to $E31_OUTPUT_DIR: model.safetensors (plain weights; LoRA adapters
+merged in), recipe.json (architecture and data description), adapters.safetensors (LoRA only)
+and metrics.json (the final evaluation). An evaluation run writes evaluation.json.
+"""
+
+import contextlib
+import copy
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import e31
+from e31.recipes import validate
+
+FORMAT = 1
+SMOKE_STEPS = 5
+SMOKE_FRACTION = 0.01
+
+
+def fail(message):
+    """End the run with a one-line error (exit status 1)."""
+    raise SystemExit(f"error: {' '.join(str(message).split())}")
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def load_config(recipe_name):
+    """The job's configuration ($E31_CONFIG, {} when unset) checked and filled by validate()."""
+    path = os.environ.get("E31_CONFIG")
+    raw = {}
+    if path and Path(path).exists():
+        text = Path(path).read_text().strip()
+        try:
+            raw = json.loads(text) if text else {}
+        except json.JSONDecodeError as error:
+            fail(f"$E31_CONFIG is not valid JSON: {error}")
+    clean, errors = validate(recipe_name, raw)
+    if errors:
+        fail("bad configuration: " + "; ".join(errors.values()))
+    if clean["smoke"]:
+        clean["max_steps"] = min(clean["max_steps"], SMOKE_STEPS)
+        clean["eval_every"] = min(clean["eval_every"], clean["max_steps"])
+    return clean
+
+
+def smoke_count(total, at_least):
+    """How many training examples a smoke run keeps: 1%, but at least one batch."""
+    return min(total, max(math.ceil(total * SMOKE_FRACTION), at_least))
+
+
+def output_dir():
+    folder = Path(os.environ.get("E31_OUTPUT_DIR") or "output")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def data_dir():
+    return Path(os.environ.get("E31_DATA_DIR") or "data")
+
+
+def model_dir():
+    value = os.environ.get("E31_MODEL_DIR")
+    return Path(value) if value else None
+
+
+def start_dir():
+    """$E31_MODEL_DIR/start when it exists: the model a training run fine-tunes."""
+    folder = model_dir()
+    return folder / "start" if folder is not None and (folder / "start").is_dir() else None
+
+
+# -- device and DDP ---------------------------------------------------------------------------
+
+
+def pick_device(local_rank=0):
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def autocast(device):
+    """bf16 autocast on CUDA; nothing on the CPU (float32 there keeps runs reproducible)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Dist:
+    """The process group when torchrun started several processes (WORLD_SIZE > 1), else a no-op."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        self.device = pick_device(local_rank)
+        self.active = self.world > 1
+        if self.active:
+            import torch.distributed as distributed
+
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            distributed.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
+
+    @property
+    def writer(self):
+        return self.rank == 0
+
+    def wrap(self, model):
+        if not self.active:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def shard(self, indices):
+        """This process's part of a global batch (every process draws the same global batch)."""
+        return indices[self.rank :: self.world] if self.active else indices
+
+    def any(self, flag):
+        """True when flag is true in any process, so all of them stop at the same step."""
+        if not self.active:
+            return bool(flag)
+        import torch.distributed as distributed
+
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        distributed.all_reduce(value, op=distributed.ReduceOp.MAX)
+        return bool(value.item())
+
+    def close(self):
+        if self.active:
+            import torch.distributed as distributed
+
+            distributed.destroy_process_group()
+
+
+# -- LoRA -------------------------------------------------------------------------------------
+
+
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear plus a trainable low-rank update: y = base(x) + (alpha/rank) x A^T B^T.
+
+    B starts at zero, so the wrapped layer starts equal to the base layer.
+    """
+
+    def __init__(self, base: nn.Linear, rank, alpha):
+        super().__init__()
+        self.base = base
+        for parameter in base.parameters():
+            parameter.requires_grad_(False)
+        self.rank, self.alpha = int(rank), float(alpha)
+        self.scale = self.alpha / self.rank
+        weight = base.weight
+        self.lora_A = nn.Parameter(torch.empty(self.rank, base.in_features, dtype=weight.dtype, device=weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, self.rank, dtype=weight.dtype, device=weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+
+    def delta(self):
+        return (self.lora_B @ self.lora_A) * self.scale
+
+    def merged(self):
+        """A plain nn.Linear with the update folded into its weight."""
+        base = self.base
+        linear = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=base.weight.device, dtype=base.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(base.weight + self.delta().to(base.weight.dtype))
+            if base.bias is not None:
+                linear.bias.copy_(base.bias)
+        return linear
+
+
+def apply_lora(model, rank, alpha):
+    """Freeze every parameter of model and wrap each nn.Linear in it in a LoRALinear (in place).
+
+    Returns the list of adapter modules; only their lora_A and lora_B train.
+    """
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    adapters = []
+    targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for name, linear in targets:
+        adapter = LoRALinear(linear, rank, alpha)
+        _set_submodule(model, name, adapter)
+        adapters.append(adapter)
+    return adapters
+
+
+def _set_submodule(model, name, module):
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def has_lora(model):
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def lora_state_dict(model):
+    """Only the adapters' parameters: {"<linear's path>.lora_A": ..., "<...>.lora_B": ...}."""
+    return {k: v for k, v in model.state_dict().items() if k.endswith((".lora_A", ".lora_B"))}
+
+
+def merge_lora(model):
+    """A copy of model with every LoRALinear replaced by a plain nn.Linear of weight W + (alpha/rank) B A:
+    the base architecture, the same outputs. model itself is left as it is."""
+    merged = copy.deepcopy(model)
+    targets = [(name, m) for name, m in merged.named_modules() if isinstance(m, LoRALinear)]
+    for name, adapter in targets:
+        if name:
+            _set_submodule(merged, name, adapter.merged())
+        else:
+            merged = adapter.merged()
+    for parameter in merged.parameters():
+        parameter.requires_grad_(True)
+    return merged
+
+
+# -- weights in and out -----------------------------------------------------------------------
+
+
+def load_weights(folder):
+    """The state dict in folder: model.safetensors, else a torch state dict (*.pt, *.pth)."""
+    folder = Path(folder)
+    safetensors_file = folder / "model.safetensors"
+    if safetensors_file.is_file():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(safetensors_file))
+        except Exception as error:  # a truncated or foreign file: say which, in one line
+            fail(f"cannot read {safetensors_file}: {error}")
+    candidates = sorted(p for p in folder.iterdir() if p.suffix in (".pt", ".pth") and p.is_file()) if folder.is_dir() else []
+    preferred = [p for p in candidates if p.stem == "model"] or candidates
+    if not preferred:
+        fail(f"no model.safetensors or *.pt / *.pth weights in {folder}")
+    path = preferred[0]
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        fail(f"cannot read {path}: {error}")
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a checkpoint rather than a bare state dict
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        fail(f"{path} does not hold a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def read_recipe_json(folder, required=False):
+    path = Path(folder) / "recipe.json"
+    if not path.is_file():
+        if required:
+            fail(f"{folder} has no recipe.json (the architecture and data description a recipe run writes)")
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        fail(f"{path} is not valid JSON: {error}")
+
+
+def load_into(model, state, where):
+    """Load state into model, or fail with one line naming what does not match."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+        if wrong:
+            parts.append(f"shape {'; '.join(wrong[:3])}")
+        fail(f"the weights in {where} do not match the architecture: {'; '.join(parts)}")
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+
+
+def save_outputs(model, recipe_info, out_dir, adapters=None):
+    """Write model.safetensors (LoRA merged in), recipe.json and, for LoRA, adapters.safetensors."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = dict(recipe_info)
+    if adapters is None and has_lora(model):
+        adapters = lora_state_dict(model)
+    plain = merge_lora(model) if has_lora(model) else model
+    save_file(_contiguous(plain.state_dict()), str(out_dir / "model.safetensors"))
+    if adapters:
+        first = next(m for m in model.modules() if isinstance(m, LoRALinear))
+        info["adaptation"] = {"kind": "lora", "rank": first.rank, "alpha": first.alpha}
+        metadata = {"rank": str(first.rank), "alpha": repr(first.alpha)}
+        save_file(_contiguous(adapters), str(out_dir / "adapters.safetensors"), metadata=metadata)
+    else:
+        info.setdefault("adaptation", {"kind": "full"})
+    (out_dir / "recipe.json").write_text(json.dumps(info, indent=2))
+
+
+def _contiguous(state):
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+
+
+def write_json(path, value):
+    Path(path).write_text(json.dumps(value, indent=2))
+
+
+# -- training loop ----------------------------------------------------------------------------
+
+
+def fit(model, config, dist, *, train_loss, evaluate, finetuning):
+    """Train model (already on dist.device, LoRA applied if asked) for config["max_steps"] steps.
+
+    train_loss(module, step) returns the loss of the step's batch (a function of the step alone,
+    so a resumed run sees the batches an uninterrupted one would). evaluate() returns metrics
+    with "val_loss" in them, computed on fixed data. Checkpoints through the SDK every
+    checkpoint_every steps and when the network asks the job to stop; stops early after
+    `patience` evaluations without a better val_loss and then goes back to the best weights.
+    Returns (final metrics, stopped): stopped is True when the run stopped on the network's
+    request, before its end (the checkpoint is written; a restart resumes it).
+    """
+    wrapped = dist.wrap(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
+    patience, max_steps = config["patience"], config["max_steps"]
+
+    state = e31.resume(model=model, optimizer=optimizer, map_location=dist.device)
+    extra = state.extra if state else {}
+    step = state.step if state else 0
+    best = extra.get("best", math.inf)
+    bad = extra.get("bad", 0)
+    best_state = extra.get("best_state")
+    last = extra.get("last_metrics")
+    if state is not None:
+        print(f"resumed from {state.path.name} at step {step}", flush=True)
+    elif finetuning:
+        # The starting point, measured before any step: equal to the previous run's final evaluation.
+        last = evaluate()
+        e31.log_metric(0, **last)
+        best, best_state = last["val_loss"], _snapshot(model) if patience else None
+
+    stopping = early = False
+    while step < max_steps and not early:
+        step += 1
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(dist.device):
+            loss = train_loss(wrapped, step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        values = {"loss": loss.item()}
+        if step % config["eval_every"] == 0 or step == max_steps:
+            last = evaluate()
+            values.update(last)
+            if last["val_loss"] < best:
+                best, bad = last["val_loss"], 0
+                best_state = _snapshot(model) if patience else None
+            else:
+                bad += 1
+            early = bool(patience) and bad >= patience
+        e31.log_metric(step, **values)
+        stopping = dist.any(e31.should_stop())
+        every = config["checkpoint_every"] or None
+        if stopping or (every and e31.checkpoint_due(step, every_steps=every)):
+            e31.checkpoint(step, model=model, optimizer=optimizer, best=best, bad=bad, best_state=best_state, last_metrics=last)
+        if stopping:
+            if step < max_steps and not early:
+                print(f"stopping at step {step} of {max_steps}: {e31.stop_reason()}; checkpoint saved", flush=True)
+                return last, True
+            break
+    if early:
+        print(f"early stop at step {step}: no better val_loss in {patience} evaluations", flush=True)
+    if last is None:
+        last = evaluate()
+        e31.log_metric(step, **last)
+    if patience and best_state is not None and best < last["val_loss"]:
+        model.load_state_dict(best_state)
+        last = evaluate()
+        e31.log_metric(step, **last)
+    return last, False
+
+
+def _snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# -- evaluation of staged models --------------------------------------------------------------
+
+
+def staged_models(recipe_name):
+    """[(label, recipe.json, state dict)] for each subfolder of $E31_MODEL_DIR, in name order."""
+    folder = model_dir()
+    if folder is None or not folder.is_dir():
+        fail("evaluate mode needs $E31_MODEL_DIR with one subfolder per model")
+    found = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        info = read_recipe_json(sub, required=True)
+        if info.get("recipe") != recipe_name:
+            fail(f"model {sub.name!r} was made by recipe {info.get('recipe')!r}, not {recipe_name!r}")
+        found.append((sub.name, info, load_weights(sub)))
+    if not found:
+        fail(f"no models in {folder}: expected one subfolder per model")
+    return found
+
+
+def write_evaluation(recipe_name, metric, higher_is_better, models):
+    """models: {label: (metrics, per_example)}; logs each model's metrics and writes evaluation.json."""
+    report = {"recipe": recipe_name, "metric": metric, "higher_is_better": higher_is_better, "models": {}}
+    for label, (metrics, per_example) in models.items():
+        report["models"][label] = {"metrics": metrics, "per_example": [float(v) for v in per_example]}
+        e31.log_metric(None, **{f"{label}/{k}" if _metric_name_ok(label) else k: v for k, v in metrics.items()})
+        print(f"{label}: " + " ".join(f"{k}={v:.6g}" for k, v in metrics.items()), flush=True)
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        write_json(output_dir() / "evaluation.json", report)
+    return report
+
+
+def _metric_name_ok(label):
+    return all(c.isalnum() or c in "_.-" for c in label) and len(label) <= 60
