@@ -32,6 +32,9 @@ class Membership(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=ROLES, default=MEMBER)
+    time_zone = models.CharField(
+        max_length=64, blank=True, help_text="the user's time zone (IANA name) for the times they enter and see; blank: the site's"
+    )
 
     def __str__(self):
         return f"{self.user} in {self.team} ({self.role})"

@@ -1,7 +1,10 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from accounts import views
+
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("settings/", views.user_settings, name="settings"),
 ]

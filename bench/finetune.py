@@ -6,10 +6,16 @@ run as a job runs it (python -m e31.recipes.charlm with a job's environment, tem
 first trained on A from scratch, then on B for --steps steps twice, once starting from A's
 weights ($E31_MODEL_DIR/start) and once from scratch, same settings and seed. Printed: each run's
 final validation loss on B's held-out text and its wall time (the recipe run directly, start-up
-included; not through the platform's scheduler and runner), then the ratio of the two B runs'
-validation losses (fine-tuned / from scratch; below 1 means the earlier run's weights helped).
+included), and the ratio of the two B runs' validation losses (fine-tuned / from scratch; below
+1 means the earlier run's weights helped).
 
-    .venv/bin/python bench/finetune.py [--pretrain-steps 300] [--steps 100]
+Then the same fine-tuning through the platform: a LiveSystem (web server, scheduler, runner) and
+a finetune job submitted through the API with A's weights uploaded as its starting model, timed
+from allocation to release (its usage record), as bench/runner_overhead.py times the digits
+example; direct and platform runs alternate. The last line is the ratio of the medians,
+platform / direct (target at most 1.10).
+
+    .venv/bin/python bench/finetune.py [--pretrain-steps 300] [--steps 100] [--repeat 3]
 """
 
 import argparse
@@ -17,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TARGET = 1.10
+POLL_SECONDS = 0.5
 MODEL = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "batch_size": 32, "lr": 0.003, "eval_windows": 64}
 
 
@@ -77,26 +87,69 @@ def run(folder, data, config, models=None):
     return json.loads((folder / "out" / "metrics.json").read_text()), seconds
 
 
+def run_platform(system, root, tuning, n):
+    """The fine-tuning as a job: (allocation-to-release seconds, final val_loss)."""
+    from tests.system import TERMINAL, parse_time
+
+    spec = {"name": f"bench-finetune-{n}", "kind": "finetune", "recipe": "charlm", "config": tuning, "gpus": 1, "span_hours": 1}
+    out = root / "pretrain" / "out"
+    files = [
+        ("data", ("records.txt", (root / "b" / "train" / "records.txt").read_bytes())),
+        ("heldout", ("records.txt", (root / "b" / "heldout" / "records.txt").read_bytes())),
+        ("base_model", ("model.safetensors", (out / "model.safetensors").read_bytes())),
+        ("base_model", ("recipe.json", (out / "recipe.json").read_bytes())),
+    ]
+    response = system.api("POST", "/api/jobs/", data={"spec": json.dumps(spec)}, files=files)
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + 900
+    while (done := system.job(job_id))["state"] not in TERMINAL:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id}: {done}\n{system.logs()}")
+        time.sleep(POLL_SECONDS)
+    if done["state"] != "succeeded":
+        raise RuntimeError(f"job {job_id} ended {done['state']}: {done['reason']}\n{system.logs()}")
+    [record] = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == job_id]
+    held = (parse_time(record["ended_at"]) - parse_time(record["started_at"])).total_seconds()
+    metrics = json.loads(system.api("GET", f"/api/jobs/{job_id}/artifacts/metrics.json").content)
+    return held, metrics["val_loss"]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3, help="fine-tunings timed directly and through the platform, alternating")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="e31-bench-finetune-"))
     try:
         make_corpora(root)
         tuning = {**MODEL, "max_steps": args.steps, "eval_every": args.steps, "checkpoint_every": 0}
         pretrained, seconds = run(root / "pretrain", root / "a", {**MODEL, "max_steps": args.pretrain_steps, "eval_every": args.pretrain_steps, "checkpoint_every": 0})
-        print(f"corpus A from scratch, {args.pretrain_steps} steps: val_loss {pretrained['val_loss']:.4f} (on A), {seconds:.1f} s")
+        print(f"corpus A from scratch, {args.pretrain_steps} steps: val_loss {pretrained['val_loss']:.4f} (on A), {seconds:.1f} s", flush=True)
         (root / "models").mkdir()
         shutil.copytree(root / "pretrain" / "out", root / "models" / "start")
         tuned, tuned_seconds = run(root / "finetune", root / "b", tuning, models=root / "models")
         scratch, scratch_seconds = run(root / "scratch", root / "b", tuning)
         print(f"corpus B fine-tuned from A, {args.steps} steps: val_loss {tuned['val_loss']:.4f}, val_bpb {tuned['val_bpb']:.3f}, {tuned_seconds:.1f} s")
         print(f"corpus B from scratch,      {args.steps} steps: val_loss {scratch['val_loss']:.4f}, val_bpb {scratch['val_bpb']:.3f}, {scratch_seconds:.1f} s")
-        print(f"wall time of the recipe run directly (start-up included): fine-tune {tuned_seconds:.1f} s, scratch {scratch_seconds:.1f} s; "
-              "not measured through the platform")
-        print(f"ratio finetune/scratch val_loss: {tuned['val_loss'] / scratch['val_loss']:.3f}")
+        print(f"ratio finetune/scratch val_loss: {tuned['val_loss'] / scratch['val_loss']:.3f} (below 1: the earlier weights helped)", flush=True)
+
+        from tests.system import LiveSystem
+
+        direct, platform = [], []
+        with LiveSystem(devices=1) as system:
+            for i in range(args.repeat):
+                metrics, seconds = run(root / f"direct-{i}", root / "b", tuning, models=root / "models")
+                direct.append(seconds)
+                held, val_loss = run_platform(system, root, tuning, i)
+                platform.append(held)
+                same = "same" if abs(val_loss - metrics["val_loss"]) < 1e-6 else f"DIFFERENT: {metrics['val_loss']:.6f}"
+                print(f"  run {i + 1}: direct {seconds:.2f} s, platform {held:.2f} s allocation->release; val_loss {val_loss:.4f} ({same})", flush=True)
+        d, p = statistics.median(direct), statistics.median(platform)
+        print(f"fine-tuning wall time, median of {args.repeat}: direct {d:.2f} s, through the platform {p:.2f} s (overhead {p - d:+.2f} s)")
+        print(f"target: ratio <= {TARGET:.2f}: {'within' if p / d <= TARGET else 'OVER'} target")
+        print(f"ratio (platform / direct): {p / d:.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -20,6 +20,11 @@ from jobs.views import artifact_response, get_artifact, get_job, log_response
 
 SPEC_FIELDS = {
     "name",
+    "kind",
+    "recipe",
+    "start_job",
+    "evaluate_jobs",
+    "smoke_first",
     "entrypoint",
     "args",
     "config",
@@ -42,7 +47,7 @@ SPEC_FIELDS = {
     "early_stop_patience",
     "stop_on_nan",
 }
-BOOLEAN_FIELDS = {"preemptible", "stop_on_nan"}
+BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first"}
 MAX_LOG_LIMIT = 5000
 
 
@@ -53,7 +58,7 @@ def spec_to_form_data(spec, team):
     unknown = sorted(set(spec) - SPEC_FIELDS)
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
-    structured = {"args": (list, str), "config": (dict, str), "env": (dict, str)}
+    structured = {"args": (list, str), "config": (dict, str), "env": (dict, str), "evaluate_jobs": (list,)}
     for field, value in spec.items():
         if field in BOOLEAN_FIELDS:
             if value is not None and not isinstance(value, bool):
@@ -105,6 +110,14 @@ def job_json(job, request):
         "id": str(job.pk),
         "name": job.name,
         "kind": job.kind,
+        "recipe": job.recipe,
+        "parent": str(job.parent_id) if job.parent_id else None,
+        "smoke_run": str(job.smoke_run_id) if job.smoke_run_id else None,
+        "models": [
+            {"label": m.label, "source_job": str(m.source_job_id) if m.source_job_id else None, "description": m.description,
+             "files": [{k: f[k] for k in ("name", "size", "sha256")} for f in m.files]}
+            for m in job.models.all()
+        ],
         "state": job.state,
         "created_at": job.created_at,
         "finished_at": job.finished_at,
@@ -277,3 +290,77 @@ def job_artifacts(request, job_id):
 @api_view(["GET"])
 def job_artifact(request, job_id, name):
     return artifact_response(request, get_artifact(get_job(request, job_id), name))
+
+
+RETRAIN_FIELDS = {"name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline", "preemptible"}
+
+
+@api_view(["POST"])
+@parser_classes([MultiPartParser, FormParser, JSONParser])
+def job_retrain(request, job_id):
+    """Retrain a finished job: its work and request (overridable in `spec`), its weights as the
+    starting model, its training data plus the files sent as `data`."""
+    from jobs import lineage
+    from jobs.lineage_views import RetrainForm
+
+    job = get_job(request, job_id)
+    team = require_team(request.user)
+    raw = request.data.get("spec") or {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
+    if not isinstance(raw, dict):
+        raise ValidationError({"spec": ["The spec must be a JSON object."]})
+    unknown = sorted(set(raw) - RETRAIN_FIELDS)
+    if unknown:
+        raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(RETRAIN_FIELDS))}."]})
+    try:
+        lineage.weights_of(job)
+    except lineage.LineageError as error:
+        return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+    fields = {**RetrainForm.initial_from(job), **raw}
+    fields["preemptible"] = "on" if fields.get("preemptible") else ""
+    data, upload_errors, created = keep_uploads(request.FILES, fields, team, request.user)
+    form = RetrainForm(data, team=team, upload_errors=upload_errors)
+    if not form.is_valid():
+        for upload in created:
+            upload.delete()
+        return Response({"errors": {f: [str(e) for e in errs] for f, errs in form.errors.items()}}, status=status.HTTP_400_BAD_REQUEST)
+    try:
+        new = lineage.retrain(
+            job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
+            request=form.request_fields(),
+        )
+    except lineage.LineageError as error:
+        return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+    return Response(job_json(new, request), status=status.HTTP_201_CREATED)
+
+
+@api_view(["POST"])
+def job_compare(request, job_id):
+    """An evaluation job of a finished fine-tuning's weights against its starting weights."""
+    from jobs import lineage
+
+    job = get_job(request, job_id)
+    try:
+        new = lineage.compare(job, request.user)
+    except lineage.LineageError as error:
+        return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+    return Response(job_json(new, request), status=status.HTTP_201_CREATED)
+
+
+@api_view(["GET"])
+def job_comparison(request, job_id):
+    """An evaluation job's metrics per model, and the verdict of new against previous."""
+    from jobs.lineage_views import comparison
+
+    job = get_job(request, job_id)
+    found = comparison(job)
+    if found is None:
+        return Response({"detail": "This job has no evaluation (yet)."}, status=status.HTTP_404_NOT_FOUND)
+    body = {"job": str(job.pk), **{k: v for k, v in found.items() if k in ("evaluation", "error")}}
+    if "verdict" in found:
+        body["verdict"] = found["verdict"].as_dict()
+    return Response(body)

@@ -17,13 +17,39 @@ from django.utils import timezone
 from billing import meter
 from billing.models import NoRateInForce, Rate
 from e31web.storage import get_storage
-from jobs import archive, spec
+from jobs import archive, lineage, spec, states, windows
 from jobs.models import Dataset, DatasetVersion, Job, Upload
 from scheduler.models import Node
 
-FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT}
+FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}
 METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
-KEPT_FIELD = {Upload.CODE: "kept_code", Upload.TRAIN: "kept_data", Upload.HELDOUT: "kept_heldout"}
+KEPT_FIELD = {Upload.CODE: "kept_code", Upload.TRAIN: "kept_data", Upload.HELDOUT: "kept_heldout", Upload.MODEL: "kept_model"}
+MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+# Recipe settings the form sets itself: the mode from the job's kind, the smoke option from
+# "smoke run first" (a run of its own).
+PLATFORM_PARAMS = {"mode", "smoke"}
+
+
+def form_params(recipe):
+    return [p for p in recipe.params if p.name not in PLATFORM_PARAMS]
+
+
+def recipe_field_name(recipe, param):
+    return f"recipe_{recipe}_{param}"
+
+
+def recipe_form_field(param):
+    """A form field for one of a built-in recipe's parameters (e31.recipes.Param)."""
+    common = {"required": False, "label": param.name.replace("_", " ").capitalize(), "help_text": param.help, "initial": param.default}
+    if param.kind == "int":
+        return forms.IntegerField(min_value=param.min, max_value=param.max, **common)
+    if param.kind == "float":
+        return forms.FloatField(min_value=param.min, max_value=param.max, **common)
+    if param.kind == "bool":
+        return forms.BooleanField(**common)
+    return forms.ChoiceField(choices=[(c, c) for c in param.choices], **common)
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -100,12 +126,9 @@ class RequestForm(forms.Form):
         choices=[("money", f"Money ({settings.E31_CURRENCY})"), ("gpu_hours", "GPU-hours")], initial="money", required=False
     )
     ceiling = forms.DecimalField(required=False, max_digits=14, decimal_places=2)
-    not_before = forms.DateTimeField(
-        required=False, widget=DateTimeLocalInput, label="Not before", help_text=f"Time zone: {settings.TIME_ZONE}."
-    )
-    deadline = forms.DateTimeField(
-        required=False, widget=DateTimeLocalInput, help_text=f"When the results are needed ({settings.TIME_ZONE})."
-    )
+    not_before = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Not before")
+    by = forms.ChoiceField(choices=windows.CHOICES, required=False, label="Needed by")
+    deadline = forms.DateTimeField(required=False, widget=DateTimeLocalInput)
     preemptible = forms.BooleanField(
         required=False,
         label="Preemptible",
@@ -115,6 +138,9 @@ class RequestForm(forms.Form):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_type"].choices = device_type_choices()
+        zone = timezone.get_current_timezone_name()
+        self.fields["not_before"].help_text = f"Time zone: {zone}."
+        self.fields["deadline"].help_text = f"When the results are needed ({zone}), if no quick choice is made."
         self.rate = None
         self.estimate = None
 
@@ -132,6 +158,10 @@ class RequestForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
+        if cleaned.get("by") and cleaned.get("deadline") is None:
+            # The request states the window (from now, or not before, to the deadline) in the
+            # user's time zone; stored as instants.
+            cleaned["deadline"] = windows.deadline_for(cleaned["by"], timezone.localtime())
         self._clean_request(cleaned)
         return cleaned
 
@@ -177,6 +207,17 @@ class JobForm(RequestForm):
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the entrypoint's name.")
 
     # Work
+    kind = forms.ChoiceField(
+        choices=Job.KINDS, initial=Job.KIND_TRAIN, required=False, widget=forms.RadioSelect, label="Kind",
+        help_text="Fine-tune: start from a model. Evaluate: score models on the held-out data.",
+    )
+    recipe = forms.ChoiceField(
+        required=False, label="Built-in recipe", help_text="No script needed: the recipe's parameters are below.",
+    )
+    smoke_first = forms.BooleanField(
+        required=False, label="Smoke run first",
+        help_text="A few steps on 1% of the data, as a short job of its own (billed as such), before the full run: it catches errors cheaply. The full run starts only if it succeeds.",
+    )
     code = forms.FileField(required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive.")
     kept_code = forms.ModelChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.HiddenInput)
     entrypoint = forms.CharField(max_length=500, required=False, help_text="The script in the archive to run (.py or .sh).")
@@ -199,6 +240,20 @@ class JobForm(RequestForm):
     heldout_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+
+    # Models: where a fine-tuning starts, what an evaluation scores
+    start_job = forms.ModelChoiceField(
+        queryset=Job.objects.none(), required=False, label="Starting model: a previous job's weights",
+        help_text="Fine-tune from the weights one of your team's finished jobs wrote.",
+    )
+    evaluate_jobs = forms.ModelMultipleChoiceField(
+        queryset=Job.objects.none(), required=False, label="Models to score: previous jobs' weights",
+    )
+    base_model = forms.FileField(
+        required=False, widget=MultipleFileInput, label="Or upload a model",
+        help_text="Weights as safetensors or a torch state dict (.pt), with the recipe.json that names its architecture if it came from a recipe.",
+    )
+    kept_model = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
 
     # Checkpoints and stopping
     keep_checkpoints = forms.IntegerField(
@@ -236,7 +291,22 @@ class JobForm(RequestForm):
         self.fields["kept_code"].queryset = pending.filter(role=Upload.CODE)
         self.fields["kept_data"].queryset = pending.filter(role=Upload.TRAIN)
         self.fields["kept_heldout"].queryset = pending.filter(role=Upload.HELDOUT)
+        self.fields["kept_model"].queryset = pending.filter(role=Upload.MODEL)
+        finished = Job.objects.filter(team=team, state__in=[states.SUCCEEDED, states.STOPPED], artifacts__isnull=False).distinct()
+        self.fields["start_job"].queryset = finished
+        self.fields["evaluate_jobs"].queryset = finished
+        from e31.recipes import RECIPES
+
+        self.recipes = RECIPES
+        self.fields["recipe"].choices = [("", "None: my own script")] + [(name, r.title) for name, r in RECIPES.items()]
+        for name, recipe in RECIPES.items():
+            for param in form_params(recipe):
+                self.fields[recipe_field_name(name, param.name)] = recipe_form_field(param)
         self.entries = None
+
+    def recipe_fieldsets(self):
+        """[(recipe, [bound field, ...])] for the page: one fieldset per recipe."""
+        return [(recipe, [self[recipe_field_name(name, p.name)] for p in form_params(recipe)]) for name, recipe in self.recipes.items()]
 
     # Kept uploads, for the page to list.
     def kept(self, field):
@@ -274,10 +344,17 @@ class JobForm(RequestForm):
         for field, errors in self.upload_errors.items():
             for error in errors:
                 self.add_error(field, error)
-        for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout")):
+        for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout"), ("kept_model", "base_model")):
             if self._errors.pop(kept, None):
                 self.add_error(visible, "An earlier upload is no longer available: please upload it again.")
-        self._clean_work(cleaned)
+        cleaned["kind"] = cleaned.get("kind") or Job.KIND_TRAIN
+        if cleaned.get("recipe"):
+            self._clean_recipe(cleaned)
+        else:
+            self._clean_work(cleaned)
+            if cleaned.get("smoke_first"):
+                self.add_error("smoke_first", "A smoke run needs a built-in recipe: a script of your own would run in full.")
+        self._clean_models(cleaned)
         self._clean_data(cleaned)
         self._clean_window(cleaned)
         self._clean_stopping(cleaned)
@@ -307,6 +384,62 @@ class JobForm(RequestForm):
         except archive.ArchiveError as error:
             self.add_error("entrypoint", str(error))
 
+    def _clean_recipe(self, cleaned):
+        from e31.recipes import validate
+
+        name = cleaned["recipe"]
+        given = {}
+        for param in form_params(self.recipes[name]):
+            value = cleaned.get(recipe_field_name(name, param.name))
+            if value is not None and value != "":
+                given[param.name] = value
+        if cleaned["kind"] == Job.KIND_EVALUATE:
+            given["mode"] = "evaluate"
+        config = {**(cleaned.get("config") or {}), **given}
+        clean, errors = validate(name, config)
+        for key, message in errors.items():
+            field = recipe_field_name(name, key)
+            self.add_error(field if field in self.fields else "config", f"{key}: {message}" if field not in self.fields else message)
+        cleaned["config"] = clean
+        cleaned["entrypoint"] = Job.RECIPE_PREFIX + name
+        cleaned["kept_code"] = None
+        if not cleaned.get("name"):
+            cleaned["name"] = name
+
+    def _clean_models(self, cleaned):
+        kind, start, scored = cleaned["kind"], cleaned.get("start_job"), list(cleaned.get("evaluate_jobs") or [])
+        uploaded = list(cleaned.get("kept_model") or [])
+        if uploaded and not any(u.name.endswith(MODEL_SUFFIXES) for u in uploaded) and "base_model" not in self.errors:
+            self.add_error("base_model", "A model needs its weights: a .safetensors, .pt, .pth or .bin file.")
+        names = [u.name for u in uploaded]
+        if len(names) != len(set(names)):
+            self.add_error("base_model", "Two model files have the same name.")
+        self.models = []  # (label, files, source job, description)
+        if kind == Job.KIND_FINETUNE:
+            if start is not None and uploaded:
+                self.add_error("start_job", "Start from a previous job or from an uploaded model, not both.")
+            elif start is not None:
+                self._pin("start", start)
+            elif uploaded:
+                self.models.append(("start", lineage.files_of_uploads(uploaded), None, "uploaded weights: " + ", ".join(names)))
+            elif "base_model" not in self.errors:
+                self.add_error("start_job", "A fine-tuning starts from a model: choose a previous job or upload weights.")
+        elif kind == Job.KIND_EVALUATE:
+            for job in scored:
+                self._pin(f"job-{job.short_id}", job)
+            if uploaded:
+                self.models.append(("uploaded", lineage.files_of_uploads(uploaded), None, "uploaded weights: " + ", ".join(names)))
+            if not self.models and not self.errors.keys() & {"evaluate_jobs", "base_model"}:
+                self.add_error("evaluate_jobs", "Choose the models to score: previous jobs, or upload one.")
+        elif start is not None or uploaded or scored:
+            self.add_error("kind", "A starting model or models to score need the kind Fine-tune or Evaluate.")
+
+    def _pin(self, label, job):
+        try:
+            self.models.append((label, lineage.weights_of(job), job, f"the weights of {job.name} ({job.short_id})"))
+        except lineage.LineageError as error:
+            self.add_error("start_job" if label == "start" else "evaluate_jobs", str(error))
+
     def _clean_data(self, cleaned):
         # A pinned version (the API's "name@2") must be of the dataset named; else the latest.
         for dataset_field, version_field in (("train_dataset", "train_version"), ("heldout_dataset", "heldout_version")):
@@ -320,7 +453,10 @@ class JobForm(RequestForm):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 self.add_error(field.removeprefix("kept_"), f"Two {what} files are named {', '.join(dupes)}.")
-        if not cleaned.get("kept_data") and not cleaned.get("train_dataset") and "data" not in self.errors:
+        evaluating = cleaned.get("kind") == Job.KIND_EVALUATE
+        if evaluating and not cleaned.get("kept_heldout") and not cleaned.get("heldout_dataset") and "heldout" not in self.errors:
+            self.add_error("heldout", "An evaluation scores the models on held-out data: upload files or choose a dataset.")
+        if not evaluating and not cleaned.get("kept_data") and not cleaned.get("train_dataset") and "data" not in self.errors:
             self.add_error("data", "Give the training set: upload files or choose a dataset.")
 
     def _clean_window(self, cleaned):
@@ -355,6 +491,7 @@ class JobForm(RequestForm):
             team=self.team,
             created_by=user,
             name=cleaned["name"],
+            kind=cleaned["kind"],
             entrypoint=cleaned["entrypoint"],
             args=cleaned["args"],
             config=cleaned["config"],
@@ -376,8 +513,13 @@ class JobForm(RequestForm):
             early_stop_patience=cleaned.get("early_stop_patience") if cleaned["early_stop_metric"] else None,
             stop_on_nan=bool(cleaned.get("stop_on_nan")),
         )
-        uploads = [cleaned["kept_code"], *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
+        uploads = [*([cleaned["kept_code"]] if cleaned.get("kept_code") else []), *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
+        uploads += cleaned.get("kept_model") or []
         Upload.objects.filter(pk__in=[u.pk for u in uploads]).update(job=job)
+        for label, files, source, description in self.models:
+            lineage.pin_model(job, label, files, source_job=source, description=description)
+        if cleaned.get("smoke_first"):
+            lineage.smoke_run(job)
         job.record("state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
         job.refresh_from_db()
         return job

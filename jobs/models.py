@@ -138,7 +138,10 @@ class DatasetFile(models.Model):
 
 class Job(models.Model):
     KIND_TRAIN = "train"
-    KINDS = [(KIND_TRAIN, "Train")]
+    KIND_FINETUNE = "finetune"
+    KIND_EVALUATE = "evaluate"
+    KINDS = [(KIND_TRAIN, "Train"), (KIND_FINETUNE, "Fine-tune"), (KIND_EVALUATE, "Evaluate")]
+    RECIPE_PREFIX = "recipe:"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="jobs")
@@ -149,7 +152,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    # Work
+    # Work: an uploaded script (entrypoint), or a built-in recipe (entrypoint "recipe:NAME",
+    # its parameters in config).
     entrypoint = models.CharField(max_length=500)
     args = models.JSONField(default=list, blank=True)
     config = models.JSONField(default=dict, blank=True)
@@ -167,6 +171,12 @@ class Job(models.Model):
     ceiling_gpu_hours = models.DecimalField(max_digits=16, decimal_places=4, null=True, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
+
+    # The job it was made from: a retraining's previous job, a comparison's fine-tuning job.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    # A short run of the same work on a sample of the data that must succeed before this job
+    # may start (a job of its own, billed as such).
+    smoke_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     # Run
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -204,6 +214,11 @@ class Job(models.Model):
     @property
     def short_id(self):
         return str(self.id)[:8]
+
+    @property
+    def recipe(self):
+        """The built-in recipe's name, or '' for a job that brings its own script."""
+        return self.entrypoint.removeprefix(self.RECIPE_PREFIX) if self.entrypoint.startswith(self.RECIPE_PREFIX) else ""
 
     @property
     def is_active(self):
@@ -439,7 +454,8 @@ class Upload(models.Model):
     CODE = "code"
     TRAIN = "train"
     HELDOUT = "heldout"
-    ROLES = [(CODE, "Code"), (TRAIN, "Training data"), (HELDOUT, "Held-out data")]
+    MODEL = "model"
+    ROLES = [(CODE, "Code"), (TRAIN, "Training data"), (HELDOUT, "Held-out data"), (MODEL, "Model weights")]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="uploads")
@@ -477,6 +493,31 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_name_unique")]
+
+
+class JobModel(models.Model):
+    """A model a job starts from (a fine-tuning's "start") or scores (an evaluation's models).
+
+    Its files are pinned when the job is submitted (storage keys of content-addressed blobs,
+    with size and SHA-256) and staged with the data, under model/<label>/: the job carries its
+    own starting point and depends on nothing the network keeps between runs."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="models")
+    label = models.SlugField(max_length=50)
+    source_job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    description = models.CharField(max_length=300, blank=True)
+    files = models.JSONField(default=list, help_text='[{"name", "key", "size", "sha256"}, ...]')
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["job", "label"], name="job_model_label_unique")]
+
+    def __str__(self):
+        return f"{self.label} of {self.job_id}"
+
+    @property
+    def size(self):
+        return sum(f["size"] for f in self.files)
 
 
 class Checkpoint(models.Model):

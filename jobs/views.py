@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from accounts.access import get_for_team, require_team
 from e31web.downloads import download_response
 from e31web.storage import get_storage
-from jobs import metrics
+from jobs import metrics, states
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.logs import log_key, stream_log
 from jobs.models import Job, event_message
@@ -106,6 +106,7 @@ def job_new(request):
         "kept_code": form.kept("kept_code"),
         "kept_data": form.kept("kept_data"),
         "kept_heldout": form.kept("kept_heldout"),
+        "kept_model": form.kept("kept_model"),
     }
     if request.method == "GET" and estimate_form.estimate is not None:
         context.update(prediction(team, estimate_form))
@@ -183,10 +184,26 @@ def job_detail(request, job_id):
         "metrics": chart,
         "metric_rows": metric_rows(chart["summary"]),
     }
+    context.update(lineage_context(job))
     # The cost of the experiment beside its metrics: billed so far (less credits), final once it ended.
     meter_now = context["meter"]
     context["cost"] = Decimal(meter_now["amount"]) - Decimal(meter_now["credit_amount"])
     return render(request, "jobs/detail.html", context)
+
+
+def lineage_context(job):
+    """What the page shows of the models a job starts from or scores, and what can be made of it."""
+    from jobs import lineage
+    from jobs.lineage_views import comparison
+
+    finished = job.state in (states.SUCCEEDED, states.STOPPED)
+    has_weights = finished and any(a.name.endswith(lineage.WEIGHT_SUFFIXES) and "/" not in a.name for a in job.artifacts.all())
+    return {
+        "models": list(job.models.all()),
+        "can_retrain": has_weights and job.kind != Job.KIND_EVALUATE,
+        "can_compare": has_weights and job.kind == Job.KIND_FINETUNE and job.models.filter(label="start").exists(),
+        "comparison": comparison(job) if finished else None,
+    }
 
 
 @login_required

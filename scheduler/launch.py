@@ -30,6 +30,12 @@ class JobDirs:
         return self.root / "output"
 
     @property
+    def model(self):
+        """The models the job starts from or scores, one folder each: model/start/ for a
+        fine-tuning, model/<label>/ for an evaluation."""
+        return self.root / "model"
+
+    @property
     def checkpoints(self):
         return self.root / "checkpoints"
 
@@ -61,7 +67,7 @@ class JobDirs:
 
     def create(self):
         for path in (
-            self.code, self.data / "train", self.data / "heldout", self.output, self.output_data, self.checkpoints, self.tmp,
+            self.code, self.data / "train", self.data / "heldout", self.model, self.output, self.output_data, self.checkpoints, self.tmp,
             self.control,
         ):
             path.mkdir(parents=True, exist_ok=True)
@@ -80,6 +86,7 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
         "PYTHONUNBUFFERED": "1",
         "E31_JOB_ID": str(job_id),
         "E31_DATA_DIR": str(dirs.data),
+        "E31_MODEL_DIR": str(dirs.model),
         "E31_OUTPUT_DIR": str(dirs.output),
         "E31_CHECKPOINT_DIR": str(dirs.checkpoints),
         "E31_CONFIG": str(dirs.config),
@@ -104,7 +111,7 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
 def sagemaker_environment(dirs, devices, device_type, config):
     """The variables of SageMaker's training toolkit, pointing at the job's places, so that a
     script written for SageMaker runs unchanged."""
-    channels = {"train": dirs.data / "train", "heldout": dirs.data / "heldout"}
+    channels = {"train": dirs.data / "train", "heldout": dirs.data / "heldout", "model": dirs.model}
     hosts = ["algo-1"]
     env = {
         "SM_MODEL_DIR": str(dirs.output),
@@ -152,12 +159,23 @@ def with_parent_death(command, python=sys.executable):
     return [python, "-S", "-c", PARENT_DEATH_SHIM, str(os.getpid()), *command]
 
 
-def command_for(entrypoint, args, python=sys.executable):
+def command_for(entrypoint, args, python=sys.executable, devices=1):
+    """The job's command. A built-in recipe given several devices runs data parallel: one
+    process per device under torchrun (a rendezvous on this node), each told its rank."""
+    if entrypoint.startswith("recipe:"):
+        from e31.recipes import RECIPES
+
+        name = entrypoint.removeprefix("recipe:")
+        if name not in RECIPES:
+            raise ValueError(f"no built-in recipe is named {name!r}")
+        if devices > 1:
+            return [python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", "-m", f"e31.recipes.{name}", *args]
+        return [python, "-u", "-m", f"e31.recipes.{name}", *args]
     if entrypoint.endswith(".py"):
         return [python, "-u", entrypoint, *args]
     if entrypoint.endswith(".sh"):
         return ["/bin/bash", entrypoint, *args]
-    raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file")
+    raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file, or a built-in recipe")
 
 
 MAX_ARTIFACT_NAME = 500

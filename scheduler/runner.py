@@ -569,7 +569,7 @@ class Runner:
             keeper = checkpoints.CheckpointKeeper(job, allocation, dirs.checkpoints, self.spool / str(allocation.pk), self.upload_pool, self.name)
             keeper.ignore_existing()
             process = subprocess.Popen(
-                with_parent_death(command_for(job.entrypoint, job.args)),
+                with_parent_death(command_for(job.entrypoint, job.args, devices=len(allocation.devices))),
                 cwd=dirs.code,
                 env=build_environment(
                     job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,

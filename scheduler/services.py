@@ -7,13 +7,13 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from billing import budgets, meter, statements
 from accounts.models import Team
 from billing.models import Credit, NoRateInForce, Rate, UsageRecord
-from jobs import states
+from jobs import lineage, states
 from jobs.models import Job
 from scheduler import policy
 from scheduler.models import Allocation, CachedBlob, Node, Staging
@@ -117,7 +117,8 @@ def queued_jobs(now=None, staged=True):
             stagings.setdefault(row.job_id, []).append(row)
     rates = Rates(now)
     queue = []
-    for job in Job.objects.filter(state=states.QUEUED).order_by("created_at"):
+    ready = Q(smoke_run__isnull=True) | Q(smoke_run__state=states.SUCCEEDED)  # not waiting for its smoke run
+    for job in Job.objects.filter(ready, state=states.QUEUED).order_by("created_at"):
         held_before = job.held(now)[0] - job.credited()[0] if job.restarts else 0
         queue.append(
             policy.QueuedJob(
@@ -299,6 +300,7 @@ def schedule(now=None):
     """One scheduling cycle: place what the policy chose, preempt what must make room, flag
     deadlines that can no longer be met, and tell the rest why they wait."""
     given, now = now, now or timezone.now()
+    lineage.settle_smoke_runs()
     queue, nodes = queued_jobs(now), node_states(now)
     # A job whose worst case alone would overrun its team's budget is not planned at all: it
     # must not hold devices back from, or preempt, jobs that can start.

@@ -31,7 +31,7 @@ class Item:
     size: int
     sha256: str
     source: tuple  # ("storage", key) or ("s3", dataset_id, object_key)
-    role: str  # "code", "train", "heldout"
+    role: str  # "code", "train", "heldout", "model"
 
 
 class StagingError(Exception):
@@ -42,8 +42,13 @@ def job_manifest(job):
     """Every file the job needs, from its uploads and the dataset versions it pinned."""
     items = []
     for upload in job.uploads.all():
+        if upload.role == "model":
+            continue  # pinned into the job's models when it was submitted
         folder = "code" if upload.role == "code" else f"data/{upload.role}"
         items.append(Item(f"{folder}/{upload.name}", upload.size, upload.sha256, ("storage", upload.key), upload.role))
+    for model in job.models.all():
+        for f in model.files:
+            items.append(Item(f"model/{model.label}/{f['name']}", f["size"], f["sha256"], ("storage", f["key"]), "model"))
     for role, version in (("train", job.train_version), ("heldout", job.heldout_version)):
         if version is None:
             continue

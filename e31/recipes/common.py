@@ -117,6 +117,12 @@ class Dist:
     def writer(self):
         return self.rank == 0
 
+    def describe(self):
+        if not self.active:
+            return f"1 process on {self.device.type}"
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        return f"data parallel: {self.world} processes on {self.device.type} ({backend})"
+
     def wrap(self, model):
         if not self.active:
             return model

@@ -45,3 +45,12 @@ def hours(value):
 @register.filter
 def state_class(state):
     return f"state state-{state}"
+
+
+@register.filter
+def get(mapping, key):
+    """mapping[key] in a template, None when it has none."""
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None

@@ -1,0 +1,34 @@
+import zoneinfo
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from accounts.access import require_team
+
+
+class TimeZoneForm(forms.Form):
+    time_zone = forms.ChoiceField(
+        required=False, label="Your time zone",
+        help_text="Deadlines you enter (“by 08:00 tomorrow”) and times you see are in this zone. Blank: the site’s (UTC).",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["time_zone"].choices = [("", "The site's")] + [(name, name) for name in sorted(zoneinfo.available_timezones())]
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def user_settings(request):
+    require_team(request.user)
+    membership = request.user.membership
+    form = TimeZoneForm(request.POST or None, initial={"time_zone": membership.time_zone})
+    if request.method == "POST" and form.is_valid():
+        membership.time_zone = form.cleaned_data["time_zone"]
+        membership.save(update_fields=["time_zone"])
+        messages.success(request, f"Time zone set to {membership.time_zone or 'the site’s'}.")
+        return redirect("settings")
+    return render(request, "accounts/settings.html", {"form": form}, status=400 if form.errors else 200)

@@ -1,0 +1,184 @@
+"""Jobs made from jobs: a fine-tuning that starts from a previous job's weights, a retraining
+of a finished job on its old data plus new files, and an evaluation that compares a fine-tuned
+model with the model it started from.
+
+Models are pinned as files (storage keys of content-addressed blobs, with size and SHA-256)
+when the job is submitted: the job carries its own starting point."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.db import models, transaction
+
+from jobs import states
+from jobs.models import DatasetFile, DatasetVersion, Job, JobModel, Upload
+
+# What of a job's output is its model: the files at the top of its output folder (weights, and
+# the recipe.json that describes them); other outputs (SageMaker's data/ folder, a checkpoint
+# returned in checkpoints/) are not.
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+class LineageError(ValueError):
+    pass
+
+
+def weights_of(job):
+    """The files of a finished job's model (its output), as JobModel files. LineageError if it
+    has none."""
+    if job.state not in (states.SUCCEEDED, states.STOPPED):
+        raise LineageError(f"{job.name} ({job.short_id}) has not finished with weights: it is {job.state}.")
+    files = [
+        {"name": a.name, "key": a.key, "size": a.size, "sha256": a.sha256}
+        for a in job.artifacts.order_by("name")
+        if "/" not in a.name
+    ]
+    if not any(f["name"].endswith(WEIGHT_SUFFIXES) for f in files):
+        raise LineageError(f"{job.name} ({job.short_id}) left no weights (no .safetensors, .pt, .pth or .bin file in its output).")
+    return files
+
+
+def files_of_uploads(uploads):
+    return [{"name": u.name, "key": u.key, "size": u.size, "sha256": u.sha256} for u in uploads]
+
+
+def pin_model(job, label, files, source_job=None, description=""):
+    return JobModel.objects.create(job=job, label=label, files=files, source_job=source_job, description=description)
+
+
+def copy_job(job, user, **changes):
+    """A new queued job with the work and request of `job` (its script and data uploads are
+    shared, not copied: the same blobs), with `changes` applied."""
+    fields = {
+        name: getattr(job, name)
+        for name in (
+            "team_id", "entrypoint", "args", "config", "env", "train_version", "heldout_version", "gpus", "gpu_type", "span_hours",
+            "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
+            "early_stop_mode", "early_stop_patience", "stop_on_nan",
+        )
+    }
+    fields.update(name=job.name, kind=job.kind, parent=job, created_by=user)
+    fields.update(changes)
+    return Job.objects.create(**fields)
+
+
+def share_uploads(source, target, roles):
+    """The uploads of `source` in roles, attached to `target` too (new rows, the same blobs)."""
+    Upload.objects.bulk_create(
+        Upload(team_id=target.team_id, uploaded_by=u.uploaded_by, job=target, role=u.role, name=u.name, key=u.key, size=u.size, sha256=u.sha256)
+        for u in source.uploads.filter(role__in=roles)
+    )
+
+
+def extend_version(version, uploads):
+    """A new version of the dataset of `version`: its files plus the uploaded ones (an upload
+    named like an old file replaces it). The unchanged files are shared, so a runner that staged
+    the old version moves only the new bytes."""
+    dataset = version.dataset
+    if dataset.source != dataset.UPLOAD:
+        raise LineageError(
+            f"{dataset.name} is read from a bucket: add the new files to the bucket and rescan it, then retrain on its new version."
+        )
+    with transaction.atomic():
+        locked = type(dataset).objects.select_for_update().get(pk=dataset.pk)
+        number = (locked.versions.aggregate(n=models.Max("number"))["n"] or 0) + 1
+        new = DatasetVersion.objects.create(dataset=dataset, number=number, parent=version, state=DatasetVersion.OPEN)
+        DatasetFile.objects.bulk_create(
+            DatasetFile(version=new, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in version.files.all()
+        )
+        for upload in uploads:
+            new.add_file(upload.name, upload.size, upload.sha256, upload.key)
+        return new.seal()
+
+
+@transaction.atomic
+def retrain(job, user, *, new_data=(), name="", request=None):
+    """A fine-tuning of `job`'s weights with its work and request, on its old training data
+    plus `new_data` (kept uploads). request: overrides of the request fields (gpus, span_hours,
+    ceiling_*, not_before, deadline, ...)."""
+    weights = weights_of(job)
+    changes = dict(request or {})
+    changes.update(name=name or f"{job.name} (retrained)", kind=Job.KIND_FINETUNE)
+    new_data = list(new_data)
+    if job.train_version is not None and new_data:
+        changes["train_version"] = extend_version(job.train_version, new_data)
+    new = copy_job(job, user, **changes)
+    share_uploads(job, new, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT])
+    if job.train_version is None and new_data:
+        Upload.objects.filter(pk__in=[u.pk for u in new_data]).update(job=new)
+    elif new_data:
+        # Their files are in the new dataset version; the uploads are spent.
+        Upload.objects.filter(pk__in=[u.pk for u in new_data]).delete()
+    pin_model(new, "start", weights, source_job=job, description=f"the weights of {job.name} ({job.short_id})")
+    new.record("state", at=new.created_at, data={"state": new.state, "from": None, "reason": f"retraining of {job.short_id}"})
+    new.refresh_from_db()
+    return new
+
+
+@transaction.atomic
+def compare(job, user):
+    """An evaluation of a finished fine-tuning's new weights against the weights it started
+    from, on its held-out data, as a batch job of its own in the queue (billed like any job)."""
+    if job.kind != Job.KIND_FINETUNE:
+        raise LineageError("Only a fine-tuning job can be compared with the model it started from.")
+    start = job.models.filter(label="start").first()
+    if start is None:
+        raise LineageError(f"{job.name} ({job.short_id}) has no starting model to compare with.")
+    weights = weights_of(job)
+    if job.heldout_version is None and not job.uploads.filter(role=Upload.HELDOUT).exists():
+        raise LineageError(f"{job.name} ({job.short_id}) has no held-out data to evaluate on.")
+    config = dict(job.config)
+    config["mode"] = "evaluate"
+    new = copy_job(
+        job, user, name=f"{job.name}: compare with previous", kind=Job.KIND_EVALUATE, config=config, gpus=1, train_version=None, early_stop_metric="",
+        early_stop_patience=None, not_before=None, deadline=None,
+    )
+    share_uploads(job, new, [Upload.CODE, Upload.HELDOUT])
+    pin_model(new, "new", weights, source_job=job, description=f"the weights {job.name} ({job.short_id}) trained")
+    pin_model(new, "previous", start.files, source_job=start.source_job, description=f"what it started from: {start.description}")
+    new.record("state", at=new.created_at, data={"state": new.state, "from": None, "reason": f"comparison of {job.short_id} with its start"})
+    new.refresh_from_db()
+    return new
+
+
+SMOKE_SPAN_HOURS = Decimal("0.1")
+
+
+@transaction.atomic
+def smoke_run(job):
+    """The short run a recipe job makes first: the same work with the recipe's smoke option (a
+    few steps on 1% of the data), one GPU of the same type, at most a tenth of an hour. It is a
+    job of its own, queued ahead, billed like any; `job` waits for it to succeed and fails if
+    it does not."""
+    if not job.recipe:
+        raise LineageError("A smoke run needs a built-in recipe: a script of your own would run in full.")
+    span = min(job.span_hours, SMOKE_SPAN_HOURS) if job.span_hours is not None else SMOKE_SPAN_HOURS
+    smoke = copy_job(
+        job, job.created_by, name=f"{job.name} (smoke run)", config={**job.config, "smoke": True}, gpus=1, span_hours=span,
+        ceiling_amount=None, ceiling_gpu_hours=None, not_before=None, deadline=None, early_stop_metric="", early_stop_patience=None,
+        created_at=job.created_at - timedelta(microseconds=1),  # ahead of its job in the queue
+    )
+    share_uploads(job, smoke, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT])
+    for model in job.models.all():
+        pin_model(smoke, model.label, model.files, source_job=model.source_job, description=model.description)
+    Job.objects.filter(pk=job.pk).update(smoke_run=smoke, wait_reason="waiting for its smoke run to succeed")
+    smoke.record("state", at=smoke.created_at, data={"state": smoke.state, "from": None, "reason": f"smoke run of {job.short_id}"})
+    job.refresh_from_db()
+    return smoke
+
+
+def settle_smoke_runs():
+    """Jobs whose smoke run ended without success fail (they never held compute: nothing is
+    billed); a cancelled job's smoke run is cancelled too. Returns the jobs failed."""
+    failed = []
+    for job in Job.objects.filter(state=states.QUEUED, smoke_run__state__in=states.TERMINAL - {states.SUCCEEDED}).select_related("smoke_run"):
+        smoke = job.smoke_run
+        why = f"its smoke run {smoke.short_id} {smoke.get_state_display().lower()}" + (f": {smoke.reason}" if smoke.reason else "")
+        try:
+            job.finish(states.FAILED, reason=why)
+        except states.InvalidTransition:
+            continue  # it moved on meanwhile
+        failed.append(job)
+    for job in Job.objects.filter(state=states.CANCELLED, smoke_run__state__in=states.ACTIVE).select_related("smoke_run"):
+        job.smoke_run.request_cancel()
+    return failed

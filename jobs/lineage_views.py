@@ -1,0 +1,190 @@
+"""Pages for jobs made from jobs: retrain a finished job, compare a fine-tuning with its start,
+and the comparison's verdict (see jobs.lineage and jobs.evaluation)."""
+
+import json
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from accounts.access import require_team
+from e31web.storage import get_storage
+from jobs import evaluation, lineage
+from jobs.forms import MultipleFileInput, RequestForm, keep_uploads
+from jobs.models import Job, Upload
+from jobs.views import get_job
+
+EVALUATION_FILE = "evaluation.json"
+
+
+def plain(number):
+    """A Decimal as a person writes it: 1.0000 as "1", 0.2500 as "0.25"."""
+    if number is None:
+        return None
+    text = f"{number:f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+class RetrainForm(RequestForm):
+    """Retrain a finished job overnight: the same work, its weights as the starting model, its
+    training data plus new files, and a request (prefilled from the job)."""
+
+    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the job's name, retrained.")
+    data = forms.FileField(
+        required=False, widget=MultipleFileInput, label="New training files",
+        help_text="Added to the old training data; only these are staged again.",
+    )
+    kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+
+    def __init__(self, *args, team, upload_errors=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.upload_errors = upload_errors or {}
+        self.fields["kept_data"].queryset = Upload.objects.filter(team=team, job__isnull=True, role=Upload.TRAIN)
+
+    @classmethod
+    def initial_from(cls, job):
+        mode = job.mode
+        initial = {
+            "gpus": job.gpus, "gpu_type": job.gpu_type, "mode": mode, "span_hours": plain(job.span_hours), "preemptible": job.preemptible,
+            "name": f"{job.name} (retrained)",
+        }
+        if mode == "until_done":
+            initial.update(
+                ceiling_kind="money" if job.ceiling_amount is not None else "gpu_hours",
+                ceiling=plain(job.ceiling_amount if job.ceiling_amount is not None else job.ceiling_gpu_hours),
+            )
+        return initial
+
+    def clean(self):
+        cleaned = super().clean()
+        for field, errors in self.upload_errors.items():
+            for error in errors:
+                self.add_error(field, error)
+        if self._errors.pop("kept_data", None):
+            self.add_error("data", "An earlier upload is no longer available: please upload it again.")
+        names = [u.name for u in cleaned.get("kept_data") or []]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            self.add_error("data", f"Two new files are named {', '.join(dupes)}.")
+        return cleaned
+
+    def request_fields(self):
+        cleaned, request = self.cleaned_data, self.meter_request()
+        return {
+            "gpus": cleaned["gpus"], "gpu_type": cleaned.get("gpu_type") or "", "span_hours": request.span_hours,
+            "ceiling_amount": request.ceiling_amount, "ceiling_gpu_hours": request.ceiling_gpu_hours,
+            "not_before": cleaned.get("not_before"), "deadline": cleaned.get("deadline"), "preemptible": bool(cleaned.get("preemptible")),
+        }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_retrain(request, job_id):
+    job = get_job(request, job_id)
+    team = require_team(request.user)
+    problem = None
+    try:
+        lineage.weights_of(job)
+    except lineage.LineageError as error:
+        problem = str(error)
+    if request.method == "POST" and problem is None:
+        data, upload_errors, _ = keep_uploads(request.FILES, request.POST, team, request.user)
+        form = RetrainForm(data, team=team, upload_errors=upload_errors)
+        if form.is_valid():
+            try:
+                new = lineage.retrain(
+                    job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
+                    request=form.request_fields(),
+                )
+            except lineage.LineageError as error:
+                form.add_error(None, str(error))
+            else:
+                messages.success(request, f"Retraining submitted as {new.name}: it starts from the weights of {job.short_id}.")
+                return redirect("jobs:detail", job_id=new.pk)
+    else:
+        form = RetrainForm(initial=RetrainForm.initial_from(job), team=team)
+    kept = form.fields["kept_data"].queryset.filter(pk__in=form.data.getlist("kept_data")) if form.is_bound else []
+    old_files = job.train_version.files.all() if job.train_version else job.uploads.filter(role=Upload.TRAIN)
+    return render(
+        request, "jobs/retrain.html",
+        {"job": job, "form": form, "problem": problem, "kept_data": kept, "old_files": old_files},
+        status=400 if request.method == "POST" else 200,
+    )
+
+
+@login_required
+@require_POST
+def job_compare(request, job_id):
+    job = get_job(request, job_id)
+    try:
+        new = lineage.compare(job, request.user)
+    except lineage.LineageError as error:
+        messages.error(request, str(error))
+        return redirect("jobs:detail", job_id=job.pk)
+    messages.success(request, f"Comparison submitted: {new.name}.")
+    return redirect("jobs:detail", job_id=new.pk)
+
+
+def read_evaluation(job):
+    """The evaluation a finished evaluation job wrote, or None."""
+    artifact = job.artifacts.filter(name=EVALUATION_FILE).first()
+    if artifact is None:
+        return None
+    with get_storage().open(artifact.key) as stream:
+        return json.loads(stream.read())
+
+
+def comparison(job):
+    """{"evaluation", "table", "verdict" (or "error")} for an evaluation job's page; None when
+    it has written no evaluation (yet)."""
+    if job.kind != Job.KIND_EVALUATE:
+        return None
+    try:
+        result = read_evaluation(job)
+    except (OSError, ValueError) as error:
+        return {"error": f"its evaluation.json cannot be read: {error}"}
+    if result is None:
+        return None
+    labels = list((result.get("models") or {}).keys())
+    out = {"evaluation": result, "labels": labels, "table": evaluation.table(result), **bars(result)}
+    if {"new", "previous"} <= set(labels):
+        try:
+            out["verdict"] = evaluation.compare(result)
+        except evaluation.EvaluationError as error:
+            out["error"] = str(error)
+    return out
+
+
+def bars(result, width=200):
+    """A bar per model of the compared metric (its mean per example), for the page's chart."""
+    means = {}
+    for label, model in (result.get("models") or {}).items():
+        values = [float(v) for v in model.get("per_example") or []]
+        if values:
+            means[label] = sum(values) / len(values)
+    if not means:
+        return {}
+    top = max(abs(v) for v in means.values()) or 1.0
+    return {
+        "bars": [{"label": label, "value": value, "y": 4 + 28 * i, "width": max(1, round(width * abs(value) / top))} for i, (label, value) in enumerate(means.items())],
+        "bars_height": 8 + 28 * len(means),
+        "bars_metric": f"{result.get('metric') or 'score'} (mean per example)",
+    }
+
+
+@login_required
+@require_GET
+def job_comparison_json(request, job_id):
+    job = get_job(request, job_id)
+    found = comparison(job)
+    if found is None:
+        raise Http404("This job has no evaluation.")
+    body = {"job": str(job.pk), "name": job.name, **{k: v for k, v in found.items() if k in ("evaluation", "error")}}
+    if "verdict" in found:
+        body["verdict"] = found["verdict"].as_dict()
+    response = JsonResponse(body, json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="comparison-{job.short_id}.json"'
+    return response
