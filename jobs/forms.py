@@ -40,9 +40,17 @@ def recipe_field_name(recipe, param):
     return f"recipe_{recipe}_{param}"
 
 
+PARAM_LABELS = {
+    "lr": "Learning rate", "lora_rank": "LoRA rank", "lora_alpha": "LoRA alpha", "max_steps": "Steps", "eval_every": "Evaluate every",
+    "checkpoint_every": "Checkpoint every", "d_model": "Model width", "n_layers": "Layers", "n_heads": "Attention heads",
+    "eval_windows": "Validation windows",
+}
+
+
 def recipe_form_field(param):
     """A form field for one of a built-in recipe's parameters (e31.recipes.Param)."""
-    common = {"required": False, "label": param.name.replace("_", " ").capitalize(), "help_text": param.help, "initial": param.default}
+    label = PARAM_LABELS.get(param.name, param.name.replace("_", " ").capitalize())
+    common = {"required": False, "label": label, "help_text": param.help, "initial": param.default}
     if param.kind == "int":
         return forms.IntegerField(min_value=param.min, max_value=param.max, **common)
     if param.kind == "float":

@@ -4,7 +4,7 @@ time zone: pure functions over aware datetimes."""
 from datetime import datetime, time, timedelta
 
 CHOICES = [
-    ("", "No deadline, or the one given below"),
+    ("", "No quick choice"),
     ("tonight", "By 23:00 tonight"),
     ("morning", "By 08:00 tomorrow"),
     ("monday", "By Monday 09:00"),
