@@ -198,6 +198,8 @@ E31_PREEMPT_EVERY_SECONDS = env_float("E31_PREEMPT_EVERY_SECONDS", 3600.0, minim
 E31_PREDICT_SECONDS = env_float("E31_PREDICT_SECONDS", 5.0, minimum=0.1)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
 E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
+# Where the other runners of a gang reach this one (the torchrun rendezvous of runs across nodes).
+E31_RUNNER_ADDRESS = env_str("E31_RUNNER_ADDRESS", "127.0.0.1")
 E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # reads at once (files, or parts of large ones)
 E31_UPLOAD_CHUNK_BYTES = env_int("E31_UPLOAD_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024)
 

@@ -156,6 +156,8 @@ def job_json(job, request):
         "cost": f"{amount:f}",
         "currency": settings.E31_CURRENCY,
         "allocation": allocation_json(allocation) if allocation else None,
+        # Every node and device of the latest allocation (one, or a gang's).
+        "allocations": [allocation_json(a) for a in job.latest_allocations()],
         "timeline": [timeline_json(e) for e in job.timeline()],
         "last_seq": job.last_seq,
         "url": request.build_absolute_uri(reverse("jobs:detail", args=[job.pk])),
@@ -185,6 +187,9 @@ def allocation_json(allocation):
         "rate": str(allocation.rate),
         "started_at": allocation.started_at,
         "ended_at": allocation.ended_at,
+        "end_reason": allocation.end_reason,
+        "node_rank": allocation.node_rank,
+        "gang_size": allocation.gang_size,
     }
 
 
@@ -258,10 +263,14 @@ def job_logs(request, job_id):
     job = get_job(request, job_id)
     after = int_param(request, "after", 0)
     limit = int_param(request, "limit", 1000, minimum=1, maximum=MAX_LOG_LIMIT)
-    rows = list(job.events.filter(kind="log", seq__gt=after).order_by("seq")[:limit])
-    lines = [{"seq": e.seq, "at": e.at, "stream": e.stream, "text": e.text} for e in rows]
+    logs = job.events.filter(kind="log")
+    rank = request.query_params.get("rank")
+    if rank not in (None, ""):
+        logs = logs.filter(rank=int_param(request, "rank", 0))  # one process of a run under torchrun
+    rows = list(logs.filter(seq__gt=after).order_by("seq")[:limit])
+    lines = [{"seq": e.seq, "at": e.at, "stream": e.stream, "rank": e.rank, "text": e.text} for e in rows]
     next_after = rows[-1].seq if rows else after
-    more = job.events.filter(kind="log", seq__gt=next_after).exists()
+    more = logs.filter(seq__gt=next_after).exists()
     return Response({"lines": lines, "next_after": next_after, "more": more, "state": job.state, "done": job.is_terminal and not more})
 
 

@@ -265,11 +265,12 @@ class Job(models.Model):
         self.refresh_from_db()
         return self
 
-    def start(self, allocation):
-        """Compute is held: the allocation exists and the meter runs from its started_at."""
-        return self._transition(
-            states.STARTING, at=allocation.started_at, reason=f"held {allocation.describe()}", wait_reason=""
-        )
+    def start(self, allocation, gang=None):
+        """Compute is held: the allocation (or every allocation of a gang) exists and the meter
+        runs from its started_at."""
+        held = "; ".join(a.describe() for a in gang) if gang else allocation.describe()
+        where = f"a gang of {len(gang)} nodes: {held}" if gang else held
+        return self._transition(states.STARTING, at=allocation.started_at, reason=f"held {where}", wait_reason="")
 
     def mark_running(self):
         return self._transition(states.RUNNING, reason="process started")
@@ -317,7 +318,14 @@ class Job(models.Model):
     TIMELINE_KINDS = ("state", "checkpoint", "resume")
 
     def latest_allocation(self):
-        return self.allocations.select_related("node").order_by("-started_at").first()
+        return self.allocations.select_related("node").order_by("-started_at", "node_rank").first()
+
+    def latest_allocations(self):
+        """The latest allocation, or every node of the latest gang, in node order."""
+        latest = self.latest_allocation()
+        if latest is None or latest.gang is None:
+            return [latest] if latest is not None else []
+        return list(self.allocations.select_related("node").filter(gang=latest.gang).order_by("node_rank"))
 
     def held(self, now=None, allocations=None):
         """(held seconds, amount so far) over all the job's allocations, live for an open one."""
@@ -374,6 +382,7 @@ class JobEvent(models.Model):
     at = models.DateTimeField()
     kind = models.CharField(max_length=10, choices=KINDS)
     stream = models.CharField(max_length=10, blank=True)
+    rank = models.PositiveIntegerField(null=True, blank=True, help_text="the process (torchrun's global rank) that printed a log line")
     text = models.TextField(blank=True)
     data = models.JSONField(null=True, blank=True)
 
@@ -381,7 +390,7 @@ class JobEvent(models.Model):
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="job_event_seq_unique")]
 
-    MESSAGE_FIELDS = ("seq", "kind", "at", "stream", "text", "data")
+    MESSAGE_FIELDS = ("seq", "kind", "at", "stream", "text", "data", "rank")
 
     @staticmethod
     def _reserve(job_id, count):
@@ -409,39 +418,42 @@ class JobEvent(models.Model):
 
     @classmethod
     def append_lines(cls, job_id, lines):
-        """append() for log lines given as (stream, at, text), the runner's hot path: plain rows
-        in one statement (COPY on PostgreSQL), no model instances. Measured by
-        bench/log_throughput.py: about 4x the lines per second of bulk_create."""
+        """append() for log lines given as (stream, at, text) or (stream, at, text, rank), the
+        runner's hot path: plain rows in one statement (COPY on PostgreSQL), no model instances.
+        Measured by bench/log_throughput.py: about 4x the lines per second of bulk_create."""
         if not lines:
             return None
         table = cls._meta.db_table
-        columns = "job_id, seq, at, kind, stream, text"
+        columns = "job_id, seq, at, kind, stream, text, rank"
+        rows = [(line[0], line[1], line[2], line[3] if len(line) > 3 else None) for line in lines]
         with transaction.atomic():
-            first = cls._reserve(job_id, len(lines))
+            first = cls._reserve(job_id, len(rows))
             with connection.cursor() as cursor:
                 if connection.vendor == "postgresql":
                     with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                        for offset, (stream, at, text) in enumerate(lines):
-                            copy.write_row((job_id, first + offset, at, "log", stream, text))
+                        for offset, (stream, at, text, rank) in enumerate(rows):
+                            copy.write_row((job_id, first + offset, at, "log", stream, text, rank))
                 else:
                     job_value = cls._meta.get_field("job").get_db_prep_value(job_id, connection)
                     adapt = connection.ops.adapt_datetimefield_value
                     cursor.executemany(
-                        f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, %s)",
-                        [(job_value, first + i, adapt(at), "log", stream, text) for i, (stream, at, text) in enumerate(lines)],
+                        f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                        [(job_value, first + i, adapt(at), "log", stream, text, rank) for i, (stream, at, text, rank) in enumerate(rows)],
                     )
-            last = first + len(lines) - 1
+            last = first + len(rows) - 1
             transaction.on_commit(lambda: live.announce(job_id, last))
         return last
 
 
 
-def event_message(seq, kind, at, stream, text, data):
+def event_message(seq, kind, at, stream, text, data, rank=None):
     """An event as the websocket sends it."""
     message = {"seq": seq, "kind": kind, "at": at.isoformat()}
     if kind == "log":
         message["stream"] = stream
         message["text"] = text
+        if rank is not None:
+            message["rank"] = rank
     else:
         message.update(data or {})
     return message

@@ -175,12 +175,15 @@ def job_detail(request, job_id):
         "earlier_lines": lines and lines[0].seq > 1 and job.events.filter(kind="log", seq__lt=lines[0].seq).exists(),
         "meter": job.meter_event(),
         "allocation": job.latest_allocation(),
+        "allocations": job.latest_allocations(),
         "staging": job.stagings.select_related("node").first(),
         "artifacts": job.artifacts.all(),
         "uploads": job.uploads.exclude(role="code"),
         "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,
         "checkpoints": job_checkpoints(job),
+        # The ranks of the lines shown (a run under torchrun), for the filter; live lines add theirs.
+        "log_ranks": sorted({line.rank for line in lines if line.rank is not None}),
         "metrics": chart,
         "metric_rows": metric_rows(chart["summary"]),
     }

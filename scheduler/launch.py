@@ -159,23 +159,70 @@ def with_parent_death(command, python=sys.executable):
     return [python, "-S", "-c", PARENT_DEATH_SHIM, str(os.getpid()), *command]
 
 
-def command_for(entrypoint, args, python=sys.executable, devices=1):
-    """The job's command. A built-in recipe given several devices runs data parallel: one
-    process per device under torchrun (a rendezvous on this node), each told its rank."""
+@dataclass(frozen=True)
+class Gang:
+    """A run across nodes, as one node's torchrun sees it: how many nodes, where node 0's
+    runner holds the c10d rendezvous (host:port), the run's rendezvous id, and whether this
+    node hosts the rendezvous store."""
+
+    nodes: int
+    endpoint: str
+    run_id: str
+    is_host: bool
+
+
+# torchrun marks each line a worker prints with the worker's global rank.
+RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
+
+
+def uses_torchrun(devices, gang=None):
+    """Jobs on several devices, or across nodes, run one process per device under torchrun."""
+    return devices > 1 or gang is not None
+
+
+def command_for(entrypoint, args, python=sys.executable, devices=1, gang=None, log_dir=None):
+    """The job's command: the script, the archive's entrypoint or the built-in recipe, run once;
+    or, on several devices or nodes, under torchrun, one process per device (a script that works
+    under torchrun works here unchanged), each worker killed by the kernel if torchrun dies."""
     if entrypoint.startswith("recipe:"):
         from e31.recipes import RECIPES
 
         name = entrypoint.removeprefix("recipe:")
         if name not in RECIPES:
             raise ValueError(f"no built-in recipe is named {name!r}")
-        if devices > 1:
-            return [python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", "-m", f"e31.recipes.{name}", *args]
-        return [python, "-u", "-m", f"e31.recipes.{name}", *args]
-    if entrypoint.endswith(".py"):
-        return [python, "-u", entrypoint, *args]
-    if entrypoint.endswith(".sh"):
-        return ["/bin/bash", entrypoint, *args]
-    raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file, or a built-in recipe")
+        target = [python, "-u", "-m", f"e31.recipes.{name}", *args]
+    elif entrypoint.endswith(".py"):
+        target = [python, "-u", entrypoint, *args]
+    elif entrypoint.endswith(".sh"):
+        target = ["/bin/bash", entrypoint, *args]
+    else:
+        raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file, or a built-in recipe")
+    if not uses_torchrun(devices, gang):
+        return target
+    command = [python, "-u", "-m", "torch.distributed.run", f"--nproc-per-node={devices}", "--max-restarts=0", "--tee=3"]
+    if log_dir is not None:
+        command.append(f"--log-dir={log_dir}")
+    if gang is None:
+        command.append("--standalone")
+    else:
+        command += [
+            f"--nnodes={gang.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={gang.endpoint}", f"--rdzv-id={gang.run_id}",
+            f"--rdzv-conf=is_host={1 if gang.is_host else 0}",
+        ]
+    return [*command, "--no-python", python, "-S", "-c", WORKER_SHIM, *target]
+
+
+# torchrun starts each worker in a session of its own, out of reach of the signals sent to the
+# job's process group: each one asks the kernel to kill it when torchrun dies (SIGKILLed at the
+# end of a grace period, or with its runner), then becomes the worker.
+WORKER_SHIM = (
+    "import ctypes,os,sys\n"
+    "p=os.getppid()\n"
+    "try:\n ctypes.CDLL(None,use_errno=True).prctl(1,9)\n"
+    "except Exception:\n pass\n"
+    "if os.getppid()!=p:\n os._exit(137)\n"
+    "os.execv(sys.argv[1],sys.argv[1:])\n"
+)
 
 
 MAX_ARTIFACT_NAME = 500

@@ -21,6 +21,9 @@ class Node(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
+    address = models.CharField(
+        max_length=255, blank=True, help_text="where the other nodes of a gang reach this one (torchrun's rendezvous endpoint)"
+    )
     device_type = models.CharField(max_length=100)
     devices = models.PositiveIntegerField()
     registered_at = models.DateTimeField(default=timezone.now)
@@ -58,8 +61,10 @@ class Allocation(models.Model):
     START_FAILED = "start_failed"
     PREEMPTED = "preempted"
     EARLY_STOP = "early_stop"
+    GANG_STOPPED = "gang_stopped"
     # Ends the network is to blame for: time since the last checkpoint is credited.
     NETWORK_FAULTS = (NODE_LOST, RUNNER_STOPPED, PREEMPTED)
+    # A gang member stopped because another member ended: what it lost is the other's doing.
     END_REASONS = [
         (EXITED, "Process exited"),
         (CANCELLED, "Cancelled"),
@@ -69,6 +74,7 @@ class Allocation(models.Model):
         (START_FAILED, "Could not start"),
         (PREEMPTED, "Preempted"),
         (EARLY_STOP, "Stopped early"),
+        (GANG_STOPPED, "Another node of its gang stopped"),
     ]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -86,6 +92,12 @@ class Allocation(models.Model):
     preemptible = models.BooleanField(default=False)
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True, help_text="the job's process (group) on the node")
+    # A run across nodes is a gang: one allocation per node, placed and started together, all
+    # or nothing; it lives and dies as one.
+    gang = models.UUIDField(null=True, blank=True, db_index=True, help_text="shared by the allocations of one gang")
+    node_rank = models.PositiveSmallIntegerField(default=0)
+    gang_size = models.PositiveSmallIntegerField(default=1)
+    rendezvous = models.CharField(max_length=300, blank=True, help_text="host:port of torchrun's c10d rendezvous, set by node 0's runner")
 
     class Meta:
         ordering = ["started_at"]

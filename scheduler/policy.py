@@ -773,6 +773,24 @@ def choose_staging_node(job, nodes, cached_bytes, lined_up):
     return best.id
 
 
+def choose_staging_nodes(job, nodes, cached_bytes, lined_up, exclude=()):
+    """Where to stage a queued job's data: one node (choose_staging_node) when one node can run
+    it; for a gang larger than any node, enough nodes of its type to hold it together, in the
+    same order of preference. [] when the live nodes cannot hold it. exclude: nodes that already
+    stage it (their devices count)."""
+    if any(_fits(job, n) for n in nodes):
+        return [] if exclude else [choose_staging_node(job, nodes, cached_bytes, lined_up)]
+    typed = [n for n in nodes if not job.gpu_type or job.gpu_type == n.device_type]
+    have = sum(n.devices for n in typed if n.id in exclude)
+    chosen = []
+    for node in sorted((n for n in typed if n.id not in exclude), key=lambda n: (-cached_bytes.get(n.id, 0), lined_up.get(n.id, 0), -n.devices, n.id)):
+        if have >= job.gpus:
+            break
+        chosen.append(node.id)
+        have += node.devices
+    return chosen if have >= job.gpus else []
+
+
 def predict(queue, nodes, running, now, *, usage=None, shares=None, policy="ours", half_life=DEFAULT_HALF_LIFE):
     """job id -> (predicted start, predicted finish): the current queue and running allocations
     simulated with their expected durations and no new arrivals (running ones end at their

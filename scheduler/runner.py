@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -31,7 +32,9 @@ from jobs import archive, states
 from jobs.logs import log_key, stream_log
 from jobs.models import Artifact, Job, JobEvent
 from scheduler import checkpoints, stopping
-from scheduler.launch import JobDirs, artifact_name_problem, build_environment, command_for, with_parent_death
+from scheduler.launch import (
+    RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun, with_parent_death,
+)
 from scheduler.cache import BlobCache
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
@@ -79,10 +82,17 @@ def _kill_group(process):
         process.wait()
 
 
-class OutputReader:
-    """Reads a process's stdout and stderr line by line on two threads into one queue."""
+RANKED_LINE = re.compile(r"^\[rank(\d+)\]:")
 
-    def __init__(self, process, max_line_bytes):
+
+class OutputReader:
+    """Reads a process's stdout and stderr line by line on two threads into one queue.
+
+    ranked: the process is torchrun, which marks each worker's line "[rankN]:"; the mark is
+    taken off and kept as the line's rank."""
+
+    def __init__(self, process, max_line_bytes, ranked=False):
+        self.ranked = ranked
         self.lines = queue.Queue(maxsize=QUEUE_LINES)
         self.threads = [
             threading.Thread(target=self._read, args=(pipe, name, max_line_bytes), daemon=True)
@@ -97,7 +107,10 @@ class OutputReader:
             for raw in iter(lambda: pipe.readline(max_line_bytes), b""):
                 # NUL cannot be stored in a PostgreSQL text column: shown as U+FFFD, like bad UTF-8.
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n").replace("\x00", "\ufffd")
-                self.lines.put((stream, timezone.now(), text))
+                rank = None
+                if self.ranked and (mark := RANKED_LINE.match(text)):
+                    rank, text = int(mark.group(1)), text[mark.end():]
+                self.lines.put((stream, timezone.now(), text, rank))
         finally:
             pipe.close()
 
@@ -159,7 +172,7 @@ def parse_metric_line(raw, now):
 
 
 class RunningJob:
-    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None):
+    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False):
         self.allocation = allocation
         self.job = allocation.job
         self.process = process
@@ -169,7 +182,7 @@ class RunningJob:
         self.metrics_pos = 0
         self.metrics_rest = b""
         self.bad_metric_lines = 0
-        self.reader = OutputReader(process, max_line_bytes)
+        self.reader = OutputReader(process, max_line_bytes, ranked=ranked)
         self.stop = None
         self.exited_at = None
         self.exited_monotonic = None
@@ -323,9 +336,16 @@ class RunningJob:
             return self.stop.reason, self.stop.state, self.stop.message
         if code == 0:
             return Allocation.EXITED, states.SUCCEEDED, "the process exited with code 0"
-        if code is not None and code < 0:
-            return Allocation.EXITED, states.FAILED, f"the process was killed by signal {signal.Signals(-code).name}"
-        return Allocation.EXITED, states.FAILED, f"the process exited with code {code}"
+        how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
+        if self.allocation.gang_size > 1:
+            # A rank failed: the whole gang stops and the job resumes from its latest checkpoint
+            # (counted against its restarts).
+            return (
+                Allocation.EXITED, states.QUEUED,
+                f"requeued: its processes on {self.allocation.node.name} (node {self.allocation.node_rank} of its gang) {how}; "
+                "the whole gang stops and the job resumes from its latest checkpoint",
+            )
+        return Allocation.EXITED, states.FAILED, f"the process {how}"
 
     def store_artifacts(self):
         """Keep every file of the output folder; returns (kept, [skipped name: why])."""
@@ -450,8 +470,9 @@ def archive_log(job_id):
 
 
 class Runner:
-    def __init__(self, name, devices, work_dir, device_type=None, cache_dir=None, cache_bytes=None):
+    def __init__(self, name, devices, work_dir, device_type=None, cache_dir=None, cache_bytes=None, address=None):
         self.name = name
+        self.address = address or settings.E31_RUNNER_ADDRESS
         self.devices = devices
         self.device_type = device_type or detect_device_type()
         self.work_dir = Path(work_dir)
@@ -490,6 +511,7 @@ class Runner:
             name=self.name,
             defaults={
                 "hostname": socket.gethostname(),
+                "address": self.address,
                 "device_type": self.device_type,
                 "devices": self.devices,
                 "registered_at": now,
@@ -545,6 +567,8 @@ class Runner:
         allocation that cannot be launched is released at once, never left holding compute."""
         fresh = Allocation.objects.filter(node=self.node, launched_at__isnull=True, ended_at__isnull=True)
         for allocation in fresh.select_related("job", "node"):
+            if allocation.gang and allocation.node_rank > 0 and not allocation.rendezvous:
+                continue  # node 0's runner has not opened the gang's rendezvous yet
             if Allocation.objects.filter(pk=allocation.pk, launched_at__isnull=True).update(launched_at=timezone.now()) != 1:
                 continue
             try:
@@ -568,13 +592,20 @@ class Runner:
                 job.record("resume", data={"name": restored.name, "step": restored.step, "text": f"resumed from {restored.name}{at}"})
             keeper = checkpoints.CheckpointKeeper(job, allocation, dirs.checkpoints, self.spool / str(allocation.pk), self.upload_pool, self.name)
             keeper.ignore_existing()
+            gang = self.gang_of(allocation)
+            torchrun = uses_torchrun(len(allocation.devices), gang)
+            env = build_environment(
+                job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
+                config=job.config, restart=job.restarts,
+            )
+            if torchrun:
+                env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
+                if allocation.device_type == "cpu":
+                    env["OMP_NUM_THREADS"] = "1"  # one process per CPU slot
             process = subprocess.Popen(
-                with_parent_death(command_for(job.entrypoint, job.args, devices=len(allocation.devices))),
+                with_parent_death(command_for(job.entrypoint, job.args, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun")),
                 cwd=dirs.code,
-                env=build_environment(
-                    job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
-                    config=job.config, restart=job.restarts,
-                ),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -586,7 +617,9 @@ class Runner:
                 if not Allocation.objects.select_for_update().filter(pk=allocation.pk, ended_at__isnull=True).exists():
                     raise AllocationGone()
                 Allocation.objects.filter(pk=allocation.pk).update(pid=process.pid)
-                job.mark_running()
+                # The first node of a gang to start its processes marks the job running.
+                if Job.objects.select_for_update().get(pk=job.pk).state == states.STARTING:
+                    job.mark_running()
         except AllocationGone:
             log.warning("allocation %s ended while its job was starting; stopping it", allocation.pk)
             _kill_group(process)
@@ -596,9 +629,24 @@ class Runner:
             _kill_group(process)
             shutil.rmtree(dirs.root, ignore_errors=True)
             raise
-        running = RunningJob(allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job))
+        running = RunningJob(allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job), ranked=torchrun)
         self.running[allocation.pk] = running
         return running
+
+    def gang_of(self, allocation):
+        """The torchrun view of an allocation's gang (None for a run on one node). Node 0's
+        runner opens the rendezvous: a free port on its address, told to the other nodes."""
+        if not allocation.gang:
+            return None
+        if allocation.node_rank == 0:
+            with socket.socket() as probe:
+                probe.bind(("" if self.address not in ("127.0.0.1", "localhost") else self.address, 0))
+                port = probe.getsockname()[1]
+            endpoint = f"{self.address}:{port}"
+            Allocation.objects.filter(gang=allocation.gang).update(rendezvous=endpoint)
+        else:
+            endpoint = allocation.rendezvous
+        return Gang(nodes=allocation.gang_size, endpoint=endpoint, run_id=str(allocation.gang), is_host=allocation.node_rank == 0)
 
     def stage(self, job, dirs):
         """Put the work, the config and the data in the job's folder, from the cache. Data the
@@ -669,11 +717,13 @@ class Runner:
                 Staging.objects.filter(pk=pk).update(state=Staging.WAITING)  # the next runner here starts again
                 return
             now = timezone.now()
-            Staging.objects.filter(pk=pk).update(state=Staging.FAILED, finished_at=now, error=str(error)[:2000])
-            record.refresh_from_db()
-            job.record("staging", data=record.progress())
+            # One transaction: the scheduler never sees a queued job whose staging failed (it
+            # would line it up again).
             with transaction.atomic():
                 locked = Job.objects.select_for_update().get(pk=job.pk)
+                Staging.objects.filter(pk=pk).update(state=Staging.FAILED, finished_at=now, error=str(error)[:2000])
+                record.refresh_from_db()
+                job.record("staging", data=record.progress())
                 if locked.state == states.QUEUED:
                     locked.finish(states.FAILED, reason=f"staging failed: {error}")
             return
@@ -733,10 +783,18 @@ class Runner:
         if not self.running:
             return
         rows = Allocation.objects.filter(pk__in=list(self.running)).values_list(
-            "pk", "ended_at", "job__cancel_requested_at", "preempt_requested_at"
+            "pk", "ended_at", "job__cancel_requested_at", "preempt_requested_at", "gang", "job__state"
         )
-        for pk, ended_at, cancel_requested_at, preempt_requested_at in rows:
+        rows = list(rows)
+        gangs = [gang for *_, gang, _ in rows if gang]
+        broken = set(Allocation.objects.filter(gang__in=gangs, ended_at__isnull=False).values_list("gang", flat=True)) if gangs else set()
+        for pk, ended_at, cancel_requested_at, preempt_requested_at, gang, job_state in rows:
             running = self.running[pk]
+            if ended_at is None and gang in broken and job_state != states.SUCCEEDED:
+                # Another node of the gang ended (failed, lost, stopped): the gang lives and dies
+                # as one, so this part stops too (its job was already requeued or ended there).
+                running.request_stop(Allocation.GANG_STOPPED, states.QUEUED, "another node of its gang stopped: stopping this one too")
+                continue
             if ended_at is not None:
                 log.warning("allocation %s was ended elsewhere; killing its process", pk)
                 running.kill()

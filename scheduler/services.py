@@ -1,6 +1,7 @@
 """The scheduler's steps over the database; decisions come from scheduler.policy."""
 
 import logging
+import uuid
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from decimal import Decimal
@@ -118,7 +119,10 @@ def queued_jobs(now=None, staged=True):
     rates = Rates(now)
     queue = []
     ready = Q(smoke_run__isnull=True) | Q(smoke_run__state=states.SUCCEEDED)  # not waiting for its smoke run
-    for job in Job.objects.filter(ready, state=states.QUEUED).order_by("created_at"):
+    # A gang requeued while one of its nodes still holds devices (a lost node not yet declared
+    # so) waits until every part is released: a job never holds two gangs.
+    holding = Allocation.objects.filter(ended_at__isnull=True).values("job_id")
+    for job in Job.objects.filter(ready, state=states.QUEUED).exclude(pk__in=holding).order_by("created_at"):
         held_before = job.held(now)[0] - job.credited()[0] if job.restarts else 0
         queue.append(
             policy.QueuedJob(
@@ -169,37 +173,40 @@ def staging_note(stagings):
 
 def line_up(now=None):
     """Give each queued job that has no staging on a live node one: on the node that will run
-    it, chosen while it waits, so its data moves before compute is held."""
+    it, chosen while it waits, so its data moves before compute is held. A gang larger than any
+    node is staged on enough nodes to hold it together."""
     nodes = node_states(now)
     if not nodes:
         return []
     live_ids = [n.id for n in nodes]
-    covered = set(
-        Staging.objects.filter(state__in=Staging.LIVE, node_id__in=live_ids, job__state=states.QUEUED).values_list("job_id", flat=True)
-    )
+    devices = {n.id: n.devices for n in nodes}
+    live = Staging.objects.filter(state__in=Staging.LIVE, node_id__in=live_ids, job__state=states.QUEUED)
+    staging_on = {}
     lined_up = {}
-    for node_id in Staging.objects.filter(state__in=Staging.LIVE, node_id__in=live_ids, job__state=states.QUEUED).values_list(
-        "node_id", flat=True
-    ):
+    for job_id, node_id in live.values_list("job_id", "node_id"):
+        staging_on.setdefault(job_id, set()).add(str(node_id))
         lined_up[str(node_id)] = lined_up.get(str(node_id), 0) + 1
     created = []
-    for job in Job.objects.filter(state=states.QUEUED).exclude(pk__in=covered).order_by("created_at"):
+    for job in Job.objects.filter(state=states.QUEUED).order_by("created_at"):
+        already = staging_on.get(job.pk, set())
+        if already and sum(devices[i] for i in already) >= job.gpus:
+            continue  # lined up where it can run
+        if already and job.gpus <= max(devices.values()):
+            continue  # one node stages it (it can run there once devices are free)
         wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
-        if policy.choose_staging_node(wanted, nodes, {}, lined_up) is None:
-            continue  # no live node could run it: no need to read its manifest every cycle
+        if not policy.choose_staging_nodes(wanted, nodes, {}, lined_up, exclude=already):
+            continue  # the live nodes could not run it: no need to read its manifest every cycle
         items = job_manifest(job)
         digests = manifest_digests(items)
         cached = {
             str(row["node_id"]): row["total"]
             for row in CachedBlob.objects.filter(sha256__in=digests, node_id__in=live_ids).values("node_id").annotate(total=Sum("size"))
         }
-        node_id = policy.choose_staging_node(wanted, nodes, cached, lined_up)
-        lined_up[node_id] = lined_up.get(node_id, 0) + 1
-        created.append(
-            Staging.objects.create(
-                job=job, node_id=node_id, files_total=len(items), bytes_total=sum(item.size for item in items)
+        for node_id in policy.choose_staging_nodes(wanted, nodes, cached, lined_up, exclude=already):
+            lined_up[node_id] = lined_up.get(node_id, 0) + 1
+            created.append(
+                Staging.objects.create(job=job, node_id=node_id, files_total=len(items), bytes_total=sum(item.size for item in items))
             )
-        )
     return created
 
 
@@ -211,17 +218,21 @@ def node_states(now=None):
 
 
 def place(placement, now=None):
-    """Hold devices for a job: the allocation's started_at is when the meter starts.
+    """Hold devices for a job: the allocations' started_at is when the meter starts.
 
-    The node row is locked while its free devices are re-read, so two schedulers cannot hand
-    out the same device; the job's transition checks it is still queued. Without `now`, the
-    meter starts when the lock is held: not at the start of a cycle, when the devices may
-    still have been another job's."""
+    The nodes' rows are locked (in one order, so two schedulers cannot deadlock) while their
+    free devices are re-read, so two schedulers cannot hand out the same device; the job's
+    transition checks it is still queued. A placement across nodes is a gang: one allocation
+    per node, all made in one transaction with one started_at, or none. Without `now`, the meter
+    starts when the locks are held: not at the start of a cycle, when the devices may still
+    have been another job's. Returns the first allocation (node 0's), or None."""
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=placement.node_id)
+        nodes = {str(n.pk): n for n in Node.objects.select_for_update().filter(pk__in=[node for node, _ in placement.parts]).order_by("pk")}
         now = now or timezone.now()
-        if node.lost_at or node.stopped_at or set(placement.devices) & node.used_devices():
-            return None
+        for node_id, devices in placement.parts:
+            node = nodes.get(str(node_id))
+            if node is None or node.lost_at or node.stopped_at or set(devices) & node.used_devices():
+                return None
         job = Job.objects.select_for_update().get(pk=placement.job_id)
         if job.state != states.QUEUED:
             return None
@@ -230,26 +241,37 @@ def place(placement, now=None):
             # started one of the team's jobs since this one's plan was made, and together they
             # must not pass the budget.
             Team.objects.select_for_update().get(pk=job.team_id)
-            held = budget_holds([(str(job.pk), node.device_type)], now)
+            held = budget_holds([(str(job.pk), nodes[str(placement.parts[0][0])].device_type)], now)
             if held:
                 Job.objects.filter(pk=job.pk).update(wait_reason=held[str(job.pk)][:300])
                 return None
-        rate = Rate.objects.in_force(node.device_type, now).for_job(job.preemptible)
-        limit, cap = remaining_allowance(job, rate)
-        allocation = Allocation.objects.create(
-            job=job,
-            node=node,
-            devices=list(placement.devices),
-            device_type=node.device_type,
-            rate=rate,
-            limit_seconds=limit,
-            cost_cap=cap,
-            started_at=now,
-            preemptible=job.preemptible,
-        )
-        allocation.open_usage()
-        job.start(allocation)
-    return allocation
+        rates = {node_id: Rate.objects.in_force(nodes[str(node_id)].device_type, now).for_job(job.preemptible) for node_id, _ in placement.parts}
+        # The job's span or ceiling, at the dearest of its nodes' rates; a money cap is shared
+        # out by devices, so the gang together never passes it.
+        limit, cap = remaining_allowance(job, max(rates.values()))
+        total = placement.gpus
+        gang = uuid.uuid4() if len(placement.parts) > 1 else None
+        allocations = []
+        for rank, (node_id, devices) in enumerate(placement.parts):
+            node = nodes[str(node_id)]
+            allocation = Allocation.objects.create(
+                job=job,
+                node=node,
+                devices=list(devices),
+                device_type=node.device_type,
+                rate=rates[node_id],
+                limit_seconds=limit,
+                cost_cap=None if cap is None else cap * len(devices) / total,
+                started_at=now,
+                preemptible=job.preemptible,
+                gang=gang,
+                node_rank=rank,
+                gang_size=len(placement.parts),
+            )
+            allocation.open_usage()
+            allocations.append(allocation)
+        job.start(allocations[0], gang=allocations if gang else None)
+    return allocations[0]
 
 
 def remaining_allowance(job, rate):
@@ -286,9 +308,9 @@ def preempt(allocation_id, why):
     stop (SIGTERM, the SDK's should_stop()), gets the grace period to checkpoint, and goes back
     to the queue. False if it is not preemptible, already ended or already asked."""
     now = timezone.now()
-    asked = Allocation.objects.filter(
-        pk=allocation_id, preemptible=True, ended_at__isnull=True, preempt_requested_at__isnull=True
-    ).update(preempt_requested_at=now)
+    gang = Allocation.objects.filter(pk=allocation_id).values_list("gang", flat=True).first()
+    members = Allocation.objects.filter(gang=gang) if gang else Allocation.objects.filter(pk=allocation_id)  # a gang goes as one
+    asked = members.filter(preemptible=True, ended_at__isnull=True, preempt_requested_at__isnull=True).update(preempt_requested_at=now)
     if asked:
         job = Job.objects.get(allocations__pk=allocation_id)
         Job.objects.filter(pk=job.pk).update(last_preempted_at=now)
@@ -323,11 +345,6 @@ def schedule(now=None):
     placed = []
     for placement in plan.placements:
         if placement.job_id in held_back:
-            continue
-        if len(placement.parts) != 1:
-            plan.waiting[placement.job_id] = (
-                f"needs {len(placement.parts)} nodes at once: runs across nodes are not available yet"
-            )
             continue
         try:
             allocation = place(placement, given)

@@ -20,11 +20,34 @@
 
   function atBottom() { return log.scrollHeight - log.scrollTop - log.clientHeight < 40; }
 
-  function addLine(text, cls, seq) {
+  // A run under torchrun: each line carries its process's rank; the filter shows one rank.
+  const rankFilter = document.getElementById("rank-filter");
+  function showRank(span) {
+    const wanted = rankFilter ? rankFilter.value : "";
+    span.hidden = wanted !== "" && span.dataset.rank !== wanted;
+  }
+  if (rankFilter) {
+    rankFilter.addEventListener("change", function () {
+      log.querySelectorAll(".line").forEach(showRank);
+    });
+  }
+  function addLine(text, cls, seq, rank) {
     const span = document.createElement("span");
     span.className = "line " + cls;
     span.dataset.seq = seq;
-    span.textContent = text + "\n";
+    if (rank !== undefined && rank !== null) {
+      span.dataset.rank = rank;
+      const mark = document.createElement("span");
+      mark.className = "rank";
+      mark.textContent = "[" + rank + "]";
+      span.append(mark, " ");
+      if (rankFilter && !rankFilter.querySelector('option[value="' + rank + '"]')) {
+        rankFilter.append(new Option(String(rank), String(rank)));
+        document.getElementById("rank-filter-label").hidden = false;
+      }
+    }
+    span.append(text + "\n");
+    showRank(span);
     log.appendChild(span);
   }
 
@@ -108,7 +131,7 @@
     for (const e of events) {
       if (e.seq <= lastSeq) continue;
       lastSeq = e.seq;
-      if (e.kind === "log") addLine(e.text, e.stream, e.seq);
+      if (e.kind === "log") addLine(e.text, e.stream, e.seq, e.rank);
       else if (e.kind === "metric") addMetric(e);
       else if (e.kind === "state") setState(e.state, e.reason, e.at, e.from);
       else if (e.kind === "meter") setMeter(e);

@@ -16,11 +16,15 @@ class Command(BaseCommand):
         parser.add_argument("--name", default=os.environ.get("E31_RUNNER_NAME") or socket.gethostname())
         parser.add_argument("--work-dir", default=str(settings.RUNNER_WORK_DIR))
         parser.add_argument("--device-type", default=None, help="override the detected type (e.g. 'cpu')")
+        parser.add_argument(
+            "--address", default=settings.E31_RUNNER_ADDRESS,
+            help="where the other runners of a run across nodes reach this one (default: E31_RUNNER_ADDRESS, 127.0.0.1)",
+        )
 
-    def handle(self, *args, devices, name, work_dir, device_type, **options):
+    def handle(self, *args, devices, name, work_dir, device_type, address, **options):
         if devices < 1:
             raise CommandError("--devices must be at least 1")
-        runner = Runner(name=name, devices=devices, work_dir=work_dir, device_type=device_type)
+        runner = Runner(name=name, devices=devices, work_dir=work_dir, device_type=device_type, address=address)
 
         def stop():
             runner.shutdown = True
