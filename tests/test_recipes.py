@@ -329,3 +329,89 @@ def test_charlm_learns_and_a_fine_tune_starts_where_it_ended(tmp_path, text):
     tuned = evaluations(tmp_path / "second", "val_loss")
     assert tuned[0] == (0, pytest.approx(final["val_loss"], abs=1e-6))
     assert tuned[-1][1] < tuned[0][1]
+
+
+# -- charlm over several processes ------------------------------------------------------------
+
+
+def run_recipe_processes(recipe, folder, config, *, data, processes, stop_file=False):
+    """Run the recipe under torchrun (gloo on the CPU) with processes processes and a job's environment."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("E31_", "SM_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(
+        PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+        E31_DATA_DIR=str(data), E31_OUTPUT_DIR=str(folder / "out"), E31_CHECKPOINT_DIR=str(folder / "ckpt"),
+        E31_CONFIG=str(folder / "config.json"), E31_METRICS_FILE=str(folder / "metrics.jsonl"),
+        E31_STOP_FILE=str(folder / "stop"), E31_RESTART="0",
+    )
+    if stop_file:
+        (folder / "stop").write_text(json.dumps({"reason": "preempted", "deadline": 0}))
+    else:
+        (folder / "stop").unlink(missing_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", f"e31.recipes.{recipe}"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_charlm_validates_the_parallel_setting():
+    assert validate("charlm", {})[0]["parallel"] == "ddp"
+    assert validate("charlm", {"parallel": "fsdp"}) == ({**RECIPES["charlm"].defaults(), "parallel": "fsdp"}, {})
+    assert "'tp' is not one of: ddp, fsdp" in validate("charlm", {"parallel": "tp"})[1]["parallel"]
+
+
+FSDP_CHARLM = {**CHARLM, "parallel": "fsdp", "checkpoint_every": 10}
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory, text):
+    """charlm with parallel=fsdp over 2 processes (gloo on the CPU), checkpointing at steps 10 and 20."""
+    folder = tmp_path_factory.mktemp("fsdp")
+    result = run_recipe_processes("charlm", folder, FSDP_CHARLM, data=text, processes=2)
+    assert "fully sharded data parallel (FSDP2): 2 processes on cpu (gloo)" in result.stdout
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, text):
+    """The same configuration in one process: parallel=fsdp then trains the plain model."""
+    folder = tmp_path_factory.mktemp("one")
+    result = run_recipe("charlm", folder, FSDP_CHARLM, data=text)
+    assert "1 process on cpu" in result.stdout
+    return folder
+
+
+def test_charlm_fully_sharded_over_two_processes_trains_as_one_process_does(sharded_run, one_process_run, text):
+    from e31.recipes import charlm
+
+    # Each process takes half of every global batch of 16 and FSDP averages the gradients, so two
+    # sharded processes take the steps one process takes on the whole batch (to rounding).
+    ours, one = evaluations(sharded_run, "val_loss"), evaluations(one_process_run, "val_loss")
+    assert [step for step, _ in ours] == [10, 20] and ours[-1][1] < ours[0][1]
+    for (step, loss), (_, expected) in zip(ours, one):
+        assert loss == pytest.approx(expected, rel=1e-4), step
+
+    # model.safetensors holds the whole, unsharded model: it loads into the single-process
+    # architecture and scores what the run reported.
+    info = json.loads((sharded_run / "out" / "recipe.json").read_text())
+    model = charlm.build_model(info)
+    model.load_state_dict(load_file(str(sharded_run / "out" / "model.safetensors")))
+    train = charlm.read_text(text / "train")
+    val = train[len(train) - max(1, int(len(train) * charlm.HOLDOUT_FRACTION)) :]
+    starts = charlm.window_starts(len(val), CHARLM["context"], CHARLM["eval_windows"])
+    metrics, _ = charlm.score(model, val, starts, CHARLM["context"], torch.device("cpu"))
+    assert metrics["loss"] == pytest.approx(final_metrics(sharded_run)["val_loss"], rel=1e-6)
+
+
+def test_a_fully_sharded_checkpoint_resumes_in_one_process(tmp_path, sharded_run, one_process_run, text):
+    # The checkpoint holds the gathered (whole) model and optimizer state, so it does not depend
+    # on how many processes wrote it.
+    assert sorted(p.name for p in (sharded_run / "ckpt").iterdir()) == ["step-000000000010.pt", "step-000000000020.pt"]
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step-000000000010.pt").write_bytes((sharded_run / "ckpt" / "step-000000000010.pt").read_bytes())
+    resumed = run_recipe("charlm", tmp_path, FSDP_CHARLM, data=text)
+    assert "resumed from step-000000000010.pt at step 10" in resumed.stdout
+    assert [step for step, _ in evaluations(tmp_path, "val_loss")] == [20]
+    assert final_metrics(tmp_path)["val_loss"] == pytest.approx(final_metrics(one_process_run)["val_loss"], rel=1e-4)

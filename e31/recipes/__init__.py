@@ -87,6 +87,13 @@ RECIPES = {
             Param("n_layers", "int", 2, "transformer blocks", min=1, max=96),
             Param("n_heads", "int", 4, "attention heads (must divide d_model)", min=1, max=128),
             Param("eval_windows", "int", 128, "at most this many fixed validation windows", min=1, max=1_000_000),
+            Param(
+                "parallel", "choice", "ddp",
+                "how several processes share the work: data parallel (ddp) keeps a whole copy of the model in each; "
+                "fully sharded data parallel (fsdp) shards parameters, gradients and optimizer state across the processes, "
+                "for models that do not fit one device",
+                choices=("ddp", "fsdp"),
+            ),
         ),
     ),
 }

@@ -148,6 +148,15 @@ def evaluate_staged(config):
 # -- training ---------------------------------------------------------------------------------
 
 
+def whole_model(info, config, weights):
+    """A plain (unsharded, CPU) copy of the trained model, LoRA adapters included, from its full state."""
+    model = build_model(info)
+    if config["adaptation"] == "lora":
+        common.apply_lora(model, config["lora_rank"], config["lora_alpha"])
+    model.load_state_dict(weights)
+    return model
+
+
 def train(config, dist):
     start = common.start_dir()
     start_info = common.read_recipe_json(start) if start else None
@@ -192,8 +201,11 @@ def train(config, dist):
         return {"val_loss": metrics["loss"], "val_bpb": metrics["bpb"]}
 
     final, stopped = common.fit(model, config, dist, train_loss=train_loss, evaluate=evaluate, finetuning=start is not None)
+    weights = dist.model_state(model)  # under FSDP every process takes part in gathering the shards
     if not dist.writer:
         return
+    if dist.sharded:
+        model = whole_model(info, config, weights)
     out = common.output_dir()
     common.save_outputs(model, {**info, "config": config}, out)
     if stopped:
@@ -209,7 +221,7 @@ def main():
     if config["mode"] == "evaluate":
         evaluate_staged(config)
         return
-    dist = common.Dist()
+    dist = common.Dist(config["parallel"])
     try:
         train(config, dist)
     finally:

@@ -98,14 +98,22 @@ def autocast(device):
 
 
 class Dist:
-    """The process group when torchrun started several processes (WORLD_SIZE > 1), else a no-op."""
+    """The process group when torchrun started several processes (WORLD_SIZE > 1), else a no-op.
 
-    def __init__(self):
+    parallel is "ddp" (each process holds the whole model) or "fsdp" (FSDP2's fully_shard: each
+    process holds a shard of the parameters, gradients and optimizer state). With one process
+    both are the plain model. Under FSDP, model_state() and load_model_state() (and their
+    optimizer twins) are collectives: every process calls them at the same point of the run.
+    """
+
+    def __init__(self, parallel="ddp"):
         self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self.rank = int(os.environ.get("RANK", "0") or 0)
         local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self.device = pick_device(local_rank)
         self.active = self.world > 1
+        self.parallel = parallel
+        self.sharded = self.active and parallel == "fsdp"
         if self.active:
             import torch.distributed as distributed
 
@@ -121,11 +129,28 @@ class Dist:
         if not self.active:
             return f"1 process on {self.device.type}"
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        return f"data parallel: {self.world} processes on {self.device.type} ({backend})"
+        kind = "fully sharded data parallel (FSDP2)" if self.sharded else "data parallel"
+        return f"{kind}: {self.world} processes on {self.device.type} ({backend})"
 
     def wrap(self, model):
+        """The module to train: model itself (sharded in place under FSDP), or a DDP wrapper of it."""
         if not self.active:
             return model
+        if self.sharded:
+            import warnings
+
+            from torch.distributed.fsdp import fully_shard
+
+            # The logits are a view (nn.Linear over 3-d input); nothing edits them in place.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+            # One shard group per block of each ModuleList (a transformer's layers), so only one
+            # block is gathered at a time; the root group holds the rest (embeddings, head).
+            for module in list(model.modules()):
+                if isinstance(module, nn.ModuleList):
+                    for block in module:
+                        fully_shard(block)
+            return fully_shard(model)
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -144,6 +169,55 @@ class Dist:
         value = torch.tensor([1.0 if flag else 0.0], device=self.device)
         distributed.all_reduce(value, op=distributed.ReduceOp.MAX)
         return bool(value.item())
+
+    # The state of a model or optimizer, gathered to whole tensors: rank 0 gets it (on the CPU),
+    # the other processes an empty dict under FSDP. Loading takes rank 0's and shards it.
+    # An FSDP run's optimizer state is keyed by parameter name, with any number of processes,
+    # so its checkpoint resumes whether the restart has one process or several.
+
+    def model_state(self, model):
+        if not self.sharded:
+            return model.state_dict()
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=self._gather())
+
+    def optimizer_state(self, model, optimizer):
+        if self.parallel != "fsdp":
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=self._gather() if self.sharded else None)
+
+    def load_model_state(self, model, state):
+        if not self.sharded:
+            return model.load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        model.reshard()  # after a forward pass the root's parameters are still whole; loading needs shards
+        set_model_state_dict(model, state, options=self._scatter())
+
+    def load_optimizer_state(self, model, optimizer, state):
+        by_name = any(isinstance(key, str) for key in state.get("state", {}))
+        if not (self.sharded or by_name):
+            return optimizer.load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        if self.sharded:
+            model.reshard()
+        set_optimizer_state_dict(model, optimizer, state, options=self._scatter() if self.sharded else None)
+
+    @staticmethod
+    def _gather():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    @staticmethod
+    def _scatter():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
     def close(self):
         if self.active:
@@ -344,7 +418,13 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
     patience, max_steps = config["patience"], config["max_steps"]
 
-    state = e31.resume(model=model, optimizer=optimizer, map_location=dist.device)
+    # e31.checkpoint and e31.resume see the whole (unsharded) state, so an FSDP run's checkpoint
+    # does not depend on how many processes wrote it, and a restart with another number resumes it.
+    state = e31.resume(
+        model=_Loads(lambda saved: dist.load_model_state(model, saved)),
+        optimizer=_Loads(lambda saved: dist.load_optimizer_state(model, optimizer, saved)),
+        map_location=dist.device,
+    )
     extra = state.extra if state else {}
     step = state.step if state else 0
     best = extra.get("best", math.inf)
@@ -357,7 +437,7 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         # The starting point, measured before any step: equal to the previous run's final evaluation.
         last = evaluate()
         e31.log_metric(0, **last)
-        best, best_state = last["val_loss"], _snapshot(model) if patience else None
+        best, best_state = last["val_loss"], _snapshot(model, dist) if patience else None
 
     stopping = early = False
     while step < max_steps and not early:
@@ -375,7 +455,7 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
             values.update(last)
             if last["val_loss"] < best:
                 best, bad = last["val_loss"], 0
-                best_state = _snapshot(model) if patience else None
+                best_state = _snapshot(model, dist) if patience else None
             else:
                 bad += 1
             early = bool(patience) and bad >= patience
@@ -383,7 +463,9 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         stopping = dist.any(e31.should_stop())
         every = config["checkpoint_every"] or None
         if stopping or (every and e31.checkpoint_due(step, every_steps=every)):
-            e31.checkpoint(step, model=model, optimizer=optimizer, best=best, bad=bad, best_state=best_state, last_metrics=last)
+            # Gathered here, in every process (a collective under FSDP); only rank 0 writes the file.
+            held, held_optimizer = _Holds(dist.model_state(model)), _Holds(dist.optimizer_state(model, optimizer))
+            e31.checkpoint(step, model=held, optimizer=held_optimizer, best=best, bad=bad, best_state=best_state, last_metrics=last)
         if stopping:
             if step < max_steps and not early:
                 print(f"stopping at step {step} of {max_steps}: {e31.stop_reason()}; checkpoint saved", flush=True)
@@ -395,14 +477,31 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         last = evaluate()
         e31.log_metric(step, **last)
     if patience and best_state is not None and best < last["val_loss"]:
-        model.load_state_dict(best_state)
+        dist.load_model_state(model, best_state)
         last = evaluate()
         e31.log_metric(step, **last)
     return last, False
 
 
-def _snapshot(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def _snapshot(model, dist):
+    return {k: v.detach().clone() for k, v in dist.model_state(model).items()}
+
+
+class _Holds:
+    """A state gathered beforehand, in the shape e31.checkpoint() saves (it calls state_dict())."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+
+class _Loads:
+    """A loader in the shape e31.resume() restores into (it calls load_state_dict())."""
+
+    def __init__(self, load):
+        self.load_state_dict = load
 
 
 # -- evaluation of staged models --------------------------------------------------------------
