@@ -184,7 +184,7 @@ def train(config, dist):
     model.to(device)
     if dist.writer:
         print(f"charlm: {len(train_text)} training bytes, {len(starts)} validation windows; "
-              f"{'fine-tuning ' + str(start) if start else 'from scratch'}; {dist.describe()}; config {config}", flush=True)
+              f"{'fine-tuning the model in $E31_MODEL_DIR/start' if start else 'from scratch'}; {dist.describe()}; config {config}", flush=True)
 
     offsets = torch.arange(context + 1)
 

@@ -220,7 +220,7 @@ def train(config, dist):
     model.to(device)
     if dist.writer:
         print(f"classifier: {len(y)} training rows, {len(val_y)} validation rows, {info['data']['features']} features, "
-              f"{len(classes)} classes; {'fine-tuning ' + str(start) if start else 'from scratch'}; {dist.describe()}; config {config}", flush=True)
+              f"{len(classes)} classes; {'fine-tuning the model in $E31_MODEL_DIR/start' if start else 'from scratch'}; {dist.describe()}; config {config}", flush=True)
 
     batch_size, seed = config["batch_size"], config["seed"]
     per_epoch = math.ceil(len(y) / batch_size)
