@@ -223,10 +223,11 @@ def test_a_preemptible_job_makes_room_checkpoints_and_resumes(runner, alice, rat
     cheap = run_job(runner, cheap)
     assert cheap.state == "succeeded"
     lines = [text for _, text in log_lines(cheap)]
-    # On two devices it runs as two processes (torchrun); rank 0 checkpoints when told to stop,
-    # and both resume from that checkpoint.
+    # On two devices it runs as two processes (torchrun) that do not wait for each other: rank 0
+    # checkpoints when told to stop and resumes from that checkpoint (rank 1, started a moment
+    # later, may already find a newer one that rank 0 wrote since).
     resumed = cheap.events.get(kind="resume").data["step"]
-    assert f"stopping at {resumed}" in lines and lines.count(f"starting at {resumed}") == 2, lines
+    assert f"stopping at {resumed}" in lines and f"starting at {resumed}" in lines, lines
     usage = UsageRecord.objects.get(allocation=first)
     assert usage.credit_seconds <= 2  # it checkpointed on the notice: little was lost
 

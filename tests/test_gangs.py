@@ -205,7 +205,7 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_a_gang_that_loses_a_runner_stops_whole_and_resumes_from_its_checkpoint(tmp_path):
-    config = {"steps": 60, "sleep": 0.25}
+    config = {"steps": 40, "sleep": 0.2}
     reference = reference_weights(tmp_path, config)
     system = LiveSystem(devices=1, env={"E31_NODE_TIMEOUT_SECONDS": "3", "E31_STOP_GRACE_SECONDS": "2"})
     try:

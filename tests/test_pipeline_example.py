@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.nodb  # plain processes and tensors: run once, with the SQLite pass
 
 
 def test_it_trains_two_stages_and_writes_each_stage(tmp_path):

@@ -12,7 +12,8 @@ from jobs.models import Job, Upload
 from tests.conftest import make_job, upload
 from tests.test_staging import make_runner, run  # noqa: F401 - the fixture
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
+# Real runners and recipe runs: with the end-to-end tests (the SQLite pass).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
 
 
 def table(rows, seed):
@@ -82,7 +83,7 @@ def test_compare_tells_a_clearly_better_and_a_clearly_worse_fine_tuning(make_run
     assert weak.state == "succeeded", weak.reason
     # Trained on: clearly better than where it started.
     better = lineage.retrain(weak, alice)
-    Job.objects.filter(pk=better.pk).update(config={**BASE, "max_steps": 150, "eval_every": 50, "lr": 0.02})
+    Job.objects.filter(pk=better.pk).update(config={**BASE, "max_steps": 60, "eval_every": 30, "lr": 0.02})
     better = run([runner], better)
     assert better.state == "succeeded", better.reason
     verdict = compared(runner, lineage.compare(better, alice), client, alice)
@@ -90,7 +91,7 @@ def test_compare_tells_a_clearly_better_and_a_clearly_worse_fine_tuning(make_run
     # Fine-tuned with labels turned upside down: clearly worse than where it started.
     flipped = datasets.create_dataset(team_a, "flipped", {"part-0.csv": flip(table(400, 1))}).latest_version()
     worse = lineage.retrain(better, alice)
-    Job.objects.filter(pk=worse.pk).update(train_version=flipped, config={**BASE, "max_steps": 150, "eval_every": 50, "lr": 0.02})
+    Job.objects.filter(pk=worse.pk).update(train_version=flipped, config={**BASE, "max_steps": 60, "eval_every": 30, "lr": 0.02})
     worse = run([runner], worse)
     assert worse.state == "succeeded", worse.reason
     verdict = compared(runner, lineage.compare(worse, alice), client, alice)

@@ -22,6 +22,8 @@ from e31.recipes.classifier import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.nodb  # plain processes and tensors: run once, with the SQLite pass
+
 
 # -- helpers ----------------------------------------------------------------------------------
 
