@@ -254,6 +254,9 @@ def test_log_lines_keep_their_rank_and_the_page_filters_by_it(alice, client):
     lines = client.get(f"/api/jobs/{job.pk}/logs/?rank=0").json()["lines"]
     assert [(line["rank"], line["text"]) for line in lines] == [(0, "step 1")]
     assert client.get(f"/api/jobs/{job.pk}/logs/?rank=x").status_code == 400
+    # The downloaded log keeps each line's rank.
+    text = b"".join(client.get(f"/jobs/{job.pk}/log.txt").streaming_content).decode()
+    assert text == "torchrun says hello\n[rank0]:step 1\n[rank1]:step 1\n"
 
 
 def test_a_gang_larger_than_any_node_is_staged_on_enough_nodes():
