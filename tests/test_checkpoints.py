@@ -19,7 +19,7 @@ from scheduler.runner import Runner
 from tests.conftest import make_job
 from tests.test_runner import log_lines, run_job, run_until
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.runs_jobs, pytest.mark.timeout(120), pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parent.parent
 

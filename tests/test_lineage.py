@@ -14,7 +14,7 @@ from scheduler.staging import job_manifest
 from tests.conftest import make_job, upload
 from tests.test_staging import make_runner, run  # noqa: F401 - the fixture
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.runs_jobs, pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
 
 # Trains (writes weights whose "quality" is one more than its starting model's), or, with
 # mode evaluate, scores each model on the held-out rows: a row is right when its difficulty

@@ -19,7 +19,7 @@ from scheduler.models import CachedBlob, Node, Staging
 from scheduler.runner import Runner
 from tests.conftest import make_job
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.runs_jobs, pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
 
 READ_DATA = b"""
 import json, os
