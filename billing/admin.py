@@ -9,39 +9,32 @@ class RateAdmin(admin.ModelAdmin):
     list_filter = ["gpu_type"]
 
 
+class LedgerAdmin(admin.ModelAdmin):
+    """The ledger is append-only: written by the system, read here."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(LedgerAdmin):
     list_display = ["job", "team", "gpus", "gpu_type", "started_at", "ended_at", "held_seconds", "rate", "amount", "provisional", "period"]
     list_filter = ["team", "gpu_type", "provisional"]
 
     def get_queryset(self, request):
         return UsageRecord.ledger.all()  # provisional records too: what runs now
 
-    # The ledger is append-only: written by the system when an allocation is released.
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(Credit)
-class CreditAdmin(admin.ModelAdmin):
+class CreditAdmin(LedgerAdmin):
     list_display = ["job", "team", "seconds", "amount", "reason", "period", "created_at"]
     list_filter = ["team"]
-
-    # Append-only like the usage they are against: written when a faulty allocation is released.
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class InvoiceLineInline(admin.TabularInline):

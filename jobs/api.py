@@ -363,13 +363,10 @@ def job_compare(request, job_id):
 @api_view(["GET"])
 def job_comparison(request, job_id):
     """An evaluation job's metrics per model, and the verdict of new against previous."""
-    from jobs.lineage_views import comparison
+    from jobs.lineage_views import comparison, comparison_json
 
     job = get_job(request, job_id)
     found = comparison(job)
     if found is None:
         return Response({"detail": "This job has no evaluation (yet)."}, status=status.HTTP_404_NOT_FOUND)
-    body = {"job": str(job.pk), **{k: v for k, v in found.items() if k in ("evaluation", "error")}}
-    if "verdict" in found:
-        body["verdict"] = found["verdict"].as_dict()
-    return Response(body)
+    return Response(comparison_json(job, found))

@@ -23,17 +23,20 @@ class LineageError(ValueError):
     pass
 
 
+def model_files(artifacts):
+    """Of a job's output files, those of its model (see WEIGHT_SUFFIXES), as JobModel files;
+    [] when no weights are among them."""
+    files = [{"name": a.name, "key": a.key, "size": a.size, "sha256": a.sha256} for a in artifacts if "/" not in a.name]
+    return files if any(f["name"].endswith(WEIGHT_SUFFIXES) for f in files) else []
+
+
 def weights_of(job):
     """The files of a finished job's model (its output), as JobModel files. LineageError if it
     has none."""
     if job.state not in (states.SUCCEEDED, states.STOPPED):
         raise LineageError(f"{job.name} ({job.short_id}) has not finished with weights: it is {job.state}.")
-    files = [
-        {"name": a.name, "key": a.key, "size": a.size, "sha256": a.sha256}
-        for a in job.artifacts.order_by("name")
-        if "/" not in a.name
-    ]
-    if not any(f["name"].endswith(WEIGHT_SUFFIXES) for f in files):
+    files = model_files(job.artifacts.order_by("name"))
+    if not files:
         raise LineageError(f"{job.name} ({job.short_id}) left no weights (no .safetensors, .pt, .pth or .bin file in its output).")
     return files
 

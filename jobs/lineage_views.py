@@ -175,6 +175,14 @@ def bars(result, width=200):
     }
 
 
+def comparison_json(job, found):
+    """What the JSON download and the API give of a comparison: the evaluation and the verdict."""
+    body = {"job": str(job.pk), "name": job.name, **{k: v for k, v in found.items() if k in ("evaluation", "error")}}
+    if "verdict" in found:
+        body["verdict"] = found["verdict"].as_dict()
+    return body
+
+
 @login_required
 @require_GET
 def job_comparison_json(request, job_id):
@@ -182,9 +190,6 @@ def job_comparison_json(request, job_id):
     found = comparison(job)
     if found is None:
         raise Http404("This job has no evaluation.")
-    body = {"job": str(job.pk), "name": job.name, **{k: v for k, v in found.items() if k in ("evaluation", "error")}}
-    if "verdict" in found:
-        body["verdict"] = found["verdict"].as_dict()
-    response = JsonResponse(body, json_dumps_params={"indent": 2})
+    response = JsonResponse(comparison_json(job, found), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="comparison-{job.short_id}.json"'
     return response

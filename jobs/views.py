@@ -200,11 +200,12 @@ def lineage_context(job):
     from jobs.lineage_views import comparison
 
     finished = job.state in (states.SUCCEEDED, states.STOPPED)
-    has_weights = finished and any(a.name.endswith(lineage.WEIGHT_SUFFIXES) and "/" not in a.name for a in job.artifacts.all())
+    has_weights = finished and bool(lineage.model_files(job.artifacts.all()))
+    models = list(job.models.all())
     return {
-        "models": list(job.models.all()),
+        "models": models,
         "can_retrain": has_weights and job.kind != Job.KIND_EVALUATE,
-        "can_compare": has_weights and job.kind == Job.KIND_FINETUNE and job.models.filter(label="start").exists(),
+        "can_compare": has_weights and job.kind == Job.KIND_FINETUNE and any(m.label == "start" for m in models),
         "comparison": comparison(job) if finished else None,
     }
 

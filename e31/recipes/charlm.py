@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import e31
 from e31.recipes import common
 
 NAME = "charlm"
@@ -206,26 +205,11 @@ def train(config, dist):
         return
     if dist.sharded:
         model = whole_model(info, config, weights)
-    out = common.output_dir()
-    common.save_outputs(model, {**info, "config": config}, out)
-    if stopped:
-        return
-    common.write_json(out / "metrics.json", final)
-    print(f"done: {final}", flush=True)
+    common.write_results(model, info, config, final, stopped)
 
 
 def main():
-    e31.should_stop()  # installs the SIGTERM handler now, so a stop while data loads is answered
-    config = common.load_config(NAME)
-    torch.manual_seed(config["seed"])
-    if config["mode"] == "evaluate":
-        evaluate_staged(config)
-        return
-    dist = common.Dist(config["parallel"])
-    try:
-        train(config, dist)
-    finally:
-        dist.close()
+    common.main(NAME, train, evaluate_staged)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from torch import nn
 
-import e31
 from e31.recipes import common
 
 NAME = "classifier"
@@ -241,26 +240,11 @@ def train(config, dist):
     final, stopped = common.fit(model, config, dist, train_loss=train_loss, evaluate=evaluate, finetuning=start is not None)
     if not dist.writer:
         return
-    out = common.output_dir()
-    common.save_outputs(model, {**info, "config": config}, out)
-    if stopped:
-        return
-    common.write_json(out / "metrics.json", final)
-    print(f"done: {final}", flush=True)
+    common.write_results(model, info, config, final, stopped)
 
 
 def main():
-    e31.should_stop()  # installs the SIGTERM handler now, so a stop while data loads is answered
-    config = common.load_config(NAME)
-    torch.manual_seed(config["seed"])
-    if config["mode"] == "evaluate":
-        evaluate_staged(config)
-        return
-    dist = common.Dist()
-    try:
-        train(config, dist)
-    finally:
-        dist.close()
+    common.main(NAME, train, evaluate_staged)
 
 
 if __name__ == "__main__":

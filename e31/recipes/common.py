@@ -537,3 +537,33 @@ def write_evaluation(recipe_name, metric, higher_is_better, models):
 
 def _metric_name_ok(label):
     return all(c.isalnum() or c in "_.-" for c in label) and len(label) <= 60
+
+
+# -- a recipe's run ---------------------------------------------------------------------------
+
+
+def write_results(model, info, config, final, stopped):
+    """Rank 0's end of a training run: the weights always (so far, when stopped), and the final
+    evaluation in metrics.json when the run reached its end."""
+    out = output_dir()
+    save_outputs(model, {**info, "config": config}, out)
+    if stopped:
+        return
+    write_json(out / "metrics.json", final)
+    print(f"done: {final}", flush=True)
+
+
+def main(recipe_name, train, evaluate_staged):
+    """A recipe's entry point: check the configuration, then evaluate the staged models or train
+    (in the process group torchrun set up, when it did)."""
+    e31.should_stop()  # installs the SIGTERM handler now, so a stop while data loads is answered
+    config = load_config(recipe_name)
+    torch.manual_seed(config["seed"])
+    if config["mode"] == "evaluate":
+        evaluate_staged(config)
+        return
+    dist = Dist(config.get("parallel", "ddp"))
+    try:
+        train(config, dist)
+    finally:
+        dist.close()
