@@ -1,7 +1,10 @@
-"""Browser tests' common parts: Debian's Chromium driven by Playwright, and a page per test
-that keeps a screenshot, the browser console and the system's logs when the test fails.
+"""Browser tests' common parts: Debian's Chromium driven by Playwright (one for the session),
+a page per test (a context of its own) that keeps a screenshot, the browser console and the
+system's logs when the test fails, and the live systems the browser tests share.
 
-Test modules import the fixtures they use (browser, page) and define their own `system`.
+Test modules define their own `system`: one of the shared systems (web_system, runner_system),
+or one of their own where a test needs something no other does. Tests on a shared system keep to
+their own names (jobs, datasets), so that what one leaves behind is not what another looks at.
 """
 
 import contextlib
@@ -9,7 +12,7 @@ import contextlib
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.system import ROOT
+from tests.system import ROOT, LiveSystem
 
 SHOTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -24,7 +27,29 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
+# The smallest chunk S3 takes: the dataset upload tests' files stay small.
+UPLOAD_CHUNK_BYTES = 5 * 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def web_system():
+    """The web server and the scheduler, no runner (no job runs), with 5 MiB upload chunks."""
+    live = LiveSystem(env={"E31_UPLOAD_CHUNK_BYTES": str(UPLOAD_CHUNK_BYTES)})
+    try:
+        live.start(runner=False)
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture(scope="session")
+def runner_system():
+    """The web server, the scheduler and a runner with two devices, for tests that run jobs."""
+    with LiveSystem(devices=2) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
 def browser():
     SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:

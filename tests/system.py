@@ -6,6 +6,8 @@ the Redis channel layer. Nothing here imports Django: the system is driven over 
 websockets, as a user would.
 """
 
+import atexit
+import contextlib
 import json
 import os
 import re
@@ -28,6 +30,28 @@ REDIS_URL = os.environ.get("E31_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TERMINAL = {"succeeded", "failed", "stopped", "cancelled"}
 
 
+# What a seeded system starts from: the database migrated, the demo loaded and its API token made
+# (about 10 s of manage.py runs), done once per kind of system in this process and copied for
+# every system of that kind after the first (a file copy, or CREATE DATABASE ... TEMPLATE).
+_SEEDS = {}
+# Settings only the running processes read: systems that differ only in these start from the
+# same seed. (Anything else in a system's environment gets a seed of its own.)
+RUNTIME_ONLY = {
+    "E31_VAR_DIR", "DATABASE_URL", "REDIS_URL", "PYTHONUNBUFFERED", "E31_SCHEDULER_INTERVAL_SECONDS",
+    "E31_HEARTBEAT_SECONDS", "E31_STOP_GRACE_SECONDS", "E31_NODE_TIMEOUT_SECONDS", "E31_PREEMPT_EVERY_SECONDS",
+    "E31_UPLOAD_CHUNK_BYTES", "E31_API_RATE",
+}
+SEED_CODE = """
+import io
+from django.core.management import call_command
+call_command("migrate", interactive=False, verbosity=0)
+call_command("demo", stdout=io.StringIO())
+token = io.StringIO()
+call_command("apitoken", "demo", stdout=token)
+print("token", token.getvalue().strip())
+"""
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,14 +59,19 @@ def free_port():
 
 
 class LiveSystem:
-    def __init__(self, database="sqlite", redis=False, devices=2, stop_grace=1.0, env=None, s3=None):
+    def __init__(self, database="sqlite", redis=False, devices=2, stop_grace=1.0, env=None, s3=None, seeded=True):
+        """seeded: start() copies a database migrated and seeded once in this process (see
+        _SEEDS) instead of running migrate, demo and apitoken again; never with S3 storage (the
+        seed's files would stay in its bucket)."""
         self.database = database
+        self.seeded = seeded and s3 is None
         self.redis = redis
         self.devices = devices
         self.var_dir = Path(tempfile.mkdtemp(prefix="e31-system-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.processes = {}
+        self._spawned = []  # every process started, also one whose name was used again
         self.pg_name = None
         self.env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -62,6 +91,8 @@ class LiveSystem:
             self.env["REDIS_URL"] = REDIS_URL
         if s3 is not None:  # a tests.seaweed.SeaweedFS: storage in a fresh bucket there
             self.env.update(s3.settings_env(s3.bucket("system")))
+        if "E31_STORAGE_URL" in self.env:  # a seed's files would be in its own bucket, not copied
+            self.seeded = False
         self.token = None
 
     # Processes ------------------------------------------------------------------------------
@@ -77,11 +108,15 @@ class LiveSystem:
     def spawn(self, name, args):
         log = open(self.var_dir / f"{name}.log", "wb")
         self.processes[name] = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self._spawned.append(self.processes[name])
 
     def start(self, runner=True):
-        self.manage("migrate", "--noinput", "-v", "0")
-        self.manage("demo")
-        self.token = self.manage("apitoken", "demo").strip()
+        if self.seeded:
+            self._copy_seed()
+        else:
+            self.manage("migrate", "--noinput", "-v", "0")
+            self.manage("demo")
+            self.token = self.manage("apitoken", "demo").strip()
         self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "e31web.asgi:application"])
         self.spawn("scheduler", [sys.executable, "manage.py", "scheduler"])
         if runner:
@@ -98,11 +133,54 @@ class LiveSystem:
         except httpx.HTTPError:
             return False
 
+    # Seeds ----------------------------------------------------------------------------------
+
+    def _seed_key(self):
+        return self.database, tuple(sorted((k, v) for k, v in self.env.items() if k not in RUNTIME_ONLY))
+
+    def _copy_seed(self):
+        key = self._seed_key()
+        if key not in _SEEDS:
+            _SEEDS[key] = self._make_seed()
+        seed = _SEEDS[key]
+        shutil.copytree(seed["var_dir"], self.var_dir, dirs_exist_ok=True)
+        # A token of its own, as a system seeded afresh has (the API's rate limits count per token).
+        self.token = secrets.token_hex(20)
+        change_token = "UPDATE authtoken_token SET key = %s WHERE key = %s"
+        if self.pg_name:
+            self._postgres(f'DROP DATABASE IF EXISTS "{self.pg_name}"')
+            self._postgres(f'CREATE DATABASE "{self.pg_name}" TEMPLATE "{seed["pg_name"]}"')
+            import psycopg
+
+            with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:
+                assert conn.execute(change_token, (self.token, seed["token"])).rowcount == 1
+        else:
+            import sqlite3
+
+            with contextlib.closing(sqlite3.connect(self.var_dir / "e31.sqlite3", timeout=30)) as conn, conn:
+                assert conn.execute(change_token.replace("%s", "?"), (self.token, seed["token"])).rowcount == 1
+
+    def _make_seed(self):
+        seed = {"var_dir": Path(tempfile.mkdtemp(prefix="e31-seed-")), "pg_name": None}
+        atexit.register(_drop_seed, seed)
+        env = {**self.env, "E31_VAR_DIR": str(seed["var_dir"])}
+        if self.pg_name:
+            seed["pg_name"] = f"e31_seed_{secrets.token_hex(4)}"
+            self._postgres(f'CREATE DATABASE "{seed["pg_name"]}"')
+            env["DATABASE_URL"] = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{seed['pg_name']}"
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", SEED_CODE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"seeding a database failed:\n{result.stdout}\n{result.stderr}")
+        seed["token"] = result.stdout.rsplit("token ", 1)[1].strip()
+        return seed
+
     def stop(self):
-        for process in self.processes.values():
+        for process in self._spawned:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
+        for process in self._spawned:
             try:
                 process.wait(15)
             except subprocess.TimeoutExpired:
@@ -147,13 +225,17 @@ class LiveSystem:
     # Driving it -----------------------------------------------------------------------------
 
     @staticmethod
-    def wait_until(predicate, timeout, what):
+    def wait_until(predicate, timeout, what, interval=0.1, max_interval=0.5):
+        """predicate()'s first true value, asked every interval seconds at first and less often
+        the longer it takes (up to max_interval): each question to the web server takes CPU
+        from the jobs being waited for, on a small machine."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = predicate()
             if value:
                 return value
-            time.sleep(0.1)
+            time.sleep(interval)
+            interval = min(max_interval, interval * 1.25)
         raise TimeoutError(f"gave up waiting for {what} after {timeout} s")
 
     def api(self, method, path, **kwargs):
@@ -197,6 +279,15 @@ class LiveSystem:
         )
         assert response.status_code == 302, response.text
         return client
+
+
+def _drop_seed(seed):
+    shutil.rmtree(seed["var_dir"], ignore_errors=True)
+    if seed["pg_name"]:
+        try:
+            LiveSystem._postgres(f'DROP DATABASE IF EXISTS "{seed["pg_name"]}" WITH (FORCE)')
+        except Exception:  # noqa: BLE001 - at exit, nothing more to do
+            pass
 
 
 def parse_time(text):

@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser import log_in, shot
-from tests.system import ROOT, LiveSystem
+from tests.system import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -27,11 +27,8 @@ JOB_URL = re.compile(r"/jobs/[0-9a-f-]{36}/$")
 
 
 @pytest.fixture(scope="module")
-def system():
-    with LiveSystem() as live:
-        yield live
-
-
+def system(runner_system):
+    return runner_system
 
 
 

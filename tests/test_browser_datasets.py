@@ -19,7 +19,6 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from playwright.sync_api import expect
 
-from tests.system import LiveSystem
 from tests.browser import log_in, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -31,13 +30,10 @@ UPLOAD_URL = re.compile(r"/datasets/[0-9a-f-]{36}/versions/1/upload/$")
 
 
 @pytest.fixture(scope="module")
-def system():
-    live = LiveSystem(env={"E31_UPLOAD_CHUNK_BYTES": str(CHUNK)})
-    try:
-        live.start(runner=False)  # no jobs here: the web server (and scheduler) are enough
-        yield live
-    finally:
-        live.stop()
+def system(web_system):
+    """No jobs here: the web server (and scheduler) are enough; 5 MiB chunks."""
+    assert web_system.env["E31_UPLOAD_CHUNK_BYTES"] == str(CHUNK)
+    return web_system
 
 
 @pytest.fixture

@@ -15,19 +15,14 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser import log_in, shot
-from tests.system import LiveSystem
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def system():
-    live = LiveSystem()
-    try:
-        live.start(runner=False)  # the events are written here, as a runner would
-        yield live
-    finally:
-        live.stop()
+def system(web_system):
+    """No runner: the events are written here, as a runner would (and the job stays queued)."""
+    return web_system
 
 
 def django(system, code):

@@ -13,19 +13,13 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser import log_in, shot
-from tests.system import LiveSystem
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(400)]
 
 
 @pytest.fixture(scope="module")
-def system():
-    live = LiveSystem(devices=1)
-    try:
-        live.start()
-        yield live
-    finally:
-        live.stop()
+def system(runner_system):
+    return runner_system
 
 
 def table(rows, seed):

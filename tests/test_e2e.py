@@ -193,7 +193,7 @@ def test_reconnecting_after_the_end_sends_only_what_was_missed(system):
         {"name": "digits-api", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25, "config": {"epochs": 5}}, EXAMPLE
     )
     done = system.wait_for_state(job["id"])
-    assert done["state"] == "succeeded"
+    assert done["state"] == "succeeded", done
     headers = {"Authorization": f"Token {system.token}"}
     cut = 5
     with connect(system.ws_url(job["id"], after=cut), additional_headers=headers) as ws:

@@ -119,21 +119,50 @@ from tests.system import ROOT, LiveSystem  # noqa: E402
 CONFIG = {"steps": 40}
 
 
-def reference_weights(tmp_path, config):
-    """The script in one process, outside the network: the weights every run must end with."""
-    script = tmp_path / "ref" / "train.py"
-    script.parent.mkdir(parents=True)
-    script.write_bytes(DDP_SCRIPT)
-    (tmp_path / "ref" / "config.json").write_text(json.dumps(config))
-    env = {
-        "PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-        "E31_OUTPUT_DIR": str(tmp_path / "ref"), "E31_CHECKPOINT_DIR": str(tmp_path / "ref" / "ckpt"),
-        "E31_CONFIG": str(tmp_path / "ref" / "config.json"), "E31_METRICS_FILE": str(tmp_path / "ref" / "metrics.jsonl"),
-    }
-    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=120)
-    import torch
+class ReferenceRun:
+    """The script in one process, outside the network: the weights every run must end with.
 
-    return torch.load(tmp_path / "ref" / "model.pt")
+    Started in the background (it runs while a test's system starts and its jobs run) and
+    waited for in weights(). The pause between steps ("sleep") changes no number, so the
+    reference runs without it."""
+
+    def __init__(self, folder, config):
+        config = {k: v for k, v in config.items() if k != "sleep"}
+        self.folder = folder
+        folder.mkdir(parents=True)
+        script = folder / "train.py"
+        script.write_bytes(DDP_SCRIPT)
+        (folder / "config.json").write_text(json.dumps(config))
+        env = {
+            "PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+            "E31_OUTPUT_DIR": str(folder), "E31_CHECKPOINT_DIR": str(folder / "ckpt"),
+            "E31_CONFIG": str(folder / "config.json"), "E31_METRICS_FILE": str(folder / "metrics.jsonl"),
+        }
+        self.process = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._weights = None
+
+    def weights(self):
+        if self._weights is None:
+            output, _ = self.process.communicate(timeout=120)
+            assert self.process.returncode == 0, output.decode(errors="replace")
+            import torch
+
+            self._weights = torch.load(self.folder / "model.pt")
+        return self._weights
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The weights of CONFIG's run in one process, for every test here (they differ only in
+    their pauses)."""
+    run = ReferenceRun(tmp_path_factory.mktemp("gang-reference") / "ref", CONFIG)
+    yield run
+    run.close()
 
 
 def assert_close(weights, reference):
@@ -166,8 +195,7 @@ def log_ranks(system, job_id):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_process(tmp_path):
-    reference = reference_weights(tmp_path, CONFIG)
+def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_process(tmp_path, reference):
     system = LiveSystem(devices=2)
     try:
         system.start(runner=False)
@@ -176,7 +204,7 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
         job = system.wait_for_state(one_runner, timeout=180)
         assert job["state"] == "succeeded", (job, system.logs())
         assert [a["node"] for a in job["allocations"]] == ["e2e-two"] and job["allocations"][0]["devices"] == [0, 1]
-        assert_close(job_weights(system, one_runner), reference)
+        assert_close(job_weights(system, one_runner), reference.weights())
         assert log_ranks(system, one_runner) == {0, 1}
         # Only rank 1's lines, on request.
         lines = system.api("GET", f"/api/jobs/{one_runner}/logs/?rank=1").json()["lines"]
@@ -193,7 +221,7 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
         assert sorted(a["node"] for a in job["allocations"]) == ["e2e-a", "e2e-b"]
         assert [a["node_rank"] for a in job["allocations"]] == [0, 1] and {a["gang_size"] for a in job["allocations"]} == {2}
         assert len({a["started_at"] for a in job["allocations"]}) == 1
-        assert_close(job_weights(system, two_nodes), reference)
+        assert_close(job_weights(system, two_nodes), reference.weights())
         assert log_ranks(system, two_nodes) == {0, 1}
         # Its meter: both nodes' held time, one usage record each.
         records = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == two_nodes]
@@ -204,9 +232,8 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
 
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
-def test_a_gang_that_loses_a_runner_stops_whole_and_resumes_from_its_checkpoint(tmp_path):
-    config = {"steps": 40, "sleep": 0.2}
-    reference = reference_weights(tmp_path, config)
+def test_a_gang_that_loses_a_runner_stops_whole_and_resumes_from_its_checkpoint(tmp_path, reference):
+    config = {**CONFIG, "sleep": 0.2}  # the reference's run, with pauses to stop it in
     system = LiveSystem(devices=1, env={"E31_NODE_TIMEOUT_SECONDS": "3", "E31_STOP_GRACE_SECONDS": "2"})
     try:
         system.start(runner=False)
@@ -233,7 +260,7 @@ def test_a_gang_that_loses_a_runner_stops_whole_and_resumes_from_its_checkpoint(
         assert sorted(a["node"] for a in job["allocations"]) == ["e2e-a", "e2e-c"]
         resumes = [e for e in job["timeline"] if e["kind"] == "resume"]
         assert resumes and resumes[0]["step"] >= 5
-        assert_close(job_weights(system, job_id), reference)
+        assert_close(job_weights(system, job_id), reference.weights())
         # No process of it is left on the machine.
         leftover = subprocess.run(["pgrep", "-f", f"E31_JOB_ID={job_id}"], capture_output=True, text=True).stdout
         assert not leftover.strip()

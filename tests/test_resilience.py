@@ -20,29 +20,59 @@ EXAMPLE = ROOT / "examples" / "resumable" / "train.py"
 HEARTBEAT_TIMEOUT = 3
 
 
-def reference_weights(tmp_path, config):
-    """The example run straight through, outside the network, on the demo's training split."""
-    from e31web.demo import digits_csv, digits_split
+class ReferenceRun:
+    """The example run straight through, outside the network, on the demo's training split.
 
-    (x, y), _ = digits_split()
-    data = tmp_path / "ref" / "data" / "train"
-    data.mkdir(parents=True)
-    (data / "digits-train.csv").write_bytes(digits_csv(x, y))
-    (tmp_path / "ref" / "config.json").write_text(json.dumps(config))
-    env = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(ROOT),
-        "E31_DATA_DIR": str(data.parent),
-        "E31_OUTPUT_DIR": str(tmp_path / "ref" / "output"),
-        "E31_CHECKPOINT_DIR": str(tmp_path / "ref" / "checkpoints"),
-        "E31_CONFIG": str(tmp_path / "ref" / "config.json"),
-        "E31_METRICS_FILE": str(tmp_path / "ref" / "metrics.jsonl"),
-        "E31_STOP_FILE": str(tmp_path / "ref" / "stop"),
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    subprocess.run([sys.executable, str(EXAMPLE)], env=env, check=True, capture_output=True, timeout=120)
-    return torch.load(tmp_path / "ref" / "output" / "model.pt")
+    Started in the background (it runs while the test's system does its work) and waited for in
+    weights(). The pause between steps ("sleep") changes no number, so it runs without it."""
+
+    def __init__(self, tmp_path, config):
+        from e31web.demo import digits_csv, digits_split
+
+        (x, y), _ = digits_split()
+        self.folder = tmp_path / "ref"
+        data = self.folder / "data" / "train"
+        data.mkdir(parents=True)
+        (data / "digits-train.csv").write_bytes(digits_csv(x, y))
+        (self.folder / "config.json").write_text(json.dumps({**config, "sleep": 0}))
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(ROOT),
+            "E31_DATA_DIR": str(data.parent),
+            "E31_OUTPUT_DIR": str(self.folder / "output"),
+            "E31_CHECKPOINT_DIR": str(self.folder / "checkpoints"),
+            "E31_CONFIG": str(self.folder / "config.json"),
+            "E31_METRICS_FILE": str(self.folder / "metrics.jsonl"),
+            "E31_STOP_FILE": str(self.folder / "stop"),
+            "OMP_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+        self.process = subprocess.Popen([sys.executable, str(EXAMPLE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def weights(self):
+        try:
+            output, _ = self.process.communicate(timeout=120)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+        assert self.process.returncode == 0, output.decode(errors="replace")
+        return torch.load(self.folder / "output" / "model.pt")
+
+
+@pytest.fixture
+def reference_run(tmp_path):
+    """ReferenceRun(config), killed at the end if it is still running."""
+    runs = []
+
+    def start(config):
+        runs.append(ReferenceRun(tmp_path, config))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        if run.process.poll() is None:
+            run.process.kill()
+            run.process.wait()
 
 
 def job_weights(system, job_id):
@@ -82,9 +112,9 @@ def two_runners():
         system.stop()
 
 
-def test_a_runner_killed_mid_run_loses_nothing_and_the_weights_are_bit_identical(two_runners, tmp_path):
+def test_a_runner_killed_mid_run_loses_nothing_and_the_weights_are_bit_identical(two_runners, reference_run):
     system = two_runners
-    reference = reference_weights(tmp_path, CONFIG)
+    reference = reference_run(CONFIG)
     job_id = submit(system, CONFIG)
     system.wait_until(lambda: timeline(system, job_id, "checkpoint"), 120, "a checkpoint")
     time.sleep(2)  # work after the checkpoint, lost with the runner
@@ -108,12 +138,12 @@ def test_a_runner_killed_mid_run_loses_nothing_and_the_weights_are_bit_identical
     states = [e["state"] for e in timeline(system, job_id, "state")]
     assert states == ["queued", "starting", "running", "queued", "starting", "running", "succeeded"]
     assert job["credited_seconds"] >= 1  # the time since the last checkpoint went with the node
-    assert_identical(job_weights(system, job_id), reference)
+    assert_identical(job_weights(system, job_id), reference.weights())
 
 
-def test_two_preemptions_lose_nothing_and_the_weights_are_bit_identical(tmp_path):
+def test_two_preemptions_lose_nothing_and_the_weights_are_bit_identical(tmp_path, reference_run):
     config = {**CONFIG, "steps": 300, "checkpoint_every": 20}
-    reference = reference_weights(tmp_path, config)
+    reference = reference_run(config)
     hello = tmp_path / "hello.py"
     hello.write_text("print('urgent work done')\n")
     # Preempted twice in a minute: the hour a preempted job is normally spared is cut short here.
@@ -136,4 +166,4 @@ def test_two_preemptions_lose_nothing_and_the_weights_are_bit_identical(tmp_path
         assert job["preemptions"] == 2 and job["restarts"] == 2
         resumes = timeline(system, job_id, "resume")
         assert len(resumes) == 2 and resumes[0]["step"] < resumes[1]["step"]
-        assert_identical(job_weights(system, job_id), reference)
+        assert_identical(job_weights(system, job_id), reference.weights())

@@ -16,6 +16,8 @@ import torch
 
 import e31
 
+pytestmark = pytest.mark.nodb
+
 ROOT = Path(__file__).resolve().parent.parent
 RESUMABLE = ROOT / "examples" / "resumable" / "train.py"
 
