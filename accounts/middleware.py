@@ -10,12 +10,17 @@ class UserTimeZoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        name = getattr(getattr(request.user, "membership", None), "time_zone", "") if request.user.is_authenticated else ""
-        if name:
-            try:
-                timezone.activate(zoneinfo.ZoneInfo(name))
-            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-                timezone.deactivate()
-        else:
-            timezone.deactivate()
+        activate_for(request.user)
         return self.get_response(request)
+
+
+def activate_for(user):
+    """The user's own time zone for this request (the API calls it once a token names the user)."""
+    name = getattr(getattr(user, "membership", None), "time_zone", "") if user is not None and user.is_authenticated else ""
+    if name:
+        try:
+            timezone.activate(zoneinfo.ZoneInfo(name))
+            return
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            pass
+    timezone.deactivate()

@@ -7,10 +7,30 @@ from rest_framework.response import Response
 from accounts.access import require_team
 from billing import meter, statements
 from billing.views import budget_status, month_records, month_usage
+from e31web.api import page_of
+
+
+def record_json(r):
+    return {
+        "job_id": str(r.job_id),
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+        "gpus": r.gpus,
+        "gpu_type": r.gpu_type,
+        "held_seconds": r.held_seconds,
+        "rate": str(r.rate),
+        "amount": str(r.amount),
+        "credit_seconds": r.credit_seconds,
+        "credit_amount": str(r.credit_amount),
+        "credit_reason": r.credit_reason,
+    }
 
 
 @api_view(["GET"])
 def usage(request):
+    """The month's statement (?month=YYYY-MM, this month by default): its lines, credits and
+    total, the team's budget, and the month's usage records, paged (?page=N&page_size=M, 200 a
+    page by default)."""
     team = require_team(request.user)
     try:
         year, month = statements.parse_month(request.query_params.get("month", ""), timezone.now())
@@ -18,6 +38,7 @@ def usage(request):
         raise ValidationError({"month": [str(error)]}) from None
     records = list(month_records(team, year, month))
     statement = month_usage(team, year, month, records)
+    page = page_of(request, records, record_json, default_size=200, max_size=1000)
     now = timezone.now()
     budget = budget_status(team, now)
     return Response(
@@ -39,22 +60,11 @@ def usage(request):
                 }
                 for line in statement.lines
             ],
-            "records": [
-                {
-                    "job_id": str(r.job_id),
-                    "started_at": r.started_at,
-                    "ended_at": r.ended_at,
-                    "gpus": r.gpus,
-                    "gpu_type": r.gpu_type,
-                    "held_seconds": r.held_seconds,
-                    "rate": str(r.rate),
-                    "amount": str(r.amount),
-                    "credit_seconds": r.credit_seconds,
-                    "credit_amount": str(r.credit_amount),
-                    "credit_reason": r.credit_reason,
-                }
-                for r in records
-            ],
+            # The month's usage records, paged: count, next and previous are about them.
+            "count": page["count"],
+            "next": page["next"],
+            "previous": page["previous"],
+            "records": page["results"],
             "credits": str(statement.credits),
             "total": str(statement.total),
             # The team's budget against this month's spend (whatever month the statement is of).

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from accounts.access import require_team
 from billing import invoice_service, invoices, statements
 from billing.models import Invoice
+from e31web.api import paginate
 
 
 def _invoice(user, invoice_id):
@@ -152,9 +153,10 @@ def _lines(document):
 
 @api_view(["GET"])
 def api_invoices(request):
+    """The team's invoices and credit notes, newest first, paged (?page=N&page_size=M)."""
     team = require_team(request.user)
     rows = Invoice.objects.filter(team=team).select_related("corrects").order_by("-period_start", "-issued_at")
-    return Response({"invoices": [_summary(invoice) for invoice in rows]})
+    return paginate(request, rows, _summary)
 
 
 @api_view(["GET"])

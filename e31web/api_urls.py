@@ -1,14 +1,25 @@
 from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from accounts import api as accounts_api
 from billing import api as billing_api
 from billing import invoice_views
 from jobs import api as jobs_api
 from jobs import dataset_api, run_api
 
+from e31web import api_schema  # noqa: F401  (describes the views above for the OpenAPI schema)
+
 app_name = "api"
 urlpatterns = [
+    # The OpenAPI 3 schema (YAML; ?format=json for JSON) and its Swagger UI: public.
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("token/", accounts_api.token, name="token"),
+    path("me/", accounts_api.me, name="me"),
     path("jobs/", jobs_api.jobs, name="jobs"),
     path("jobs/<uuid:job_id>/", jobs_api.job_detail, name="job"),
+    path("jobs/<uuid:job_id>/spec/", jobs_api.job_spec, name="job-spec"),
+    path("estimate/", jobs_api.estimate, name="estimate"),
     path("jobs/<uuid:job_id>/logs/", jobs_api.job_logs, name="job-logs"),
     path("jobs/<uuid:job_id>/log/", jobs_api.job_log, name="job-log"),
     path("jobs/<uuid:job_id>/cancel/", jobs_api.job_cancel, name="job-cancel"),

@@ -4,6 +4,7 @@ A typo in production must be an error at start-up, never a silent default.
 """
 
 import os
+import re
 from decimal import Decimal, InvalidOperation
 from urllib.parse import urlparse
 
@@ -93,3 +94,28 @@ def env_url(name, default, schemes):
     if parsed.scheme not in ("sqlite",) and not parsed.hostname:
         raise ImproperlyConfigured(f"{name}={value!r} has no host")
     return value
+
+
+RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*$")
+PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(rate):
+    """'1200/min' as (1200, 60); None (no limit) for None, '' and 'off'. Raises ValueError."""
+    if rate is None or str(rate).strip().lower() in ("", "off", "none"):
+        return None
+    match = RATE.match(str(rate))
+    if not match:
+        raise ValueError(f"{rate!r} is not a rate: write requests per period, e.g. 1200/min, 20/s, 10000/hour or off")
+    return int(match.group(1)), PERIODS[match.group(2)[0]]
+
+
+def env_rate(name, default):
+    """A rate limit: 'N/period' (s, min, hour, day) or 'off' (None)."""
+    value = _raw(name)
+    if value is None:
+        value = default
+    try:
+        return value if parse_rate(value) else None
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}={value!r}: {error}") from None

@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from e31web.env import env_bool, env_float, env_int, env_list, env_str, env_url
+from e31web.env import env_bool, env_float, env_int, env_list, env_rate, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -66,6 +66,8 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here: /api/docs/ works offline
     "django_htmx",
     "channels",
     "e31web",
@@ -147,6 +149,13 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     E31_LIVE_MODE = "db"
 
+# The cache holds the API's rate-limit counts: Redis, when there is one, so that the limits hold
+# across the server's processes; else each process's memory.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "e31"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "e31"}}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
@@ -181,6 +190,32 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
+    # Every 4xx/5xx as {"detail": "...", "errors": {field: [...]}} (see e31web/api.py).
+    "EXCEPTION_HANDLER": "e31web.api.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["e31web.throttling.TokenRateThrottle"],
+    "DEFAULT_SCHEMA_CLASS": "e31web.api.AutoSchema",
+}
+# Requests per API token (or signed-in user, or address) and period: 1200/min, 20/s, 50000/day,
+# or off. Counted in the cache below (Redis when REDIS_URL is set: one count for all processes).
+E31_API_RATE = env_rate("E31_API_RATE", "1200/min")
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "E31 Network API",
+    "DESCRIPTION": (
+        "Submit training jobs to rented GPUs, follow them, and manage datasets and invoices. "
+        "Authenticate with 'Authorization: Token <key>'. Every error is JSON: "
+        '{"detail": "<what to do>", "errors": {"<field>": ["<message>"]}}. '
+        "Lists are paginated with ?page=N&page_size=M."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "e31web.api_schema.add_error_responses"],
 }
 
 # The network's own knobs.
@@ -202,6 +237,17 @@ E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum
 E31_RUNNER_ADDRESS = env_str("E31_RUNNER_ADDRESS", "127.0.0.1")
 E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # reads at once (files, or parts of large ones)
 E31_UPLOAD_CHUNK_BYTES = env_int("E31_UPLOAD_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024)
+# Job isolation on a node (scheduler/isolation.py; each a no-op where the runner is not root or
+# the kernel lacks the feature). Jobs run as uids BASE.. BASE+COUNT-1, one per running job.
+E31_JOB_ISOLATION = env_bool("E31_JOB_ISOLATION", True)
+E31_JOB_UID_BASE = env_int("E31_JOB_UID_BASE", 200000, minimum=1000)
+E31_JOB_UID_COUNT = env_int("E31_JOB_UID_COUNT", 65536, minimum=1)
+E31_JOB_MEMORY_BYTES = env_int("E31_JOB_MEMORY_BYTES", 0, minimum=0)  # 0: the node's memory x devices held / devices
+E31_JOB_MAX_PROCESSES = env_int("E31_JOB_MAX_PROCESSES", 4096, minimum=16)  # processes and threads
+E31_JOB_MAX_OPEN_FILES = env_int("E31_JOB_MAX_OPEN_FILES", 65536, minimum=64)
+E31_JOB_MAX_FILE_BYTES = env_int("E31_JOB_MAX_FILE_BYTES", 256 * 1024**3, minimum=1024**2)
+E31_JOB_DISK_BYTES = env_int("E31_JOB_DISK_BYTES", 1024**4, minimum=1024**2)  # the job's folder, checked every few seconds
+E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimum=0.1)
 
 LOGGING = {
     "version": 1,

@@ -24,3 +24,10 @@ urlpatterns = [
     path("api/", include("e31web.api_urls")),
     path("admin/", admin.site.urls),
 ]
+
+# Under /api/ a missing route or a crash answers JSON in the API's error shape; elsewhere, the
+# usual pages.
+handler400 = "e31web.api.bad_request"
+handler403 = "e31web.api.permission_denied"
+handler404 = "e31web.api.page_not_found"
+handler500 = "e31web.api.server_error"

@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from decimal import Decimal
 
 from django.conf import settings
 from django.urls import reverse
@@ -12,8 +13,10 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.access import require_team
+from accounts.middleware import activate_for
+from e31web.api import fields as body_fields
 from jobs.forms import JobForm, keep_uploads
-from jobs import datasets
+from jobs import datasets, specfile, states
 from jobs.models import Job
 from jobs.spec import format_env
 from jobs.views import artifact_response, get_artifact, get_job, log_response
@@ -39,6 +42,7 @@ SPEC_FIELDS = {
     "ceiling",
     "not_before",
     "deadline",
+    "by",
     "preemptible",
     "keep_checkpoints",
     "max_restarts",
@@ -46,8 +50,9 @@ SPEC_FIELDS = {
     "early_stop_mode",
     "early_stop_patience",
     "stop_on_nan",
+    "network",
 }
-BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first"}
+BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first", "network"}
 MAX_LOG_LIMIT = 5000
 
 
@@ -102,6 +107,26 @@ def pin_datasets(data, team):
     return data
 
 
+def resolve_jobs(data, team):
+    """Jobs named by id, or by name (the team's latest succeeded job of that name), as the
+    form's start_job and evaluate_jobs."""
+    from jobs.forms import is_uuid
+
+    def resolve(field, value):
+        if not isinstance(value, str) or is_uuid(value):
+            return value
+        found = Job.objects.filter(team=team, name=value, state=states.SUCCEEDED).order_by("-finished_at", "-created_at").first()
+        if found is None:
+            raise ValidationError({field: [f"No succeeded job named {value!r} in your team (give a job's id or name)."]})
+        return str(found.pk)
+
+    if data.get("start_job"):
+        data["start_job"] = resolve("start_job", data["start_job"])
+    if isinstance(data.get("evaluate_jobs"), list):
+        data["evaluate_jobs"] = [resolve("evaluate_jobs", value) for value in data["evaluate_jobs"]]
+    return data
+
+
 def job_json(job, request):
     seconds, amount = job.held()
     credit_seconds, credit_amount = job.credited()
@@ -150,6 +175,7 @@ def job_json(job, request):
         "early_stop_mode": job.early_stop_mode,
         "early_stop_patience": job.early_stop_patience,
         "stop_on_nan": job.stop_on_nan,
+        "network": job.network,
         "credited_seconds": credit_seconds,
         "credited": f"{credit_amount:f}",
         "held_seconds": seconds,
@@ -193,40 +219,150 @@ def allocation_json(allocation):
     }
 
 
+JOB_FILTERS = ("state", "kind", "name", "id_prefix")
+HEX = set("0123456789abcdef")
+
+
 @api_view(["GET", "POST"])
 @parser_classes([MultiPartParser, FormParser, JSONParser])
 def jobs(request):
+    """GET: the team's jobs, newest first, paged; filters ?state= ?kind= ?name= (contains)
+    ?id_prefix= (the start of an id, as `e31` takes one). POST: submit a job from a spec."""
     team = require_team(request.user)
+    activate_for(request.user)  # a token's user: "by morning" is the morning where they are
     if request.method == "GET":
-        queryset = Job.objects.filter(team=team).prefetch_related("allocations")
-        state = request.query_params.get("state")
-        if state:
-            queryset = queryset.filter(state=state)
-        return Response([job_json(job, request) for job in queryset[:200]])
+        from e31web.api import paginate
 
-    raw = request.data.get("spec")
-    if raw is None:
-        raise ValidationError({"spec": ["Send the job as a 'spec' field (a JSON object) with files 'code' and 'data'."]})
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
-        except RecursionError:
-            raise ValidationError({"spec": ["The spec is nested too deeply."]}) from None
-    data = pin_datasets(spec_to_form_data(raw, team), team)
-    data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
-    form = JobForm(data, team=team, upload_errors=upload_errors)
+        return paginate(request, filtered_jobs(request, team), lambda job: job_json(job, request))
+    spec = read_spec(request)
+    data, created, form = job_form(request, team, spec)
     if not form.is_valid():
         # An API client sends its files again with the fixed spec: keep nothing half-made.
         for upload in created:
             upload.delete()
-        errors = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
-        if "__all__" in errors:
-            errors["non_field_errors"] = errors.pop("__all__")
-        return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        return spec_refused(spec, form.errors)
     job = form.save(request.user)
     return Response(job_json(job, request), status=status.HTTP_201_CREATED)
+
+
+def filtered_jobs(request, team):
+    queryset = Job.objects.filter(team=team).order_by("-created_at").prefetch_related("allocations", "models")
+    params = request.query_params
+    if params.get("state"):
+        if params["state"] not in dict(states.CHOICES):
+            raise ValidationError({"state": [f"{params['state']!r} is not a state; one of {', '.join(dict(states.CHOICES))}."]})
+        queryset = queryset.filter(state=params["state"])
+    if params.get("kind"):
+        if params["kind"] not in dict(Job.KINDS):
+            raise ValidationError({"kind": [f"{params['kind']!r} is not a kind; one of {', '.join(dict(Job.KINDS))}."]})
+        queryset = queryset.filter(kind=params["kind"])
+    if params.get("name"):
+        queryset = queryset.filter(name__icontains=params["name"])
+    if params.get("id_prefix"):
+        prefix = params["id_prefix"].lower().replace("-", "")
+        if not prefix or len(prefix) > 32 or not set(prefix) <= HEX:
+            raise ValidationError({"id_prefix": ["The start of a job's id: hexadecimal digits."]})
+        ids = [pk for pk in queryset.values_list("pk", flat=True) if pk.hex.startswith(prefix)]
+        queryset = queryset.filter(pk__in=ids)
+    return queryset
+
+
+def read_spec(request, field="spec"):
+    """The job spec a client sent: a spec file's text (YAML or JSON; its refusals name the line,
+    and the file by `spec_name`) or a JSON object (the API's flat fields, or the file's parts)."""
+    raw = body_fields(request).get(field)
+    if raw is None or raw == "":
+        raise ValidationError({"spec": ["Send the job as 'spec': a spec file's text (YAML or JSON) or a JSON object, with files 'code', 'data', 'heldout' or 'base_model' as it names them."]})
+    if isinstance(raw, (dict, list)):
+        text, name = json.dumps(raw), None
+    elif isinstance(raw, str):
+        # Refusals name the file and line; a one-line spec without a name is the flat JSON of old.
+        given = body_fields(request).get("spec_name")
+        text, name = raw, (str(given)[:200] if given else ("spec" if "\n" in raw.strip() else None))
+    else:
+        raise ValidationError({"spec": ["The spec must be text or a JSON object."]})
+    try:
+        return specfile.read(text, name)
+    except specfile.SpecFileError as error:
+        errors = {}
+        for line, flat, message in error.problems:  # a field's own problem under its name
+            errors.setdefault(flat if flat in SPEC_FIELDS else "spec", []).append(specfile.where(error.name, line) + message)
+        raise ValidationError(errors) from None
+
+
+def job_form(request, team, spec, form_class=None):
+    """The job form over a spec and the files sent with it: (data, new uploads, form)."""
+    data = spec_form_data(spec, team, pin=True)
+    missing = {}
+    for file_field, paths in spec.files.items():
+        if not request.FILES.getlist(file_field):
+            names = ", ".join(path for path, _ in paths)
+            missing[file_field] = [
+                spec.message(file_field, f"names {names}, which was not sent with the spec: `e31 submit` sends the files a spec names (with curl, add -F {file_field}=@<file>).")
+            ]
+    if missing:
+        raise ValidationError(missing)
+    data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
+    form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors)
+    return data, created, form
+
+
+def spec_form_data(spec, team, pin=False):
+    """A read spec's fields as the form's data; type errors name the spec's line."""
+    try:
+        data = spec_to_form_data(spec.fields, team)
+        return resolve_jobs(pin_datasets(data, team), team) if pin else data
+    except ValidationError as error:
+        raise ValidationError(
+            {field: [specfile.where(spec.name, spec.line_of(field)) + str(m) for m in messages] for field, messages in error.detail.items()}
+        ) from None
+
+
+def form_initial(spec, team):
+    """A read spec as the new-job form's initial values (the page's "fill from a spec file"):
+    booleans as booleans, a recipe's settings in the recipe's own fields."""
+    from e31.recipes import RECIPES
+    from jobs.forms import form_params, recipe_field_name
+
+    data = spec_form_data(spec, team, pin=True)
+    initial = {name: (value == "on") if name in BOOLEAN_FIELDS else value for name, value in data.items() if value is not None}
+    recipe = data.get("recipe")
+    if recipe in RECIPES and isinstance(spec.fields.get("config"), dict):
+        config = dict(spec.fields["config"])
+        for param in form_params(RECIPES[recipe]):
+            if param.name in config:
+                initial[recipe_field_name(recipe, param.name)] = config.pop(param.name)
+        initial["config"] = json.dumps(config) if config else ""
+    return initial
+
+
+# The form's fields as the spec's: kept files, pinned versions and recipe settings.
+FORM_TO_SPEC = {
+    "kept_code": "code", "train_version": "train_dataset", "kept_data": "data", "heldout_version": "heldout_dataset",
+    "kept_heldout": "heldout", "kept_model": "base_model",
+}
+
+
+def spec_refused(spec, form_errors):
+    """The form's refusal of a spec: each message names the spec's line and field."""
+    errors = {}
+    for field, messages in form_errors.items():
+        key = "non_field_errors" if field == "__all__" else field
+        errors[key] = [spec_message(spec, field, str(m)) for m in messages]
+    first = next(iter(errors.values()))[0]
+    more = sum(len(m) for m in errors.values()) - 1
+    detail = f"The job was refused: {first}" + (f" (and {more} more)" if more else "")
+    return Response({"detail": detail, "errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+
+
+def spec_message(spec, form_field, text):
+    if form_field == "__all__":
+        return specfile.where(spec.name, None) + text
+    if form_field.startswith("recipe_"):  # recipe_<name>_<param>: a key of work.config
+        param = form_field.removeprefix(f"recipe_{spec.fields.get('recipe')}_")
+        line = spec.key_lines.get(("work", "config", param)) or spec.key_lines.get(("config", param)) or spec.line_of("config") or spec.line_of("recipe")
+        return specfile.where(spec.name, line) + f"work.config.{param}: {text}"
+    return spec.message(FORM_TO_SPEC.get(form_field, form_field), text)
 
 
 @api_view(["GET"])
@@ -314,7 +450,7 @@ def job_retrain(request, job_id):
 
     job = get_job(request, job_id)
     team = require_team(request.user)
-    raw = request.data.get("spec") or {}
+    raw = body_fields(request).get("spec") or {}
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
@@ -370,3 +506,54 @@ def job_comparison(request, job_id):
     if found is None:
         return Response({"detail": "This job has no evaluation (yet)."}, status=status.HTTP_404_NOT_FOUND)
     return Response(comparison_json(job, found))
+
+
+@api_view(["POST"])
+@parser_classes([MultiPartParser, FormParser, JSONParser])
+def estimate(request):
+    """What a spec would cost at most, and when it would start and finish behind today's queue,
+    before it is submitted (no files needed)."""
+    from jobs.forms import RequestForm
+    from jobs.views import budget_left, prediction
+
+    team = require_team(request.user)
+    activate_for(request.user)
+    spec = read_spec(request)
+    form = RequestForm(spec_form_data(spec, team))
+    if not form.is_valid() or form.estimate is None:
+        return spec_refused(spec, form.errors or {"__all__": ["The request has no cost to estimate."]})
+    cleaned, estimate = form.cleaned_data, form.estimate
+    body = {
+        "gpus": cleaned["gpus"],
+        "gpu_type": cleaned.get("gpu_type") or "",
+        "mode": cleaned["mode"],
+        "hours": decimal_str(estimate.hours.quantize(Decimal("0.0001"))),
+        "gpu_hours": decimal_str(estimate.gpu_hours.quantize(Decimal("0.0001"))),
+        "rate": str(form.rate),
+        "worst_case": decimal_str(estimate.amount.quantize(Decimal("0.01"))),
+        "currency": settings.E31_CURRENCY,
+        "preemptible": bool(cleaned.get("preemptible")),
+        "not_before": cleaned.get("not_before"),
+        "deadline": cleaned.get("deadline"),
+        "budget_remaining": None,
+        "over_budget": False,
+    }
+    body.update(prediction(team, form))
+    budget = budget_left(team, estimate.amount)
+    if budget:
+        body.update(budget_remaining=decimal_str(budget["budget_remaining"]), over_budget=budget["over_budget"])
+    return Response(body)
+
+
+@api_view(["GET"])
+def job_spec(request, job_id):
+    """The job written down as a spec file (YAML; ?format=json for JSON), to submit again."""
+    from django.http import HttpResponse
+
+    job = get_job(request, job_id)
+    spec = specfile.job_spec(job)
+    if request.query_params.get("format") == "json":
+        return Response(spec)
+    response = HttpResponse(specfile.dump(spec), content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{specfile.file_name(job)}"'
+    return response

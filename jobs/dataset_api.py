@@ -22,6 +22,7 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.access import require_team
+from e31web.api import fields, form_errors_response, paginate
 from jobs import datasets
 from jobs.dataset_views import DatasetForm, S3DatasetForm, get_dataset, get_upload, get_version, sentence
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
@@ -42,10 +43,7 @@ def refused(error):
 
 
 def form_errors(form):
-    errors = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
-    if "__all__" in errors:
-        errors["non_field_errors"] = errors.pop("__all__")
-    return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+    return form_errors_response(form)
 
 
 # What the API shows ----------------------------------------------------------------------------
@@ -130,12 +128,14 @@ def upload_json(upload, request):
 @api_view(["GET", "POST"])
 @parser_classes(PARSERS)
 def dataset_list(request):
-    """GET: the team's datasets. POST {name, description}: a dataset to upload files into."""
+    """GET: the team's datasets, by name, paged (?page=N&page_size=M). POST {name, description}:
+    a dataset to upload files into."""
     team = require_team(request.user)
     if request.method == "GET":
-        queryset = Dataset.objects.filter(team=team).prefetch_related(Prefetch("versions", DatasetVersion.objects.order_by("-number")))
-        return Response([dataset_json(d, request) for d in queryset])
-    return create_with(DatasetForm(request.data, team=team), request)
+        queryset = Dataset.objects.filter(team=team).order_by("name", "created_at")
+        queryset = queryset.prefetch_related(Prefetch("versions", DatasetVersion.objects.order_by("-number")))
+        return paginate(request, queryset, lambda d: dataset_json(d, request))
+    return create_with(DatasetForm(fields(request), team=team), request)
 
 
 @api_view(["POST"])
@@ -144,7 +144,7 @@ def dataset_register_s3(request):
     """{name, uri, endpoint_url, region, access_key_id, secret_access_key}: a dataset of the
     objects under an S3 URI, scanned next."""
     team = require_team(request.user)
-    return create_with(S3DatasetForm(request.data, team=team), request)
+    return create_with(S3DatasetForm(fields(request), team=team), request)
 
 
 def create_with(form, request):
@@ -213,13 +213,15 @@ def version_seal(request, dataset_id, number):
 def upload_start(request, dataset_id, number):
     """{path, size, sha256?} -> {id, chunk_size, received}: send the chunks next."""
     version = get_version(get_dataset(request, dataset_id), number)
-    path, size = request.data.get("path"), request.data.get("size")
+    data = fields(request)
+    path, size = data.get("path"), data.get("size")
     if path is None or size is None:
-        return Response({"detail": "Give the file's path and size (in bytes)."}, status=status.HTTP_400_BAD_REQUEST)
+        missing = {field: ["This field is required."] for field, value in (("path", path), ("size", size)) if value is None}
+        return Response({"detail": "Give the file's path and size (in bytes).", "errors": missing}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(size, str) and size.isdigit():
         size = int(size)
     try:
-        upload = datasets.start_upload(version, path, size, user=request.user, sha256=request.data.get("sha256") or "")
+        upload = datasets.start_upload(version, path, size, user=request.user, sha256=data.get("sha256") or "")
     except datasets.DatasetError as error:
         return refused(error)
     return Response(upload_json(upload, request), status=status.HTTP_201_CREATED)
@@ -257,8 +259,11 @@ def upload_detail(request, upload_id):
 def upload_complete(request, upload_id):
     """Join the chunks and add the file to its version; {sha256?} is checked if given."""
     upload = get_upload(request, upload_id)
+    sha256 = fields(request).get("sha256") or ""
+    if not isinstance(sha256, str):
+        return form_errors_response({"sha256": ["The SHA-256 is 64 hexadecimal digits, as text."]})
     try:
-        upload = datasets.complete_upload(upload, sha256=request.data.get("sha256") or "")
+        upload = datasets.complete_upload(upload, sha256=sha256)
     except datasets.DatasetError as error:
         return refused(error)
     except Exception:  # storage trouble: the upload stays open to complete again

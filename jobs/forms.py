@@ -81,12 +81,20 @@ def keep_uploads(request_files, data, team, user):
     created = []
     storage = get_storage()
     for field, role in FILE_ROLES.items():
+        names = set()
         for uploaded in request_files.getlist(field):
             if uploaded.size > settings.E31_MAX_UPLOAD_BYTES:
                 limit_mb = settings.E31_MAX_UPLOAD_BYTES // (1024 * 1024)
                 errors.setdefault(field, []).append(f"{uploaded.name} is larger than the {limit_mb} MB limit for one file.")
                 continue
             name = PurePosixPath(uploaded.name.replace("\\", "/")).name or "upload"
+            if name in names:
+                # Files sent with a job land side by side: one would overwrite the other.
+                errors.setdefault(field, []).append(
+                    f"Two files are named {name}: files sent with a job land in one folder. Rename one, or upload the folder as a dataset."
+                )
+                continue
+            names.add(name)
             key, size, sha256 = storage.save_blob(uploaded)
             upload = Upload.objects.create(team=team, uploaded_by=user, role=role, name=name, size=size, sha256=sha256, key=key)
             created.append(upload)
@@ -283,6 +291,11 @@ class JobForm(RequestForm):
     )
     stop_on_nan = forms.BooleanField(
         required=False, initial=True, label="Stop on a NaN loss", help_text="End the run when a loss becomes NaN or infinite."
+    )
+    network = forms.BooleanField(
+        required=False, initial=False, label="Network access",
+        help_text="Let the job reach the network (to download packages or weights, say). Off: it sees only its own loopback. "
+        "A run across several nodes always has the network, to reach its peers.",
     )
 
     def __init__(self, *args, team, upload_errors=None, **kwargs):
@@ -520,6 +533,7 @@ class JobForm(RequestForm):
             early_stop_mode=cleaned["early_stop_mode"],
             early_stop_patience=cleaned.get("early_stop_patience") if cleaned["early_stop_metric"] else None,
             stop_on_nan=bool(cleaned.get("stop_on_nan")),
+            network=bool(cleaned.get("network")),
         )
         uploads = [*([cleaned["kept_code"]] if cleaned.get("kept_code") else []), *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
         uploads += cleaned.get("kept_model") or []

@@ -57,7 +57,7 @@ def copy_job(job, user, **changes):
         for name in (
             "team_id", "entrypoint", "args", "config", "env", "train_version", "heldout_version", "gpus", "gpu_type", "span_hours",
             "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
-            "early_stop_mode", "early_stop_patience", "stop_on_nan",
+            "early_stop_mode", "early_stop_patience", "stop_on_nan", "network",
         )
     }
     fields.update(name=job.name, kind=job.kind, parent=job, created_by=user)

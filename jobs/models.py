@@ -197,6 +197,9 @@ class Job(models.Model):
     early_stop_mode = models.CharField(max_length=3, choices=[("min", "Lower is better"), ("max", "Higher is better")], default="min")
     early_stop_patience = models.PositiveIntegerField(null=True, blank=True, help_text="evaluations without improvement")
     stop_on_nan = models.BooleanField(default=True, help_text="stop when a loss becomes NaN or infinite")
+    network = models.BooleanField(
+        default=False, help_text="the job may reach the network (off: its own loopback only; gangs always keep the network)"
+    )
 
     # What the scheduler expects for a queued job (a simulation of the queue), and its flags
     predicted_start = models.DateTimeField(null=True, blank=True)

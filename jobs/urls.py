@@ -13,6 +13,7 @@ urlpatterns = [
     path("<uuid:job_id>/compare/", lineage_views.job_compare, name="compare"),
     path("<uuid:job_id>/comparison.json", lineage_views.job_comparison_json, name="comparison"),
     path("<uuid:job_id>/log.txt", views.job_log, name="log"),
+    path("<uuid:job_id>/spec.yaml", views.job_spec_download, name="spec"),
     path("<uuid:job_id>/artifacts/<path:name>", views.artifact_download, name="artifact"),
     path("<uuid:job_id>/checkpoints/<path:name>", views.checkpoint_download, name="checkpoint"),
 ]

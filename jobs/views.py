@@ -5,7 +5,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, F, FloatField, Func, Q, Sum, Value, When
 from django.db.models.functions import Cast, Coalesce, Greatest, Least
-from django.http import Http404, HttpResponseGone, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseGone, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.http import content_disposition_header
@@ -88,6 +88,8 @@ def job_list(request):
 @require_http_methods(["GET", "POST"])
 def job_new(request):
     team = require_team(request.user)
+    if request.method == "POST" and "spec_file" in request.FILES:
+        return job_new_from_spec(request, team)
     if request.method == "POST":
         data, upload_errors, _ = keep_uploads(request.FILES, request.POST, team, request.user)
         form = JobForm(data, team=team, upload_errors=upload_errors)
@@ -112,6 +114,53 @@ def job_new(request):
         context.update(prediction(team, estimate_form))
         context.update(budget_left(team, estimate_form.estimate.amount))
     return render(request, "jobs/new.html", context)
+
+
+def job_new_from_spec(request, team):
+    """The new-job form filled in from an uploaded spec file: what it says, ready to check and
+    submit; a spec that cannot be read is refused with its lines, and the form stays empty."""
+    from rest_framework.exceptions import ValidationError
+
+    from jobs import specfile
+    from jobs.api import form_initial
+
+    uploaded = request.FILES["spec_file"]
+    name = uploaded.name.rsplit("/", 1)[-1][:200] or "spec"
+    spec_errors, files_wanted, initial = [], [], {}
+    if uploaded.size > specfile.MAX_BYTES:
+        spec_errors.append(f"{name}: larger than {specfile.MAX_BYTES // 1024} KB; is this the right file?")
+    else:
+        try:
+            spec = specfile.read(uploaded.read(), name)
+            initial = form_initial(spec, team)
+            files_wanted = [(spec.paths[field], ", ".join(p for p, _ in paths)) for field, paths in spec.files.items()]
+        except specfile.SpecFileError as error:
+            spec_errors = [specfile.where(error.name, line) + message for line, _, message in error.problems]
+        except ValidationError as error:
+            spec_errors = [str(m) for messages in error.detail.values() for m in messages]
+    form = JobForm(team=team, initial=initial)
+    estimate_form = RequestForm({n: initial.get(n, f.initial) for n, f in RequestForm.base_fields.items()})
+    estimate_form.is_valid()
+    if not spec_errors:
+        messages.success(request, f"The form is filled in from {name}: check it, choose the files it names, and submit.")
+    context = {
+        "form": form, "estimate_form": estimate_form, "spec_errors": spec_errors, "files_wanted": files_wanted, "spec_name": name,
+    }
+    if estimate_form.estimate is not None:
+        context.update(prediction(team, estimate_form))
+        context.update(budget_left(team, estimate_form.estimate.amount))
+    return render(request, "jobs/new.html", context, status=400 if spec_errors else 200)
+
+
+@login_required
+def job_spec_download(request, job_id):
+    """The job as a spec file (YAML): submit it again with `e31 submit`, or fill the form from it."""
+    from jobs import specfile
+
+    job = get_job(request, job_id)
+    response = HttpResponse(specfile.dump(specfile.job_spec(job)), content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{specfile.file_name(job)}"'
+    return response
 
 
 @login_required

@@ -45,6 +45,15 @@ def s3_storage(settings, seaweed):
 
 
 @pytest.fixture(autouse=True)
+def fresh_cache():
+    """Each test starts with an empty cache: the API's rate-limit counts of one test (user ids
+    are reused across tests) never throttle the next."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -108,7 +108,7 @@ def test_lists_are_scoped_to_the_team(client, alice, bob, charlie, job):
     client.force_login(bob)
     assert str(job.pk) in client.get(reverse("jobs:list")).content.decode()
     key = Token.objects.create(user=charlie).key
-    assert client.get(reverse("api:jobs"), HTTP_AUTHORIZATION=f"Token {key}").json() == []
+    assert client.get(reverse("api:jobs"), HTTP_AUTHORIZATION=f"Token {key}").json()["results"] == []
     assert client.get(reverse("api:usage"), HTTP_AUTHORIZATION=f"Token {key}").json()["records"] == []
 
 

@@ -143,7 +143,7 @@ def test_a_dataset_is_created_with_version_1_open(api, alice):
 def test_the_list_shows_name_source_latest_version_files_bytes_and_state(api, team_a):
     ready_dataset(api, team_a, {"a.bin": b"a" * 10, "b.bin": b"b" * 5})
     make_dataset(team_a, "pending")
-    body = api.get(reverse("api:datasets")).json()
+    body = api.get(reverse("api:datasets")).json()["results"]
     rows = {d["name"]: (d["source"], d["latest_version"], d["files"], d["bytes"], d["state"]) for d in body}
     assert rows == {"images": ("upload", 1, 2, 15, "ready"), "pending": ("upload", None, 0, 0, "open")}
 
@@ -234,8 +234,8 @@ def test_anonymous_users_are_refused(things, method, name, args, body, expected)
 
 
 def test_lists_are_scoped_to_the_team(api, outsider, things):
-    assert {d["name"] for d in api.get(reverse("api:datasets")).json()} == {"images", "bucket"}
-    assert outsider.get(reverse("api:datasets")).json() == []
+    assert {d["name"] for d in api.get(reverse("api:datasets")).json()["results"]} == {"images", "bucket"}
+    assert outsider.get(reverse("api:datasets")).json() == {"count": 0, "next": None, "previous": None, "results": []}
     assert outsider.create("mine").status_code == 201
     assert outsider.post(reverse("api:dataset-register-s3"), {"name": "x"}).status_code == 400  # its own, refused on the fields
 
@@ -408,7 +408,8 @@ def test_a_bad_path_or_size_is_refused(api, team_a, storage_dir, path, size, rea
 def test_path_and_size_must_be_given(api, team_a, storage_dir):
     dataset = make_dataset(team_a)
     response = api.post(reverse("api:dataset-uploads", args=[dataset.pk, 1]), {"path": "a.bin"})
-    assert response.status_code == 400 and response.json() == {"detail": "Give the file's path and size (in bytes)."}
+    assert response.status_code == 400
+    assert response.json() == {"detail": "Give the file's path and size (in bytes).", "errors": {"size": ["This field is required."]}}
 
 
 def test_paths_are_tidied(api, team_a, storage_dir):
@@ -633,7 +634,7 @@ def test_a_bucket_is_scanned_into_a_manifest(api, team_a, seaweed, client, alice
         {"path": p.removeprefix("data/"), "size": len(objects[p]), "sha256": sha(objects[p])}
         for p in ("data/readme.txt", "data/train/a.csv", "data/train/b.csv")
     ]
-    assert api.get(reverse("api:datasets")).json()[0]["files"] == 3
+    assert api.get(reverse("api:datasets")).json()["results"][0]["files"] == 3
     client.force_login(alice)
     page = client.get(reverse("datasets:detail", args=[dataset.pk])).content.decode()
     assert "train/b.csv" in page and sha(objects["data/train/b.csv"]) in page and seaweed.secret_key not in page

@@ -336,12 +336,12 @@ def test_the_team_sees_its_invoice_and_an_outsider_gets_404_everywhere(client, a
         for url in urls(issued):
             assert client.get(url).status_code == 200, url
         assert issued.number in client.get(reverse("billing:invoices")).content.decode()
-        assert [i["number"] for i in client.get("/api/invoices/").json()["invoices"]] == [issued.number]
+        assert [i["number"] for i in client.get("/api/invoices/").json()["results"]] == [issued.number]
     client.force_login(charlie)
     for url in urls(issued):
         assert client.get(url).status_code == 404, url
     assert issued.number not in client.get(reverse("billing:invoices")).content.decode()
-    assert client.get("/api/invoices/").json()["invoices"] == []
+    assert client.get("/api/invoices/").json()["results"] == []
     statement = client.get("/api/invoices/statement/?month=2026-11").json()
     assert statement["lines"] == [] and statement["total"] == "0.00"
     client.logout()

@@ -209,7 +209,7 @@ def test_retrain_and_compare_through_the_api(client, alice, charlie, rate, token
     response = client.post(url, {"spec": json.dumps({"gpus": 0})}, **auth)
     assert response.status_code == 400 and "gpus" in response.json()["errors"]
     response = client.post(url, {"spec": json.dumps({"colour": "red"})}, **auth)
-    assert response.status_code == 400 and "colour" in response.json()["spec"][0]
+    assert response.status_code == 400 and "colour" in response.json()["errors"]["spec"][0]
     response = client.post(url, {"spec": json.dumps({"name": "api retrain", "by": "morning"}), "data": data_file("more.csv")}, **auth)
     assert response.status_code == 201, response.content
     body = response.json()

@@ -1,0 +1,63 @@
+"""Signing in from the terminal: a token for a username and password, and who a token is."""
+
+from django.contrib.auth import authenticate
+from rest_framework import status
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import api_view, authentication_classes, parser_classes, permission_classes
+from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+
+from accounts.access import team_of
+from e31web.api import fields
+
+
+@api_view(["POST"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+@parser_classes([JSONParser, FormParser])
+def token(request):
+    """{username, password} -> {token}: the user's API token (made on first use), as `e31 login` keeps it."""
+    data = fields(request)
+    username, password = data.get("username"), data.get("password")
+    if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
+        return Response({"detail": "Give a username and a password.", "errors": {"username": ["Required."]} if not username else {"password": ["Required."]}}, status=status.HTTP_400_BAD_REQUEST)
+    user = authenticate(request._request, username=username, password=password)
+    if user is None:
+        return Response({"detail": "Wrong username or password."}, status=status.HTTP_401_UNAUTHORIZED)
+    if team_of(user) is None:
+        return Response({"detail": "This account is not on a team yet: ask your team's owner to add it."}, status=status.HTTP_403_FORBIDDEN)
+    key, _ = Token.objects.get_or_create(user=user)
+    return Response({"token": key.key, "username": user.username})
+
+
+@api_view(["GET", "PATCH"])
+@parser_classes([JSONParser, FormParser])
+def me(request):
+    """Who the token (or session) is, and their team. PATCH {time_zone}: the settings page's
+    time zone (an IANA name; blank for the site's)."""
+    team = team_of(request.user)
+    membership = getattr(request.user, "membership", None)
+    if request.method == "PATCH":
+        from accounts.views import TimeZoneForm
+
+        data = fields(request)
+        unknown = sorted(set(data) - {"time_zone"})
+        if unknown:
+            return Response({"detail": f"Only time_zone can be changed here, not {', '.join(unknown)}."}, status=status.HTTP_400_BAD_REQUEST)
+        zone = data.get("time_zone") or ""
+        form = TimeZoneForm({"time_zone": zone if isinstance(zone, str) else None})
+        if membership is None or not isinstance(zone, str) or not form.is_valid():
+            errors = {"time_zone": [f"{zone!r} is not a time zone (an IANA name such as Europe/Berlin)."]}
+            return Response({"detail": errors["time_zone"][0], "errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        membership.time_zone = form.cleaned_data["time_zone"]
+        membership.save(update_fields=["time_zone"])
+    return Response(
+        {
+            "username": request.user.get_username(),
+            "email": request.user.email,
+            "team": {"id": str(team.pk), "name": team.name} if team else None,
+            "role": membership.role if membership else None,
+            "time_zone": (membership.time_zone if membership else "") or None,
+        }
+    )

@@ -1,0 +1,159 @@
+"""API load: 500 job submissions from 20 concurrent clients, each with its own token.
+
+A LiveSystem on PostgreSQL and Redis (the production-like mode: Redis carries the channel layer,
+the cache and with it the per-token rate limits), with the scheduler running (it lines up and
+predicts the queued jobs while they arrive) and no runner, so every job stays queued and the
+figures are the API's own. `--workers N` starts N daphne processes on ports of their own, as a
+load balancer would spread clients over workers; the clients are spread over them.
+
+Each submission is what `e31 submit` sends: a multipart POST /api/jobs/ with a spec file's
+text and a small script. A request that does not answer 201 counts as an error (must be 0).
+
+Baseline, in the same run on the same server: one client submitting alone.
+
+Prints requests per second, p50 and p99 latency, errors, and last the ratio of p99 under load
+to p99 of the single client.
+
+    .venv/bin/python bench/api_load.py [--jobs 500] [--clients 20] [--single 100] [--workers 2]
+"""
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.system import LiveSystem, free_port  # noqa: E402
+
+SPEC = """\
+name: load-{client}-{n}
+work:
+  code: train.py
+  args: [--epochs, "3"]
+  config: {{lr: 0.01}}
+data:
+  train: digits
+request:
+  gpus: 1
+  span_hours: 0.5
+output:
+  keep_checkpoints: 2
+"""
+SCRIPT = b"print('hello')\n"
+USERS = """
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from accounts.models import Membership, Team
+from e31web.demo import DEMO_TEAM
+team = Team.objects.get(name=DEMO_TEAM)
+User = get_user_model()
+for i in range({clients}):
+    user = User.objects.create_user(f"load{{i}}", f"load{{i}}@example.com", "load-password")
+    Membership.objects.create(user=user, team=team)
+    print("token", Token.objects.create(user=user).key)
+"""
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def client_run(url, token, client_id, count, latencies, errors, lock):
+    with httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=120) as http:
+        for n in range(count):
+            spec = SPEC.format(client=client_id, n=n)
+            start = time.perf_counter()
+            try:
+                response = http.post(
+                    "/api/jobs/", data={"spec": spec, "spec_name": "job.yaml"}, files={"code": ("train.py", SCRIPT, "text/x-python")}
+                )
+                ok = response.status_code == 201
+                problem = None if ok else f"{response.status_code} {response.text[:200]}"
+            except httpx.HTTPError as error:
+                ok, problem = False, f"{type(error).__name__}: {error}"
+            took = time.perf_counter() - start
+            with lock:
+                latencies.append(took)
+                if not ok:
+                    errors.append(problem)
+
+
+def run(urls, tokens, jobs, clients):
+    latencies, errors, lock = [], [], threading.Lock()
+    share = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+    threads = [
+        threading.Thread(target=client_run, args=(urls[i % len(urls)], tokens[i % len(tokens)], i, share[i], latencies, errors, lock))
+        for i in range(clients)
+    ]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start, latencies, errors
+
+
+def report(label, wall, latencies, errors):
+    print(
+        f"{label}: {len(latencies)} submissions in {wall:.1f} s: {len(latencies) / wall:.1f} req/s, "
+        f"p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {percentile(latencies, 99) * 1000:.0f} ms, errors {len(errors)}"
+    )
+    for problem in errors[:5]:
+        print(f"  error: {problem}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--single", type=int, default=100, help="submissions of the single-client baseline")
+    parser.add_argument("--workers", type=int, default=2, help="daphne processes")
+    parser.add_argument("--database", default="postgres", choices=["postgres", "sqlite"])
+    args = parser.parse_args()
+
+    system = LiveSystem(database=args.database, redis=args.database == "postgres", env={"E31_API_RATE": "100000/min"})
+    try:
+        system.start(runner=False)
+        urls = [system.url]
+        for worker in range(1, args.workers):
+            port = free_port()
+            system.spawn(f"web{worker}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "e31web.asgi:application"])
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            system.wait_until(lambda url=url: _answers(url), 30, f"{url} to answer")
+        made = system.manage("shell", "-c", USERS.format(clients=args.clients))
+        tokens = [line.split()[1] for line in made.splitlines() if line.startswith("token ")]
+        assert len(tokens) == args.clients, made
+        print(f"server: {args.workers} daphne worker(s), {args.database}{' + redis' if system.redis else ''}, scheduler running, no runner")
+
+        # Warm up each worker (imports, connections), then the baseline and the load.
+        run(urls, tokens, 2 * len(urls), len(urls))
+        single_wall, single, single_errors = run(urls[:1], tokens[:1], args.single, 1)
+        report("single client", single_wall, single, single_errors)
+        wall, latencies, errors = run(urls, tokens, args.jobs, args.clients)
+        report(f"{args.clients} clients", wall, latencies, errors)
+        queued = system.api("GET", "/api/jobs/?page_size=1").json()["count"]
+        print(f"jobs the API lists for the demo team: {queued}")
+    finally:
+        system.stop()
+    ratio = percentile(latencies, 99) / percentile(single, 99)
+    print(f"errors under load: {len(errors)}")
+    print(f"p99 under load / p99 single client: {ratio:.2f}")
+
+
+def _answers(url):
+    try:
+        return httpx.get(f"{url}/accounts/login/", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from e31.cli import main
+
+sys.exit(main())

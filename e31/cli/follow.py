@@ -1,0 +1,160 @@
+"""A job's log, printed as it grows: the websocket /ws/jobs/<id>/?after=<seq>, reconnected with
+backoff after any drop from the last event seen, so no line is printed twice or lost."""
+
+import json
+import sys
+import time
+
+from e31.cli.errors import SERVER, CliError
+
+TERMINAL = {"succeeded", "failed", "stopped", "cancelled"}
+LOG_PAGE = 1000
+
+
+def format_line(event):
+    text = event.get("text") or ""
+    if text.endswith("\n"):
+        text = text[:-1]
+    rank = event.get("rank")
+    return f"[rank{rank}] {text}" if rank is not None else text
+
+
+class Printer:
+    """Prints events: log lines on stdout, state changes on stderr (or everything as JSON lines)."""
+
+    def __init__(self, as_json=False, out=None, err=None, quiet_states=False):
+        self.as_json = as_json
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.quiet_states = quiet_states
+
+    def event(self, event):
+        if self.as_json:
+            self.out.write(json.dumps(event) + "\n")
+            self.out.flush()
+            return
+        kind = event.get("kind")
+        if kind == "log":
+            self.out.write(format_line(event) + "\n")
+            self.out.flush()
+        elif kind == "state" and not self.quiet_states:
+            reason = f" ({event['reason']})" if event.get("reason") else ""
+            self.err.write(f"-- {event.get('state')}{reason}\n")
+            self.err.flush()
+
+    def log_lines(self, lines):
+        for line in lines:
+            self.event({"kind": "log", **line})
+
+
+def print_logs(client, job_id, printer, after=0):
+    """Every log line after seq `after` over HTTP, page by page; returns (last seq, state)."""
+    state = None
+    while True:
+        page = client.get(f"/api/jobs/{job_id}/logs/", params={"after": after, "limit": LOG_PAGE})
+        printer.log_lines(page.get("lines", []))
+        state = page.get("state", state)
+        after = max(after, page.get("next_after") or after)
+        if not page.get("more"):
+            return after, state
+
+
+def default_connect(url, token):
+    from websockets.sync.client import connect
+
+    return connect(url, additional_headers={"Authorization": f"Token {token}"}, open_timeout=15, max_size=2**24)
+
+
+def connection_errors():
+    from websockets.exceptions import WebSocketException
+
+    return (WebSocketException, OSError, EOFError, ValueError)
+
+
+class Follower:
+    """Follows one job to its end. connect(url, token) and sleep are replaceable for tests."""
+
+    def __init__(self, client, job_id, printer, after=0, connect=None, sleep=time.sleep, backoff=(0.5, 1, 2, 4, 8), idle_check=30.0):
+        self.client = client
+        self.job_id = job_id
+        self.printer = printer
+        self.last_seq = after
+        self.connect = connect or default_connect
+        self.sleep = sleep
+        self.backoff = backoff
+        self.idle_check = idle_check
+        self.reconnects = 0
+
+    def url(self):
+        return self.client.ws_url(f"/ws/jobs/{self.job_id}/?after={self.last_seq}")
+
+    def handle(self, events):
+        """Print new events; returns the terminal state if one arrived."""
+        ended = None
+        for event in events:
+            seq = event.get("seq")
+            if seq is not None:
+                if seq <= self.last_seq:
+                    continue  # seen before a reconnect
+                self.last_seq = seq
+            self.printer.event(event)
+            if event.get("kind") == "state" and event.get("state") in TERMINAL:
+                ended = event["state"]
+        return ended
+
+    def finish_over_http(self):
+        """If the job has ended, print the lines not seen yet and return its state."""
+        state = self.client.job(self.job_id).get("state")
+        if state not in TERMINAL:
+            return None
+        self.last_seq, _ = print_logs(self.client, self.job_id, self.printer, after=self.last_seq)
+        if not self.printer.as_json and not self.printer.quiet_states:
+            self.printer.err.write(f"-- {state}\n")
+        return state
+
+    def run(self):
+        """Follow until the job ends; returns its final state."""
+        failures = 0
+        errors = connection_errors()
+        while True:
+            try:
+                with self.connect(self.url(), self.client.token) as websocket:
+                    while True:
+                        try:
+                            raw = websocket.recv(timeout=self.idle_check)
+                        except TimeoutError:
+                            # Quiet for a while: make sure the job has not ended unseen.
+                            try:
+                                state = self.finish_over_http()
+                            except CliError as http_error:
+                                if http_error.code != SERVER:
+                                    raise
+                                state = None
+                            if state:
+                                return state
+                            continue
+                        message = json.loads(raw)
+                        failures = 0
+                        if message.get("type") != "events":
+                            continue
+                        state = self.handle(message.get("events") or [])
+                        if state:
+                            return state
+            except errors as error:
+                failures += 1
+                self.reconnects += 1
+                try:
+                    state = self.finish_over_http()
+                    if state:
+                        return state
+                    if failures >= 3:
+                        # The websocket keeps failing: keep the lines coming over HTTP meanwhile.
+                        self.last_seq, _ = print_logs(self.client, self.job_id, self.printer, after=self.last_seq)
+                except CliError as http_error:
+                    if http_error.code != SERVER:  # not found, not allowed: no use trying again
+                        raise
+                delay = self.backoff[min(failures - 1, len(self.backoff) - 1)]
+                if not self.printer.as_json:
+                    self.printer.err.write(f"-- connection lost ({type(error).__name__}); reconnecting in {delay:g} s\n")
+                    self.printer.err.flush()
+                self.sleep(delay)

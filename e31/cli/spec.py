@@ -1,0 +1,136 @@
+"""The local files a job spec names, with the line each is named on.
+
+The server parses and checks the spec; the client only finds what it must upload:
+work.code, data.train_files, data.heldout_files and data.base_model, each absent, a string or
+a list of strings, relative to the spec file's folder.
+"""
+
+import io
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from e31.cli.errors import USAGE, CliError
+
+# (section, key) -> the multipart field the files go in.
+LOCAL_FIELDS = {
+    ("work", "code"): "code",
+    ("data", "train_files"): "data",
+    ("data", "heldout_files"): "heldout",
+    ("data", "base_model"): "base_model",
+}
+
+
+@dataclass
+class LocalRef:
+    field: str  # the form field: code, data, heldout, base_model
+    text: str  # the path as written
+    line: int  # 1-based line of the spec it is written on
+    path: Path  # resolved against the spec's folder
+
+
+def line_of(node):
+    return node.start_mark.line + 1
+
+
+def mapping_get(node, key):
+    """The value node under key in a YAML mapping node, or None."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            return value_node
+    return None
+
+
+def compose(text, spec_name):
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise CliError(f"{spec_name}{where}: not valid YAML or JSON: {problem}", USAGE) from None
+
+
+def local_refs(text, spec_name, base_dir):
+    """Every local file or folder the spec names, in order, as LocalRefs."""
+    root = compose(text, spec_name)
+    if root is None:
+        raise CliError(f"{spec_name}: the spec is empty.", USAGE)
+    if not isinstance(root, yaml.MappingNode):
+        raise CliError(f"{spec_name} line {line_of(root)}: the spec must be a mapping (name: ..., work: ..., ...).", USAGE)
+    refs = []
+    for (section, key), field in LOCAL_FIELDS.items():
+        node = mapping_get(mapping_get(root, section), key)
+        if node is None:
+            continue
+        values = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        for value in values:
+            if not isinstance(value, yaml.ScalarNode):
+                raise CliError(f"{spec_name} line {line_of(value)}: {section}.{key} must be a path or a list of paths.", USAGE)
+            if value.tag == "tag:yaml.org,2002:null" or value.value in ("", "~", "null"):
+                continue
+            written = value.value
+            path = Path(os.path.expanduser(written))
+            if not path.is_absolute():
+                path = Path(base_dir) / path
+            refs.append(LocalRef(field, written, line_of(value), path))
+    return refs
+
+
+def check_exist(refs, spec_name):
+    for ref in refs:
+        if not ref.path.exists():
+            raise CliError(f"{spec_name} line {ref.line}: {ref.text} does not exist", USAGE)
+        if ref.field == "code" and ref.path.is_dir() and not any(p.is_file() for p in ref.path.rglob("*")):
+            raise CliError(f"{spec_name} line {ref.line}: {ref.text} is an empty folder", USAGE)
+
+
+def files_of(path):
+    """(name to send, path) of a file, or of every file under a folder (names relative to it)."""
+    path = Path(path)
+    if path.is_file():
+        return [(path.name, path)]
+    return [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*")) if p.is_file() and not skipped(p, path)]
+
+
+def skipped(path, root):
+    """Files nobody means to upload: caches and version control."""
+    parts = path.relative_to(root).parts
+    return any(part in ("__pycache__", ".git", ".DS_Store") for part in parts)
+
+
+def pack_folder(folder):
+    """A folder as a .tar.gz in a temporary file (rewound), with its files at the top level."""
+    folder = Path(folder)
+    out = tempfile.TemporaryFile(suffix=".tar.gz")
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, path in files_of(folder):
+            tar.add(path, arcname=name, recursive=False)
+    out.seek(0)
+    return out
+
+
+def upload_files(refs):
+    """[(field, filename, open binary file)] of everything to send; a code folder is packed."""
+    out = []
+    for ref in refs:
+        if ref.field == "code" and ref.path.is_dir():
+            out.append((ref.field, f"{ref.path.resolve().name or 'code'}.tar.gz", pack_folder(ref.path)))
+            continue
+        for name, path in files_of(ref.path):
+            out.append((ref.field, name, open(path, "rb")))
+    return out
+
+
+def size_of(fileobj):
+    position = fileobj.tell()
+    fileobj.seek(0, io.SEEK_END)
+    size = fileobj.tell()
+    fileobj.seek(position)
+    return size

@@ -1,0 +1,92 @@
+"""Reading spec files: the flat fields, the local files, and the line of each (no database)."""
+
+import pytest
+
+from jobs import specfile
+
+pytestmark = pytest.mark.nodb
+
+TEXT = """\
+name: nightly
+kind: finetune
+work:
+  recipe: classifier
+  config:
+    lr: 0.01
+data:
+  start_job: digits-classifier
+  base_model:
+    - model.safetensors
+    - recipe.json
+  train_files: new/
+request:
+  gpus: 2
+  ceiling: 5
+  by: morning
+output:
+  early_stop: val_loss
+"""
+
+
+def test_fields_files_and_lines():
+    spec = specfile.read(TEXT, "nightly.yaml")
+    assert spec.fields == {
+        "name": "nightly", "kind": "finetune", "recipe": "classifier", "config": {"lr": 0.01}, "start_job": "digits-classifier",
+        "gpus": 2, "ceiling": 5, "by": "morning", "early_stop_metric": "val_loss",
+    }
+    assert spec.lines["gpus"] == 14 and spec.lines["early_stop_metric"] == 18 and spec.key_lines[("work", "config", "lr")] == 6
+    assert spec.files == {"base_model": [("model.safetensors", 10), ("recipe.json", 11)], "data": [("new/", 12)]}
+    assert spec.message("gpus", "Too many.") == "nightly.yaml line 14: request.gpus: Too many."
+    assert spec.message("data", "Missing.") == "nightly.yaml line 12: data.train_files: Missing."
+
+
+def test_the_flat_api_layout_and_json_are_read_too():
+    spec = specfile.read('{\n  "gpus": 1,\n  "train_dataset": "digits",\n  "early_stop_metric": "loss"\n}', "job.json")
+    assert spec.fields == {"gpus": 1, "train_dataset": "digits", "early_stop_metric": "loss"} and spec.lines["train_dataset"] == 3
+
+
+def test_yaml_dates_come_back_as_iso_text():
+    spec = specfile.read("request:\n  deadline: 2026-12-04T08:00:00+01:00\n  not_before: 2026-12-03\n")
+    assert spec.fields == {"deadline": "2026-12-04T08:00:00+01:00", "not_before": "2026-12-03"}
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("work:\n  entrypoint: a.py\n  cod: a.py\n", "job.yaml line 3: unknown field 'cod' in 'work'; did you mean 'code'?"),
+        ("nme: x\n", "job.yaml line 1: unknown field 'nme' in the spec; did you mean 'name'?"),
+        ("request: 4\n", "job.yaml line 1: 'request' must be a mapping of fields, not a number"),
+        ("data:\n  train_files: {a: 1}\n", "job.yaml line 2: data.train_files must be a file's path or a list of paths, not a mapping"),
+        ("work:\n  code: [a.py, b.py]\n", "job.yaml line 2: work.code is one file"),
+        ("output:\n  early_stop: {metric: a, when: b}\n", "job.yaml line 2: unknown field 'when' in 'output.early_stop'"),
+        ("request:\n  gpus: [1\n  span_hours: 2\n", "job.yaml line 3: not valid YAML or JSON"),
+        ('{"gpus": 1,\n "span_hours": }', "job.yaml line 2: not valid JSON"),
+        ("", "job.yaml: the spec is empty"),
+        ("- a\n- b\n", "job.yaml line 1: the spec must be a mapping"),
+        (b"gpus: \xff\n", "job.yaml: the spec is not UTF-8 text"),
+        ("a" * (specfile.MAX_BYTES + 1), "larger than 256 KB"),
+        ('{"name": "\\u0000"}', "job.yaml line 1: name contains a NUL character"),
+        ('{"\\ud922x": 1}', "job.yaml: the spec contains text that is not valid Unicode"),
+        ("name: \x03\n", "job.yaml: not valid YAML or JSON: unacceptable character"),
+        ("request:\n  deadline: 2026-02-30\n", "job.yaml: not valid YAML: day is out of range"),
+    ],
+)
+def test_a_bad_file_names_its_line(text, expected):
+    with pytest.raises(specfile.SpecFileError) as raised:
+        specfile.read(text, "job.yaml")
+    assert expected in str(raised.value)
+
+
+def test_every_problem_is_named_at_once():
+    with pytest.raises(specfile.SpecFileError) as raised:
+        specfile.read("work:\n  cod: a\nrequest:\n  gpu: 1\n", "job.yaml")
+    assert [line for line, _, _ in raised.value.problems] == [2, 4]
+
+
+def test_a_dumped_spec_reads_back_the_same():
+    spec = {"name": "n", "kind": "train", "work": {"code": "t.py", "entrypoint": "t.py", "config": {"lr": 0.1}},
+            "request": {"gpus": 1, "span_hours": 1.5}, "output": {"early_stop": {"metric": "loss", "mode": "max", "patience": 2}}}
+    text = specfile.dump(spec)
+    assert text.startswith("# An E31 Network job spec")
+    again = specfile.read(text, "n.yaml")
+    assert again.fields["span_hours"] == 1.5 and again.fields["early_stop_mode"] == "max" and again.files["code"][0][0] == "t.py"
