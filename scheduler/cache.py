@@ -20,6 +20,8 @@ class BlobCache:
         self.lock = threading.Lock()
         self.tmp = self.root / ".tmp"
         self.tmp.mkdir(parents=True, exist_ok=True)
+        # Jobs see their files through hard links; the cache itself is the runner's alone.
+        os.chmod(self.root, 0o700)
         for leftover in self.tmp.iterdir():  # half-fetched files of an earlier run
             leftover.unlink(missing_ok=True)
         self.sizes = {}

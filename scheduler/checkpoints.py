@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import uuid
 from datetime import datetime, timezone as dt_timezone
@@ -43,19 +44,27 @@ def scan(folder):
     """{name: (size, mtime_ns)} of the candidate files in a checkpoint folder."""
     found = {}
     try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
+        # The folder is the job's and the runner may be root: a symlink in its place is not followed.
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
         return found
-    for entry in entries:
+    try:
+        return _scan(fd, found)
+    finally:
+        os.close(fd)
+
+
+def _scan(fd, found):
+    for entry in list(os.scandir(fd)):
         if not is_candidate(entry.name):
             continue
         try:
             if entry.is_symlink() or not entry.is_file():
                 continue
-            stat = entry.stat()
+            info = entry.stat()
         except FileNotFoundError:
             continue
-        found[entry.name] = (stat.st_size, stat.st_mtime_ns)
+        found[entry.name] = (info.st_size, info.st_mtime_ns)
     return found
 
 
@@ -101,19 +110,35 @@ class CheckpointKeeper:
             self.take(name, signature)
 
     def take(self, name, signature):
-        source = self.folder / name
-        self.spool.mkdir(parents=True, exist_ok=True)
+        self.spool.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the runner's alone
+        self.spool.mkdir(mode=0o700, exist_ok=True)
         copy = self.spool / f"{uuid.uuid4().hex}-{name}"
         try:
-            os.link(source, copy)
-        except FileNotFoundError:
-            return  # deleted by the job before we got to it: a newer one will come
+            # Through the folder's descriptor and never following a link: the job cannot swap
+            # the folder or the file for a link to something of the runner's.
+            folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
-            # Another filesystem: a plain copy, still ours once made.
+            return
+        try:
             try:
-                shutil.copyfile(source, copy)
+                os.link(name, copy, src_dir_fd=folder, follow_symlinks=False)
             except FileNotFoundError:
-                return
+                return  # deleted by the job before we got to it: a newer one will come
+            except OSError:
+                # Another filesystem: a plain copy, still ours once made.
+                try:
+                    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+                except OSError:
+                    return
+                with open(source, "rb") as src, open(copy, "wb") as dst:
+                    if not stat.S_ISREG(os.fstat(source).st_mode):
+                        return
+                    shutil.copyfileobj(src, dst)
+        finally:
+            os.close(folder)
+        if not stat.S_ISREG(os.lstat(copy).st_mode):
+            copy.unlink()  # a link or a pipe the job put there: not a checkpoint
+            return
         self.taken[name] = signature
         written_at = datetime.fromtimestamp(signature[1] / 1e9, tz=dt_timezone.utc)
         self.futures.append(self.pool.submit(self._upload, name, copy, written_at))

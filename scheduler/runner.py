@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -33,8 +34,9 @@ from jobs.logs import log_key, stream_log
 from jobs.models import Artifact, Job, JobEvent
 from scheduler import checkpoints, stopping
 from scheduler.launch import (
-    RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun, with_parent_death,
+    RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun,
 )
+from scheduler.isolation import Isolation, disk_message, disk_used, oom_message, shim_command
 from scheduler.cache import BlobCache
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
@@ -80,6 +82,14 @@ def _kill_group(process):
         except (ProcessLookupError, PermissionError):
             pass
         process.wait()
+
+
+def _release(sandbox):
+    if sandbox is not None:
+        try:
+            sandbox.release()
+        except Exception:  # noqa: BLE001 - the job's failure to start is what is reported
+            log.exception("could not release the sandbox of allocation %s", sandbox.name)
 
 
 RANKED_LINE = re.compile(r"^\[rank(\d+)\]:")
@@ -172,8 +182,13 @@ def parse_metric_line(raw, now):
 
 
 class RunningJob:
-    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False):
+    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
         self.allocation = allocation
+        self.sandbox = sandbox
+        self.disk_pool = disk_pool
+        self.disk_check = None  # the folder's size being measured (a future)
+        self.disk_checked_at = time.monotonic()
+        self.over_disk = False
         self.job = allocation.job
         self.process = process
         self.dirs = dirs
@@ -209,11 +224,15 @@ class RunningJob:
         """Store the metric points the job wrote since the last call, and stop the job if a
         point says so (early stopping, a NaN loss). True if there may be more to read."""
         try:
-            with open(self.dirs.metrics, "rb") as source:
-                source.seek(self.metrics_pos)
-                chunk = source.read(limit)
-        except FileNotFoundError:
+            # Not through a link the job put there, and never blocking on a pipe it made.
+            fd = os.open(self.dirs.metrics, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
             return False
+        with open(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            source.seek(self.metrics_pos)
+            chunk = source.read(limit)
         if not chunk:
             return False
         lines = (self.metrics_rest + chunk).split(b"\n")
@@ -268,14 +287,33 @@ class RunningJob:
 
     def write_stop_file(self, message):
         """The notice the SDK's should_stop() sees, written whole (temporary name, rename)."""
+        notice = json.dumps({"reason": message, "deadline": time.time() + settings.E31_STOP_GRACE_SECONDS}).encode()
+        # The runner may be root and the folder is the job's: every step refuses a symlink the
+        # job put in its place, so the notice is never written anywhere else.
+        opened = []
         try:
-            self.dirs.control.mkdir(parents=True, exist_ok=True)
-            notice = {"reason": message, "deadline": time.time() + settings.E31_STOP_GRACE_SECONDS}
-            partial = self.dirs.control / ".stop.tmp"
-            partial.write_text(json.dumps(notice))
-            os.replace(partial, self.dirs.stop_file)
+            opened.append(os.open(self.dirs.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+            try:
+                os.mkdir(self.dirs.control.name, 0o755, dir_fd=opened[0])
+                if self.sandbox is not None and self.sandbox.uid is not None:  # the job writes its metrics there
+                    os.chown(self.dirs.control.name, self.sandbox.uid, self.sandbox.uid, dir_fd=opened[0], follow_symlinks=False)
+            except FileExistsError:
+                pass
+            control = os.open(self.dirs.control.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[0])
+            opened.append(control)
+            try:
+                os.unlink(".stop.tmp", dir_fd=control)
+            except FileNotFoundError:
+                pass
+            fd = os.open(".stop.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=control)
+            with open(fd, "wb") as partial:
+                partial.write(notice)
+            os.replace(".stop.tmp", self.dirs.stop_file.name, src_dir_fd=control, dst_dir_fd=control)
         except OSError:
             log.exception("could not write the stop notice of job %s", self.job.pk)
+        finally:
+            for fd in opened:
+                os.close(fd)
 
     def enforce_limit(self, now, grace):
         """Stop the job so that it is down by the end of its span or ceiling: SIGTERM goes out a
@@ -292,12 +330,39 @@ class RunningJob:
         if self.stop is not None and self.exited_at is None and time.monotonic() - self.stop.term_sent_at >= grace:
             self.signal_group(signal.SIGKILL)
 
+    def check_disk(self, now_monotonic, every):
+        """Measure the job's folder every few seconds (on a thread of its own); a job over its
+        disk limit is killed at once and ends failed, and its folder goes with it."""
+        if self.sandbox is None or self.disk_pool is None or self.exited_at is not None or self.over_disk:
+            return
+        if self.disk_check is not None and self.disk_check.done():
+            check, self.disk_check = self.disk_check, None
+            try:
+                used = check.result()
+            except Exception:  # noqa: BLE001 - measured again next time
+                log.exception("could not measure the folder of job %s", self.job.pk)
+                used = 0
+            limit = self.sandbox.limits.disk_bytes
+            if used > limit:
+                self.over_disk = True
+                self.stop = None  # whatever else was asked of it, this is why it ends
+                self.request_stop(Allocation.EXITED, states.FAILED, disk_message(limit))
+                self.signal_group(signal.SIGKILL)
+                self.sandbox.kill_all()
+                return
+        if self.disk_check is None and now_monotonic - self.disk_checked_at >= every:
+            self.disk_checked_at = now_monotonic
+            self.disk_check = self.disk_pool.submit(disk_used, self.dirs.root, self.sandbox.staged_inodes)
+
     def poll(self):
         if self.exited_at is None and self.process.poll() is not None:
             self.exited_at = timezone.now()
             self.exited_monotonic = time.monotonic()
-            # Whatever the job left behind in its process group goes with it.
+            # Whatever the job left behind goes with it: its process group, and every process
+            # in its cgroup, of its uid, or (as a last resort) with its allocation in its environment.
             self.signal_group(signal.SIGKILL)
+            if self.sandbox is not None:
+                self.sandbox.kill_all()
         return self.exited_at is not None
 
     def ready_to_finish(self):
@@ -310,6 +375,8 @@ class RunningJob:
 
     def kill(self):
         self.signal_group(signal.SIGKILL)
+        if self.sandbox is not None:
+            self.sandbox.kill_all()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -337,6 +404,11 @@ class RunningJob:
         if code == 0:
             return Allocation.EXITED, states.SUCCEEDED, "the process exited with code 0"
         how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
+        out_of_memory = self.sandbox is not None and self.sandbox.oom_kills() > 0
+        if out_of_memory:
+            how = oom_message(self.sandbox.limits)
+        elif code == -signal.SIGXFSZ and self.sandbox is not None:
+            how = f"wrote a file larger than its limit ({self.sandbox.limits.file_bytes // 2**20} MB)"
         if self.allocation.gang_size > 1:
             # A rank failed: the whole gang stops and the job resumes from its latest checkpoint
             # (counted against its restarts).
@@ -345,12 +417,16 @@ class RunningJob:
                 f"requeued: its processes on {self.allocation.node.name} (node {self.allocation.node_rank} of its gang) {how}; "
                 "the whole gang stops and the job resumes from its latest checkpoint",
             )
+        if out_of_memory:
+            return Allocation.EXITED, states.FAILED, how
         return Allocation.EXITED, states.FAILED, f"the process {how}"
 
     def store_artifacts(self):
         """Keep every file of the output folder; returns (kept, [skipped name: why])."""
         storage = get_storage()
         kept, skipped = 0, []
+        if self.dirs.output.is_symlink():  # the job swapped its output folder for a link: nothing there is its output
+            return kept, ["the output folder: it was replaced by a link"]
         for path in sorted(self.dirs.output.rglob("*")):
             if path.is_symlink() or not path.is_file():
                 continue
@@ -397,10 +473,11 @@ class RunningJob:
             pass
         while self.read_metrics():
             pass
-        self.keep_last_checkpoints()
+        if not self.over_disk:  # a job that filled its folder has nothing of it kept
+            self.keep_last_checkpoints()
         reason, state, message = self.outcome()
         try:
-            if state != states.QUEUED:  # a requeued run's outputs are not the job's output
+            if state != states.QUEUED and not self.over_disk:  # a requeued run's outputs are not the job's output
                 kept, skipped = self.store_artifacts()
                 if kept:
                     self.job.record("notice", data={"text": f"kept {kept} output file{'s' if kept != 1 else ''}"})
@@ -419,6 +496,12 @@ class RunningJob:
         if self.limit_at is not None:
             release_at = min(release_at, self.limit_at)
         end_allocation(self.allocation, release_at, reason, state, message, exit_code=self.process.returncode)
+        self.cleanup()
+
+    def cleanup(self):
+        """Nothing of the job left on the node: its processes, its folder, its cgroup."""
+        if self.sandbox is not None:
+            self.sandbox.release()
         shutil.rmtree(self.dirs.root, ignore_errors=True)
 
 
@@ -494,6 +577,10 @@ class Runner:
         # Checkpoint uploads, so a training run never waits for its checkpoint to reach storage.
         self.upload_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint")
         self.spool = self.work_dir / ".spool"
+        # What this node can do to keep jobs apart (a user each, limits, no network): probed at
+        # registration; each mechanism a no-op, with a log line, where it cannot work.
+        self.isolation = Isolation(name, self.work_dir, self.cache.root, settings)
+        self.disk_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disk")
 
     # Registration and heartbeats ----------------------------------------------------------------
 
@@ -532,6 +619,8 @@ class Runner:
             [CachedBlob(node=node, sha256=sha, size=size) for sha, size in self.cache.sizes.items()], batch_size=500
         )
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.isolation.probe()
+        self.isolation.kill_leftovers()
         return node
 
     def heartbeat(self):
@@ -584,6 +673,7 @@ class Runner:
             return None
         dirs = JobDirs(self.work_dir / f"{job.pk}-{str(allocation.pk)[:8]}")
         process = None
+        sandbox = None
         try:
             self.stage(job, dirs)
             restored = checkpoints.restore(job, dirs.checkpoints)
@@ -593,17 +683,23 @@ class Runner:
             keeper = checkpoints.CheckpointKeeper(job, allocation, dirs.checkpoints, self.spool / str(allocation.pk), self.upload_pool, self.name)
             keeper.ignore_existing()
             gang = self.gang_of(allocation)
+            sandbox = self.isolation.sandbox(allocation, job, gang)
+            sandbox.prepare(dirs)  # the folder handed to the job's user, its cgroup made
             torchrun = uses_torchrun(len(allocation.devices), gang)
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
                 config=job.config, restart=job.restarts,
             )
+            env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if torchrun:
                 env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
                 if allocation.device_type == "cpu":
                     env["OMP_NUM_THREADS"] = "1"  # one process per CPU slot
             process = subprocess.Popen(
-                with_parent_death(command_for(job.entrypoint, job.args, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun")),
+                shim_command(
+                    command_for(job.entrypoint, job.args, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun"),
+                    sandbox.shim_spec(dirs),
+                ),
                 cwd=dirs.code,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -623,13 +719,18 @@ class Runner:
         except AllocationGone:
             log.warning("allocation %s ended while its job was starting; stopping it", allocation.pk)
             _kill_group(process)
+            _release(sandbox)
             shutil.rmtree(dirs.root, ignore_errors=True)
             return None
         except BaseException:
             _kill_group(process)
+            _release(sandbox)
             shutil.rmtree(dirs.root, ignore_errors=True)
             raise
-        running = RunningJob(allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job), ranked=torchrun)
+        running = RunningJob(
+            allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job), ranked=torchrun, sandbox=sandbox,
+            disk_pool=self.disk_pool,
+        )
         self.running[allocation.pk] = running
         return running
 
@@ -799,7 +900,7 @@ class Runner:
                 log.warning("allocation %s was ended elsewhere; killing its process", pk)
                 running.kill()
                 running.reader.join(READER_JOIN_SECONDS)
-                shutil.rmtree(running.dirs.root, ignore_errors=True)
+                running.cleanup()
                 del self.running[pk]
             elif cancel_requested_at is not None:
                 running.request_stop(Allocation.CANCELLED, states.CANCELLED, "cancelled by the team")
@@ -830,6 +931,7 @@ class Runner:
         if not running.poll():
             running.enforce_limit(now, self.grace)
             running.escalate(self.grace)
+            running.check_disk(time.monotonic(), settings.E31_JOB_DISK_CHECK_SECONDS)
             running.tick(time.monotonic())
         elif running.ready_to_finish():
             # Lines still coming out of the pipes are stored over the next steps, so a job that
@@ -854,11 +956,13 @@ class Runner:
                 end_allocation(running.allocation, running.exited_at, reason, states.QUEUED, "requeued: its runner stopped")
             except Exception:  # noqa: BLE001 - the next runner of this node releases what is left
                 log.exception("could not release job %s while stopping", running.job.pk)
-            shutil.rmtree(running.dirs.root, ignore_errors=True)
+            running.cleanup()
         self.running.clear()
         self.shutdown = True  # stagings in progress stop between files and go back to waiting
         self.staging_pool.shutdown(wait=True, cancel_futures=True)
         self.upload_pool.shutdown(wait=True)
+        self.disk_pool.shutdown(wait=False, cancel_futures=True)
+        self.isolation.cgroups.remove_runner()
         if self.node is not None:
             Staging.objects.filter(node=self.node, state=Staging.STAGING).update(state=Staging.WAITING)
             Node.objects.filter(pk=self.node.pk).update(stopped_at=timezone.now())

@@ -1,0 +1,126 @@
+"""Started between the runner and a job's command, as `python -S jobshim.py <runner pid> <spec> command...`.
+
+Runs with the runner's privileges, does what the spec (JSON, see scheduler/isolation.py) asks,
+in this order, then becomes the command: join the job's cgroups; set its resource limits; make
+new network and mount namespaces (bring the loopback up; cover folders with empty tmpfs and bind
+the kept paths back); drop to the job's uid and gid, with no supplementary groups; ask the
+kernel to kill it when the runner dies (after the uid change, which would clear that). Any step
+that fails ends it with code 126 and one line on stderr: a job never runs less isolated than
+the runner found it could be. The standard library only (no site packages, no Django).
+"""
+
+import ctypes
+import json
+import os
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def fail(what, error):
+    sys.stderr.write(f"e31: could not isolate the job ({what}): {error}\n")
+    sys.stderr.flush()
+    os._exit(126)
+
+
+def main(argv):
+    parent, spec, command = int(argv[1]), json.loads(argv[2]), argv[3:]
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(result, what):
+        if result != 0:
+            fail(what, os.strerror(ctypes.get_errno()))
+
+    for folder in spec.get("cgroups", ()):
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), "w") as procs:
+                procs.write(str(os.getpid()))
+        except OSError as error:
+            fail(f"joining the cgroup {folder}", error)
+    if spec.get("rlimits"):
+        import resource
+
+        for name, (soft, hard) in spec["rlimits"].items():
+            try:
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+            except (OSError, ValueError) as error:
+                fail(f"setting {name}", error)
+    flags = (CLONE_NEWNET if spec.get("netns") else 0) | (CLONE_NEWNS if spec.get("mounts") else 0)
+    if flags:
+        call(libc.unshare(flags), "unshare")
+    if spec.get("netns"):
+        loopback_up()
+    if spec.get("mounts"):
+        call(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
+        for folder, mode, keep in spec["mounts"]:
+            cover(libc, call, folder, mode, keep)
+    uid = spec.get("uid")
+    if uid is not None:
+        gid = spec.get("gid", uid)
+        try:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        except OSError as error:
+            fail(f"becoming uid {uid}", error)
+    if spec.get("cwd"):
+        try:
+            os.chdir(spec["cwd"])
+        except OSError as error:
+            fail("entering the job's folder", error)
+    try:
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except Exception:  # noqa: BLE001
+        pass
+    if os.getppid() != parent:  # the runner died before the line above
+        os._exit(137)
+    try:
+        os.execv(command[0], command)
+    except OSError as error:
+        fail(f"running {command[0]}", error)
+
+
+def loopback_up():
+    """ip link set lo up, in the new network namespace."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            request = struct.pack("16sh14x", b"lo", 0)
+            flags = struct.unpack("16sh14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
+    except OSError as error:
+        fail("bringing the loopback up", error)
+
+
+def cover(libc, call, folder, mode, keep):
+    """An empty tmpfs over folder, and each kept path under it bound back in place."""
+    held = []
+    for path in keep:  # opened before they are covered
+        try:
+            held.append((path, os.open(path, os.O_PATH)))
+        except OSError as error:
+            fail(f"opening {path}", error)
+    options = f"mode={mode:o}" + ("" if mode & 0o1000 else ",size=1m")
+    call(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), f"covering {folder}")
+    for path, fd in held:
+        source = f"/proc/self/fd/{fd}"
+        try:
+            if os.path.isdir(source):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "a").close()
+        except OSError as error:
+            fail(f"making {path}", error)
+        call(libc.mount(source.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}")
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

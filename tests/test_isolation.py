@@ -1,0 +1,445 @@
+"""Job isolation on a node: a user of its own, no secrets, limits, no network, nothing left behind.
+
+The pure decisions run everywhere; the rest needs a runner that is root on Linux with cgroups and
+namespaces (as CI is) and is skipped elsewhere. One test runs the whole system as processes and
+submits a job that hunts for the network's secrets.
+"""
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler.isolation import (
+    Limits, disk_message, job_limits, job_uid, keeps_network, mount_plan, oom_message, pick_slot, rlimits,
+)
+
+ROOT = os.geteuid() == 0
+CGROUPS = Path("/sys/fs/cgroup/memory/cgroup.procs").exists() or Path("/sys/fs/cgroup/cgroup.controllers").exists()
+needs_root = pytest.mark.skipif(not (ROOT and CGROUPS), reason="needs a root runner with cgroups (as on CI)")
+
+
+# The pure decisions ---------------------------------------------------------------------------
+
+
+@pytest.mark.nodb
+def test_uid_slots_cycle_and_never_collide():
+    assert pick_slot(set(), after=4, span=10) == 5
+    assert pick_slot({5, 6}, after=4, span=10) == 7
+    assert pick_slot({0, 1}, after=9, span=10) == 2  # wraps
+    assert pick_slot(set(range(10)), after=3, span=10) is None
+    taken, last = set(), 0
+    for _ in range(10):
+        last = pick_slot(taken, last, 10)
+        taken.add(last)
+    assert taken == set(range(10))
+    assert job_uid(200000, 7) == 200007
+
+
+@pytest.mark.nodb
+def test_limits_come_from_the_settings_or_the_job_s_share_of_the_node():
+    share = job_limits(
+        memory_bytes=0, max_processes=100, max_open_files=1000, max_file_bytes=10, disk_bytes=20,
+        devices_held=2, devices_total=8, node_memory=64 * 2**30,
+    )
+    assert share == Limits(16 * 2**30, 100, 1000, 10, 20)
+    fixed = job_limits(
+        memory_bytes=2**30, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=8,
+        node_memory=None,
+    )
+    assert fixed.memory_bytes == 2**30 and fixed.memory_text == "1024 MB"
+    assert job_limits(
+        memory_bytes=0, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=2, node_memory=None
+    ).memory_bytes is None
+    assert oom_message(fixed) == "ran out of memory (limit 1024 MB)"
+    assert disk_message(5 * 10**9) == "used more than 5 GB of disk in its folder"
+
+
+@pytest.mark.nodb
+def test_resource_limits_never_pass_the_runner_s_own_and_processes_only_per_user():
+    limits = Limits(None, 500, 65536, 2**40, 1)
+    assert rlimits(limits, per_user=False, hard={"RLIMIT_NOFILE": 20000, "RLIMIT_FSIZE": -1}) == {
+        "RLIMIT_NOFILE": (20000, 20000), "RLIMIT_FSIZE": (2**40, 2**40),
+    }
+    assert rlimits(limits, per_user=True)["RLIMIT_NPROC"] == (500, 500)
+
+
+@pytest.mark.nodb
+def test_the_network_is_cut_unless_asked_for_or_the_run_spans_nodes():
+    assert keeps_network(False, None) is False
+    assert keeps_network(True, None) is True
+    assert keeps_network(False, gang=object()) is True
+    assert keeps_network(False, None, nodes=2) is True
+
+
+@pytest.mark.nodb
+def test_mount_plan_hides_the_network_s_folders_and_binds_back_what_the_job_needs():
+    reachable = {"/root": False, "/tmp/pytest-of-root": False}
+    plan = mount_plan(
+        keep=["/srv/e31/var/runs/7-ab", "/root/.pyenv/versions/3.11", "/work/app"],
+        hidden={"/tmp": 0o1777, "/srv/e31/var": 0o711, "/srv/e31/var/runs": 0o711, "/srv/e31/var/cache": 0o711},
+        reachable=lambda p: reachable.get(p, True),
+    )
+    assert plan == [
+        ("/tmp", 0o1777, []),
+        ("/root", 0o711, ["/root/.pyenv/versions/3.11"]),
+        ("/srv/e31/var", 0o711, ["/srv/e31/var/runs/7-ab"]),  # runs/ and cache/ are out of sight already
+    ]
+    # A job folder behind a folder others cannot pass (pytest's): bound into the outer cover.
+    plan = mount_plan(["/tmp/pytest-of-root/t/runs/1"], {"/tmp": 0o1777}, lambda p: reachable.get(p, True))
+    assert plan == [("/tmp", 0o1777, ["/tmp/pytest-of-root/t/runs/1"])]
+    # A hidden folder inside a path bound back is covered again, after it.
+    plan = mount_plan(["/root/app", "/root/app/var/runs/1"], {"/root/app/var": 0o711}, lambda p: p != "/root")
+    assert plan == [("/root", 0o711, ["/root/app"]), ("/root/app/var", 0o711, ["/root/app/var/runs/1"])]
+
+
+# A runner in this process ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(db, settings, tmp_path):
+    from scheduler.runner import Runner
+
+    settings.E31_STOP_GRACE_SECONDS = 1.0
+    settings.E31_JOB_DISK_CHECK_SECONDS = 0.3
+    runner = Runner(name="iso-node", devices=2, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
+    runner.register()
+    yield runner
+    runner.stop_all()
+
+
+def run(node, job, until=None, timeout=30):
+    from jobs.models import Job
+    from tests.test_runner import run_until
+
+    run_until(node, until or (lambda: Job.objects.get(pk=job.pk).is_terminal), timeout)
+    job.refresh_from_db()
+    return job
+
+
+def lines(job):
+    return [t for _, t in job.events.filter(kind="log").order_by("seq").values_list("stream", "text")]
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, just not reaped
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
+def test_each_job_runs_as_a_user_of_its_own_in_a_private_folder(node, alice, rate, team_a):
+    from e31web.demo import add_dataset
+    from tests.conftest import make_job
+
+    script = b"""
+import json, os
+data = os.path.join(os.environ["E31_DATA_DIR"], "train", "numbers.csv")
+def can(f):
+    try:
+        f(); return True
+    except OSError:
+        return False
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "euid": os.geteuid(),
+    "data": open(data).read(), "write_data": can(lambda: open(data, "a")),
+    "folder": oct(os.stat(os.environ["HOME"]).st_mode & 0o777), "owner": os.stat(os.environ["HOME"]).st_uid,
+    "list_runs": can(lambda: os.listdir(os.path.dirname(os.environ["HOME"]))),
+    "runs": sorted(os.listdir(os.path.dirname(os.environ["HOME"]))) if can(lambda: os.listdir(os.path.dirname(os.environ["HOME"]))) else None,
+}))
+open(os.path.join(os.environ["E31_OUTPUT_DIR"], "out.txt"), "w").write("mine")
+open(os.path.join(os.environ["E31_CHECKPOINT_DIR"], "step-1.ckpt"), "w").write("ckpt")
+"""
+    dataset = add_dataset(team_a, "numbers", {"numbers.csv": b"1,2\n"})
+    first = run(node, make_job(alice, script=script, train_version=dataset.latest_version()))
+    second = run(node, make_job(alice, script=script, train_version=dataset.latest_version()))
+    assert first.state == second.state == "succeeded", (first.reason, lines(first))
+    one, two = (json.loads(lines(j)[-1]) for j in (first, second))
+    assert one["uid"] >= 200000 and one["uid"] == one["euid"] == one["gid"] == one["owner"] and one["groups"] == []
+    assert two["uid"] >= 200000 and two["uid"] != one["uid"], "each job a uid of its own"
+    assert one["data"] == "1,2\n" and one["write_data"] is False, "the staged data readable, not writable"
+    assert one["folder"] == "0o700"
+    own = f"{first.pk}-{str(first.allocations.get().pk)[:8]}"
+    assert one["runs"] in (None, [own]), "the job sees no other job's folder"
+    # The runner, as root, still reads what the job wrote.
+    assert sorted(first.artifacts.values_list("name", flat=True)) == ["out.txt"]
+    assert first.checkpoints.count() == 1
+    # The runner's own folders: the cache private, the work folder passable but not listable.
+    assert stat.S_IMODE(node.cache.root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(node.work_dir.stat().st_mode) == 0o711
+    assert not list(Path("/sys/fs/cgroup/memory/e31/iso-node").glob("*-*")), "the cgroups are removed"
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
+def test_the_network_is_off_unless_asked_for_and_the_loopback_works(node, alice, rate):
+    from tests.conftest import make_job
+
+    script = b"""
+import socket
+names = sorted(n for _, n in socket.if_nameindex())
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
+client = socket.create_connection(server.getsockname(), timeout=2)
+print(" ".join(names), "loopback-ok")
+"""
+    cut = run(node, make_job(alice, script=script))
+    kept = run(node, make_job(alice, script=script, network=True))
+    assert cut.state == kept.state == "succeeded", (cut.reason, lines(cut), lines(kept))
+    assert lines(cut)[-1] == "lo loopback-ok", "only its own loopback, up"
+    assert lines(kept)[-1] != "lo loopback-ok" and lines(kept)[-1].endswith("loopback-ok"), "the host's interfaces"
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
+def test_a_job_over_its_memory_limit_fails_with_the_reason(node, alice, rate, settings):
+    from tests.conftest import make_job
+
+    settings.E31_JOB_MEMORY_BYTES = 64 * 2**20
+    script = b"""
+import time
+hog = []
+while True:
+    hog.append(bytearray(8 * 2**20))
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "failed" and job.reason == "ran out of memory (limit 64 MB)", (job.reason, lines(job))
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
+def test_processes_open_files_and_file_size_are_limited(node, alice, rate, settings):
+    from tests.conftest import make_job
+
+    settings.E31_JOB_MAX_PROCESSES = 40
+    settings.E31_JOB_MAX_OPEN_FILES = 100
+    settings.E31_JOB_MAX_FILE_BYTES = 2**20
+    script = b"""
+import os, resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+print("nofile", resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+pids, forks = [], "ok"
+try:
+    for _ in range(100):
+        pid = os.fork()
+        if pid == 0:
+            signal.pause()
+        pids.append(pid)
+except OSError:
+    forks = "refused"
+for pid in pids:
+    os.kill(pid, 9)
+print("forks", forks, len(pids) < 40)
+try:
+    with open("big", "wb") as f:
+        f.write(b"x" * (2 * 2**20))
+    print("file ok")
+except OSError:
+    print("file refused")
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    assert lines(job) == ["nofile 100", "forks refused True", "file refused"]
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
+def test_a_job_over_its_disk_limit_is_stopped_and_its_folder_removed(node, alice, rate, settings):
+    from tests.conftest import make_job
+
+    settings.E31_JOB_DISK_BYTES = 20 * 10**6
+    script = b"""
+import os, time
+print("writing", flush=True)
+for i in range(100):
+    with open(os.path.join(os.environ["E31_OUTPUT_DIR"], f"part{i}"), "wb") as f:
+        f.write(os.urandom(10**6))
+    time.sleep(0.05)
+time.sleep(60)
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "failed" and job.reason == "used more than 0.02 GB of disk in its folder", job.reason
+    assert not job.artifacts.exists()
+    assert not [p for p in node.work_dir.iterdir() if not p.name.startswith(".")], "its folder is gone"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("as_root", [True, False], ids=["root", "not-root"])
+def test_a_daemon_the_job_left_does_not_survive_it(db, alice, rate, settings, tmp_path, monkeypatch, as_root):
+    from scheduler import isolation
+    from scheduler.runner import Runner
+    from tests.conftest import make_job
+
+    if as_root and not ROOT:
+        pytest.skip("needs root")
+    if not as_root:
+        monkeypatch.setattr(isolation, "is_root", lambda: False)  # a runner that is not root finds it by its environment
+    node = Runner(name="daemon-node", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
+    node.register()
+    script = b"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print(f"daemon {os.getpid()}", flush=True)
+        os.close(1); os.close(2)
+        time.sleep(600)
+    os._exit(0)
+time.sleep(0.5)
+print("done")
+"""
+    try:
+        job = run(node, make_job(alice, script=script))
+        assert job.state == "succeeded", (job.reason, lines(job))
+        daemon = int(next(t for t in lines(job) if t.startswith("daemon ")).split()[1])
+        assert not alive(daemon), "the daemon outlived its job"
+    finally:
+        node.stop_all()
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
+def test_a_cancelled_job_that_ignores_sigterm_leaves_nothing(node, alice, rate):
+    from tests.conftest import make_job
+
+    script = b"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+print(f"pids {os.getpid()} {child.pid}", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+    job = make_job(alice, script=script)
+    run(node, job, until=lambda: any(t.startswith("pids") for t in lines(job)))
+    job.request_cancel()
+    job = run(node, job)
+    assert job.state == "cancelled"
+    pids = [int(p) for p in next(t for t in lines(job) if t.startswith("pids")).split()[1:]]
+    assert not any(alive(p) for p in pids), "a process of the cancelled job survived"
+
+
+# The whole system as processes ----------------------------------------------------------------
+
+SECRETS = {
+    "SECRET_KEY": "s3cr3t-django-key-" + "x" * 40,
+    "DJANGO_SECRET_KEY": "dj-secret-value-123",
+    "AWS_ACCESS_KEY_ID": "AKIASECRETKEYID",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-access-value",
+    "E31_S3_ACCESS_KEY_ID": "s3-access-key-value",
+    "E31_S3_SECRET_ACCESS_KEY": "s3-secret-value",
+}
+
+HUNTER = r"""
+import glob, json, os, sys
+found = []
+names = ("DATABASE_URL", "REDIS_URL", "E31_STORAGE_URL", "SECRET_KEY", "DJANGO_SECRET_KEY")
+for name, value in os.environ.items():
+    if name.startswith("HUNT_"):
+        continue  # what the test told it to look for
+    if name in names or name.startswith("AWS_") or "S3" in name or "SECRET" in name or "PASSWORD" in name:
+        found.append(f"env {name}")
+    for secret in json.loads(os.environ["HUNT_VALUES"]):
+        if secret in value:
+            found.append(f"env value of {name}")
+def attempt(what, action):
+    try:
+        result = action()
+    except OSError:
+        return
+    if result:
+        found.append(what)
+runner = os.environ["HUNT_RUNNER_PID"]
+attempt("the runner's environment", lambda: open(f"/proc/{runner}/environ", "rb").read())
+attempt("the runner's open files", lambda: os.listdir(f"/proc/{runner}/fd"))
+for path in json.loads(os.environ["HUNT_FILES"]):
+    attempt(f"read {path}", lambda: open(path, "rb").read(1) or b"empty")
+for path in json.loads(os.environ["HUNT_FOLDERS"]):
+    attempt(f"listed {path}", lambda: [n for n in os.listdir(path) if not os.environ["HOME"].startswith(os.path.join(path, n))])
+for pattern in ("/tmp/*", "/dev/shm/*"):
+    attempt(f"glob {pattern}", lambda: [p for p in glob.glob(pattern) if not os.environ["HOME"].startswith(p)])
+with open(os.path.join(os.environ["E31_OUTPUT_DIR"], "found.json"), "w") as out:
+    json.dump({"found": found, "uid": os.getuid()}, out)
+print("hunted", len(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from tests.system import LiveSystem
+
+    system = LiveSystem(devices=2, env=dict(SECRETS))
+    # The runner is told its database as production is (the default file, named).
+    system.env["DATABASE_URL"] = f"sqlite:///{system.var_dir}/e31.sqlite3"
+    try:
+        system.start()
+    except BaseException:
+        system.stop()
+        raise
+    yield system
+    system.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+@needs_root
+def test_a_job_finds_none_of_the_network_s_secrets(live, tmp_path):
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import os, time\nopen(os.path.join(os.environ['E31_OUTPUT_DIR'], 'mine'), 'w').write('private')\nprint('up', flush=True)\ntime.sleep(60)\n")
+    other = live.submit({"name": "other", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25}, sleeper)
+    live.wait_for_state(other["id"], "running", timeout=60)
+    runs = live.var_dir / "runs"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not list(runs.glob(f"{other['id']}-*/output/mine")):
+        time.sleep(0.1)
+    other_folder = next(runs.glob(f"{other['id']}-*"))
+    cache = live.var_dir / "cache"
+    files = [
+        live.var_dir / "e31.sqlite3", live.var_dir / "secret_key", other_folder / "output" / "mine", other_folder / "config.json",
+        *(p for p in cache.rglob("*") if p.is_file()),
+    ]
+    folders = [live.var_dir, runs, other_folder, other_folder / "output", cache, live.var_dir / "storage"]
+    hunter = tmp_path / "hunt.py"
+    hunter.write_text(HUNTER)
+    spec = {
+        "name": "hunter", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25,
+        "env": {
+            "HUNT_VALUES": json.dumps(list(SECRETS.values()) + ["e31.sqlite3"]),
+            "HUNT_RUNNER_PID": str(live.processes["runner"].pid),
+            "HUNT_FILES": json.dumps([str(p) for p in files]),
+            "HUNT_FOLDERS": json.dumps([str(p) for p in folders]),
+        },
+    }
+    job = live.submit(spec, hunter)
+    done = live.wait_for_state(job["id"], timeout=60)
+    live.api("POST", f"/api/jobs/{other['id']}/cancel/")
+    assert done["state"] == "succeeded", done
+    response = live.api("GET", f"/api/jobs/{job['id']}/artifacts/found.json", follow_redirects=True)
+    assert response.status_code == 200, response.text
+    report = json.loads(response.content)
+    assert report["uid"] >= 200000
+    assert report["found"] == [], report
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+@needs_root
+def test_torchrun_on_one_node_works_without_the_network(node, alice, rate):
+    from tests.conftest import make_job
+
+    script = b"""
+import os, socket, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("sum", int(t.item()), "interfaces", len(socket.if_nameindex()), flush=True)
+dist.destroy_process_group()
+"""
+    job = run(node, make_job(alice, script=script, gpus=2), timeout=90)
+    assert job.state == "succeeded", (job.reason, lines(job)[-20:])
+    assert lines(job).count("sum 3 interfaces 1") == 2
