@@ -18,6 +18,7 @@ to p99 of the single client.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -137,8 +138,12 @@ def main():
         run(urls, tokens, 2 * len(urls), len(urls))
         single_wall, single, single_errors = run(urls[:1], tokens[:1], args.single, 1)
         report("single client", single_wall, single, single_errors)
+        before = system.cpu_seconds()
         wall, latencies, errors = run(urls, tokens, args.jobs, args.clients)
+        after = system.cpu_seconds()
         report(f"{args.clients} clients", wall, latencies, errors)
+        used = ", ".join(f"{name} {after[name] - before.get(name, 0):.1f} s" for name in sorted(after))
+        print(f"CPU during the load ({wall:.1f} s of wall time on {os.cpu_count()} cores): {used}")
         queued = system.api("GET", "/api/jobs/?page_size=1").json()["count"]
         print(f"jobs the API lists for the demo team: {queued}")
     finally:

@@ -434,8 +434,10 @@ def e31(live, tmp_path):
     if not Path(command[0]).exists():
         command = [sys.executable, "-m", "e31.cli"]
 
-    def run(*args, extra_env=None, timeout=180):
-        return subprocess.run([*command, *args], env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    def run(*args, extra_env=None, timeout=180, stdin=None):
+        return subprocess.run(
+            [*command, *args], env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, input=stdin,
+        )
 
     return run
 
@@ -473,6 +475,32 @@ def test_submit_follow_then_download_the_weights(live, e31, tmp_path):
     model.load_state_dict(torch.load(tmp_path / "out" / "model.pt", weights_only=True))
     assert not torch.equal(model.weight, torch.nn.Linear(4, 2).weight)
     assert "1 already there" in e31("download", job_id, "--to", "out").stdout
+
+    # Retrain it on more data: a new job starting from these weights, with the new file added.
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "extra.csv").write_text("x,y\n3,4\n")
+    retrained = e31("retrain", job_id[:8], "--add-data", "more", "--name", "cli-retrain", "--json")
+    assert retrained.returncode == 0, retrained.stderr
+    child = json.loads(retrained.stdout)
+    assert (child["parent"], child["kind"], child["name"]) == (job_id, "finetune", "cli-retrain")
+    assert [m["files"][0]["name"] for m in child["models"]] == ["model.pt"]
+    cancelled = e31("cancel", child["id"][:8])
+    assert cancelled.returncode == 0, cancelled.stderr
+
+
+@pytest.mark.e2e
+def test_login_with_a_password_keeps_a_token_the_next_command_uses(live, e31, tmp_path):
+    from e31web.demo import DEMO_USER
+
+    wrong = e31("login", "--server", live.url, "--username", DEMO_USER[0], "--password-stdin", stdin="nope\n", extra_env={"E31_TOKEN": ""})
+    assert wrong.returncode == 3 and "Wrong username or password" in wrong.stderr
+    logged = e31("login", "--server", live.url, "--username", DEMO_USER[0], "--password-stdin", stdin=DEMO_USER[1] + "\n",
+                 extra_env={"E31_TOKEN": "", "E31_SERVER": ""})
+    assert logged.returncode == 0, logged.stderr
+    stored = tmp_path / "config" / "config.json"
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600 and json.loads(stored.read_text())["server"] == live.url
+    listed = e31("status", "--json", extra_env={"E31_TOKEN": "", "E31_SERVER": ""})
+    assert listed.returncode == 0, listed.stderr
 
 
 @pytest.mark.e2e

@@ -228,3 +228,27 @@ def test_retrain_and_compare_through_the_api(client, alice, charlie, rate, token
     for name in ("api:job-retrain", "api:job-compare"):
         assert client.post(reverse(name, args=[base.pk]), **other).status_code == 404
     assert client.get(reverse("api:job-comparison", args=[base.pk]), **other).status_code == 404
+
+
+def test_a_spec_names_its_starting_and_scored_jobs_by_name(client, alice, rate, token):
+    """examples/specs/finetune.yaml and evaluate.yaml name jobs as a person would: by name, the
+    team's latest succeeded job of that name."""
+    import io
+
+    older = finished_with_weights(alice, name="digits-classifier")
+    newer = finished_with_weights(alice, name="digits-classifier")
+    Job.objects.filter(pk=older.pk).update(finished_at=timezone.now() - timezone.timedelta(days=1))
+    Job.objects.filter(pk=newer.pk).update(finished_at=timezone.now())
+    auth = {"HTTP_AUTHORIZATION": f"Token {token}"}
+
+    def post_spec(text):
+        data = io.BytesIO(b"x,y\n1,2\n")
+        data.name = "train.csv"
+        return client.post(reverse("api:jobs"), {"spec": text, "spec_name": "tune.yaml", "data": data}, **auth)
+
+    response = post_spec("kind: finetune\nwork: {recipe: classifier}\ndata:\n  start_job: digits-classifier\nrequest: {gpus: 1, span_hours: 1}\n")
+    assert response.status_code == 201, response.json()
+    assert [m["source_job"] for m in response.json()["models"]] == [str(newer.pk)]
+    missing = post_spec("kind: finetune\nwork: {recipe: classifier}\ndata:\n  start_job: nothing-like-it\nrequest: {gpus: 1, span_hours: 1}\n")
+    assert missing.status_code == 400
+    assert missing.json()["errors"]["start_job"] == ["tune.yaml line 4: No succeeded job named 'nothing-like-it' in your team (give a job's id or name)."]

@@ -63,7 +63,8 @@ def cmd_login(args):
     token = args.token
     if not token:
         username = args.username or input("Username: ").strip()
-        password = getpass.getpass("Password: ")
+        # --password-stdin: for scripts, which have no terminal to type it at (as `docker login`).
+        password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
         with Client(server) as anonymous:
             try:
                 body = anonymous.post("/api/token/", json={"username": username, "password": password})
@@ -421,6 +422,7 @@ def build_parser():
     p = commands.add_parser("login", parents=[common], help="log in and keep a token")
     p.add_argument("--username")
     p.add_argument("--token", help="an API token to use instead of a password")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from standard input (scripts)")
     p.set_defaults(func=cmd_login)
 
     p = commands.add_parser("submit", parents=[common], help="submit a job spec (YAML or JSON), uploading its local files")
