@@ -8,6 +8,7 @@ from rest_framework.parsers import FormParser, JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
+from accounts import signin
 from accounts.access import team_of
 from e31web.api import fields
 
@@ -22,9 +23,15 @@ def token(request):
     username, password = data.get("username"), data.get("password")
     if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
         return Response({"detail": "Give a username and a password.", "errors": {"username": ["Required."]} if not username else {"password": ["Required."]}}, status=status.HTTP_400_BAD_REQUEST)
+    address = request.META.get("REMOTE_ADDR")
+    wait = signin.retry_after(username, address)
+    if wait:
+        return Response({"detail": signin.refusal(wait), "retry_after": wait}, status=status.HTTP_429_TOO_MANY_REQUESTS, headers={"Retry-After": str(wait)})
     user = authenticate(request._request, username=username, password=password)
     if user is None:
+        signin.failed(username, address)
         return Response({"detail": "Wrong username or password."}, status=status.HTTP_401_UNAUTHORIZED)
+    signin.succeeded(username, address)
     if team_of(user) is None:
         return Response({"detail": "This account is not on a team yet: ask your team's owner to add it."}, status=status.HTTP_403_FORBIDDEN)
     key, _ = Token.objects.get_or_create(user=user)

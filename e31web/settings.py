@@ -174,8 +174,23 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG and bool(env_str("SECRET_KEY")))
+# Production is served over HTTPS, behind a proxy that ends TLS and sets X-Forwarded-Proto (and
+# drops a client's own): E31_HTTPS=1 redirects plain http, sends HSTS and keeps cookies to https.
+# The embedded default serves plain http on localhost and sets none of it.
+E31_HTTPS = env_bool("E31_HTTPS", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", E31_HTTPS or (not DEBUG and bool(env_str("SECRET_KEY"))))
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+if E31_HTTPS:
+    SECURE_SSL_REDIRECT = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("E31_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
+    # The network's own domain: its subdomains are ours too, and it may go on the preload list.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("E31_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("E31_HSTS_PRELOAD", True)
+# Sign-in attempts: after this many failures for one username, or from one address, within the
+# window, the form and POST /api/token/ refuse until the window has passed.
+E31_LOGIN_FAILURES = env_int("E31_LOGIN_FAILURES", 10, minimum=1)
+E31_LOGIN_WINDOW_SECONDS = env_int("E31_LOGIN_WINDOW_SECONDS", 900, minimum=1)
 
 # Uploads over this size go to a temporary file instead of memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
