@@ -32,9 +32,11 @@ class DatasetError(ValueError):
 
 def clean_path(path):
     """A file's path inside a dataset: relative, '/'-separated, nothing that climbs out."""
+    if path is not None and not isinstance(path, str):
+        raise DatasetError(f"a file path is text, not {type(path).__name__}")
     path = (path or "").replace("\\", "/").strip()
     parts = [p for p in path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts or any(ord(c) < 32 for c in path) or len(path) > 500:
+    if not parts or ".." in parts or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in path) or len(path) > 500:
         raise DatasetError(f"{path!r} is not a usable file path")
     return "/".join(parts)
 
