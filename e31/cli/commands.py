@@ -11,8 +11,9 @@ from urllib.parse import quote
 
 from e31.cli import config, ui
 from e31.cli.client import Client
+from e31.cli.datasets import sha256_of
 from e31.cli.errors import AUTH, INTERRUPTED, JOB_FAILED, OK, SERVER, USAGE, CliError
-from e31.cli.follow import TERMINAL, Follower, Printer, print_logs
+from e31.cli.follow import Follower, Printer, print_logs
 from e31.cli.spec import check_exist, files_of, local_refs, size_of, upload_files
 
 RETRAIN_OPTIONS = ["name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline"]
@@ -253,14 +254,6 @@ def safe_target(folder, name):
     return target
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1024 * 1024), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch(client, path, target, bar, sha256=None):
     """Stream path into target (through a .part file); check the SHA-256 if given."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -303,7 +296,7 @@ def cmd_download(args):
         with ui.progress_bar(sum(a.get("size") or 0 for a in artifacts), "downloading", enabled=not args.json) as bar:
             for artifact, target in plan:
                 entry = {"name": artifact["name"], "path": str(target), "size": artifact.get("size"), "sha256": artifact.get("sha256")}
-                if target.is_file() and artifact.get("sha256") and file_sha256(target) == artifact["sha256"]:
+                if target.is_file() and artifact.get("sha256") and sha256_of(target) == artifact["sha256"]:
                     bar.advance(artifact.get("size") or 0)
                     done.append({**entry, "skipped": True})
                     continue
