@@ -218,9 +218,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "E31 Network API",
     "DESCRIPTION": (
         "Submit training jobs to rented GPUs, follow them, and manage datasets and invoices. "
-        "Authenticate with 'Authorization: Token <key>'. Every error is JSON: "
-        '{"detail": "<what to do>", "errors": {"<field>": ["<message>"]}}. '
-        "Lists are paginated with ?page=N&page_size=M."
+        "Authenticate with `Authorization: Token <key>` (`POST /api/token/` or `e31 login` gives one). Every error is JSON: "
+        '`{"detail": "<what to do>", "errors": {"<field>": ["<message>"]}}`. '
+        "Lists are paginated with `?page=N&page_size=M`."
     ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
