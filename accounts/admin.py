@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from accounts.models import Membership, Team
+from accounts.models import AuditEvent, Membership, Team
+from billing.admin import LedgerAdmin
 
 
 class MembershipInline(admin.TabularInline):
@@ -19,3 +20,14 @@ class TeamAdmin(admin.ModelAdmin):
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "team", "role"]
     list_filter = ["team", "role"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(LedgerAdmin):
+    """The audit log, read-only: nobody adds, changes or deletes an event (the model refuses too)."""
+
+    list_display = ["at", "actor", "team", "action", "object_type", "label", "via", "ip"]
+    list_filter = ["action", "team", "via"]
+    search_fields = ["user__username", "actor", "label", "object_id"]
+    date_hierarchy = "at"
+    list_select_related = ["team"]

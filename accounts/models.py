@@ -3,6 +3,7 @@ import uuid
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 
 class Team(models.Model):
@@ -38,3 +39,70 @@ class Membership(models.Model):
 
     def __str__(self):
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class AuditImmutable(Exception):
+    """An audit event is never changed nor deleted: the audit log is append-only."""
+
+
+class AuditQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AuditImmutable("Audit events cannot be changed.")
+
+    def delete(self):
+        raise AuditImmutable("Audit events cannot be deleted.")
+
+
+class AuditEvent(models.Model):
+    """Who did what, when, from where: one row per action (accounts.audit.record). Append-only.
+
+    user is None for the system's own actions (a management command issuing invoices): actor
+    names the command then; otherwise the user's name, kept should the user be deleted."""
+
+    ACTIONS = [
+        ("job.submit", "Job submitted"),
+        ("job.cancel", "Job cancelled"),
+        ("job.retrain", "Job retrained"),
+        ("job.compare", "Job compared"),
+        ("artifact.download", "Artifact downloaded"),
+        ("checkpoint.download", "Checkpoint downloaded"),
+        ("log.download", "Log downloaded"),
+        ("spec.download", "Spec downloaded"),
+        ("invoice.issue", "Invoice issued"),
+        ("invoice.download", "Invoice downloaded"),
+        ("statement.download", "Statement downloaded"),
+        ("usage.download", "Usage downloaded"),
+        ("dataset.create", "Dataset created"),
+        ("dataset.upload.complete", "Dataset upload completed"),
+        ("dataset.seal", "Dataset version sealed"),
+    ]
+    WEB, API, SYSTEM = "web", "api", "system"
+    VIA = [(WEB, "Web"), (API, "API"), (SYSTEM, "System")]
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=150, help_text="the user's name, or the command's for a system action")
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events")
+    action = models.CharField(max_length=40, choices=ACTIONS, db_index=True)
+    object_type = models.CharField(max_length=40, blank=True)
+    object_id = models.CharField(max_length=100, blank=True)
+    label = models.CharField(max_length=300, blank=True)
+    via = models.CharField(max_length=10, choices=VIA)
+    ip = models.GenericIPAddressField(null=True, blank=True, verbose_name="IP address")
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["team", "-at"], name="audit_team_at")]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.label or self.object_id}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AuditImmutable("An audit event cannot be changed.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AuditImmutable("An audit event cannot be deleted.")

@@ -10,7 +10,7 @@ class RateAdmin(admin.ModelAdmin):
 
 
 class LedgerAdmin(admin.ModelAdmin):
-    """The ledger is append-only: written by the system, read here."""
+    """Append-only records (the ledger, the audit log): written by the system, read here."""
 
     def has_add_permission(self, request):
         return False

@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Min
 from django.utils import timezone
 
+from accounts import audit
 from accounts.models import Team
 from billing import invoices, statements
 from billing.models import Invoice, InvoiceLine, InvoiceNumber, UsageRecord
@@ -118,9 +119,11 @@ def draft(team, year, month):
     return _store(invoice, invoices.lines(usages, times))
 
 
-def issue(invoice, at=None):
+def issue(invoice, at=None, actor="system", request=None):
     """Draft -> issued: the next number of the team in the year of issue, taken with the
-    counter row locked, in the same transaction as the invoice, so a rollback returns it."""
+    counter row locked, in the same transaction as the invoice, so a rollback returns it.
+    Audited (invoice.issue) in the same transaction: by the request's user, or by `actor`
+    (the management command's name) when there is no request."""
     at = at or timezone.now()
     with transaction.atomic():
         locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
@@ -135,10 +138,11 @@ def issue(invoice, at=None):
         locked.number = invoices.number(at.year, counter.last)
         locked.issued_at = at
         locked.save(update_fields=["state", "number_year", "sequence", "number", "issued_at"])
+        audit.record(request, "invoice.issue", locked, actor=actor)
     return locked
 
 
-def invoice_team_month(team, year, month, now=None):
+def invoice_team_month(team, year, month, now=None, actor="system"):
     """Draft and issue the team's invoice of the month, in one transaction; None when it
     already has one."""
     now = now or timezone.now()
@@ -149,7 +153,7 @@ def invoice_team_month(team, year, month, now=None):
         with transaction.atomic():
             if Invoice.objects.filter(team=team, kind=Invoice.INVOICE, period_start=start).exists():
                 return None
-            return issue(draft(team, year, month), at=now)
+            return issue(draft(team, year, month), at=now, actor=actor)
     except IntegrityError:
         # Another issuer invoiced the team's month meanwhile (one invoice per team and month
         # is a constraint of the table): nothing was written here.
@@ -158,7 +162,7 @@ def invoice_team_month(team, year, month, now=None):
         raise
 
 
-def invoice_month(year, month, now=None, on_invoice=None):
+def invoice_month(year, month, now=None, on_invoice=None, actor="system"):
     """Invoice every team with usage in the month that has no invoice for it yet. Returns the
     new invoices. Idempotent: a team already invoiced for the month is skipped."""
     now = now or timezone.now()
@@ -169,7 +173,7 @@ def invoice_month(year, month, now=None, on_invoice=None):
     team_ids = UsageRecord.objects.filter(period=start.date()).exclude(team_id__in=done).values("team_id").distinct()
     made = []
     for team in Team.objects.filter(pk__in=team_ids).order_by("name"):
-        invoice = invoice_team_month(team, year, month, now=now)
+        invoice = invoice_team_month(team, year, month, now=now, actor=actor)
         if invoice is not None:
             made.append(invoice)
             if on_invoice is not None:
@@ -177,7 +181,7 @@ def invoice_month(year, month, now=None, on_invoice=None):
     return made
 
 
-def credit_note(original, reason, at=None):
+def credit_note(original, reason, at=None, actor="system"):
     """Issue a credit note reversing an issued invoice (its billed lines negated)."""
     if original.kind != Invoice.INVOICE or original.state != Invoice.ISSUED:
         raise NotInvoiceable("Only an issued invoice can be corrected by a credit note.")
@@ -193,4 +197,4 @@ def credit_note(original, reason, at=None):
             period_end=original.period_end, currency=original.currency, corrects=original, reason=reason[:500],
         )
         _store(note, invoices.credit_note_lines(document(original).lines, reason))
-        return issue(note, at=at)
+        return issue(note, at=at, actor=actor)

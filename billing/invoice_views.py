@@ -11,6 +11,7 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from accounts import audit
 from accounts.access import require_team
 from billing import invoice_service, invoices, statements
 from billing.models import Invoice
@@ -38,6 +39,10 @@ def _download(document, ext):
         response = HttpResponse(invoices.render_csv(document), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{_filename(document, ext)}"'
     return response
+
+
+def _label(invoice, ext):
+    return f"{invoice.number or invoice.month} ({ext})"
 
 
 def _month(text):
@@ -79,7 +84,7 @@ def invoice_detail(request, invoice_id):
 @require_GET
 def invoice_download(request, invoice_id, ext):
     invoice = _invoice(request.user, invoice_id)
-    return _download(invoice_service.document(invoice), ext)
+    return audit.recorded(_download(invoice_service.document(invoice), ext), request, "invoice.download", invoice, label=_label(invoice, ext))
 
 
 @login_required
@@ -106,7 +111,7 @@ def statement_download(request, ext):
         document = _statement(request.user, request.GET.get("month", ""))
     except ValueError as error:
         return HttpResponseBadRequest(str(error))
-    return _download(document, ext)
+    return audit.recorded(_download(document, ext), request, "statement.download", label=f"statement {document.month} ({ext})")
 
 
 # API -----------------------------------------------------------------------------------------
@@ -168,7 +173,7 @@ def api_invoice(request, invoice_id):
 @api_view(["GET"])
 def api_invoice_download(request, invoice_id, ext):
     invoice = _invoice(request.user, invoice_id)
-    return _download(invoice_service.document(invoice), ext)
+    return audit.recorded(_download(invoice_service.document(invoice), ext), request, "invoice.download", invoice, label=_label(invoice, ext))
 
 
 @api_view(["GET"])

@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
+from accounts import audit
 from accounts.access import require_team
 from accounts.models import Membership
 from billing import budgets, statements
@@ -141,4 +142,4 @@ def usage_csv(request):
             settings.E31_CURRENCY,
         ]
     )
-    return response
+    return audit.recorded(response, request, "usage.download", label=f"usage {year:04d}-{month:02d}")

@@ -14,6 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import serializers as s
 
 from accounts import api as accounts_api
+from accounts import audit_views
 from billing import api as billing_api
 from billing import invoice_views
 from jobs import api as jobs_api
@@ -395,6 +396,19 @@ Me = inline_serializer(
 MeUpdate = inline_serializer(
     name="MeUpdate", fields={"time_zone": s.CharField(allow_blank=True, help_text="An IANA time zone name; blank for the site's.")}
 )
+class AuditEvent(s.Serializer):
+    id = s.IntegerField()
+    at = s.DateTimeField()
+    user = s.CharField(allow_null=True, help_text="The user's name; null for the system's own actions.")
+    actor = s.CharField(help_text="The user's name, or the command's (e.g. 'manage.py invoices') for a system action.")
+    action = s.ChoiceField(choices=list(audit_views.ACTIONS))
+    object_type = s.CharField(allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload; blank for none.")
+    object_id = s.CharField(allow_blank=True)
+    label = s.CharField(allow_blank=True, help_text="The object's name, for people.")
+    via = s.ChoiceField(choices=["web", "api", "system"], help_text="api also for the CLI.")
+    ip = s.CharField(allow_null=True, help_text="The client's address (REMOTE_ADDR).")
+
+
 Estimate = inline_serializer(
     name="Estimate",
     fields={
@@ -550,6 +564,14 @@ def describe():
             accounts_api.token, operation_id="token_create", tags=[tag], summary="Your API token, for a username and password", auth=[],
             request={"application/json": Login, "application/x-www-form-urlencoded": Login}, responses={200: Token},
         )
+    annotate(
+        audit_views.api_audit, operation_id="audit_list", tags=[tag], summary="The team's audit log, newest first (the owner only)",
+        parameters=[
+            OpenApiParameter("action", OpenApiTypes.STR, enum=list(audit_views.ACTIONS), description="Only events of this action."),
+            *page_params(),
+        ],
+        responses={200: paged("PagedAuditEvents", AuditEvent)},
+    )
     if hasattr(accounts_api, "me"):
         annotate(accounts_api.me, ["GET"], operation_id="me_retrieve", tags=[tag], summary="Who the token is, and their team", responses={200: Me})
         if "PATCH" in accounts_api.me.cls.http_method_names or hasattr(accounts_api.me.cls, "patch"):

@@ -2,6 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import api as accounts_api
+from accounts import audit_views
 from billing import api as billing_api
 from billing import invoice_views
 from jobs import api as jobs_api
@@ -16,6 +17,7 @@ urlpatterns = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("token/", accounts_api.token, name="token"),
     path("me/", accounts_api.me, name="me"),
+    path("audit/", audit_views.api_audit, name="audit"),
     path("jobs/", jobs_api.jobs, name="jobs"),
     path("jobs/<uuid:job_id>/", jobs_api.job_detail, name="job"),
     path("jobs/<uuid:job_id>/spec/", jobs_api.job_spec, name="job-spec"),

@@ -12,6 +12,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
+from accounts import audit
 from accounts.access import require_team
 from accounts.middleware import activate_for
 from e31web.api import fields as body_fields
@@ -242,6 +243,7 @@ def jobs(request):
             upload.delete()
         return spec_refused(spec, form.errors)
     job = form.save(request.user)
+    audit.record(request, "job.submit", job)
     return Response(job_json(job, request), status=status.HTTP_201_CREATED)
 
 
@@ -378,6 +380,7 @@ def job_cancel(request, job_id):
             {"detail": f"The job has already ended ({job.state}).", "state": job.state}, status=status.HTTP_409_CONFLICT
         )
     job.request_cancel()
+    audit.record(request, "job.cancel", job)
     return Response(job_json(job, request), status=status.HTTP_202_ACCEPTED)
 
 
@@ -413,7 +416,8 @@ def job_logs(request, job_id):
 @api_view(["GET"])
 def job_log(request, job_id):
     """The whole log as text, streamed."""
-    return log_response(request, get_job(request, job_id))
+    job = get_job(request, job_id)
+    return audit.recorded(log_response(request, job), request, "log.download", job)
 
 
 @api_view(["GET"])
@@ -434,7 +438,9 @@ def job_artifacts(request, job_id):
 
 @api_view(["GET"])
 def job_artifact(request, job_id, name):
-    return artifact_response(request, get_artifact(get_job(request, job_id), name))
+    job = get_job(request, job_id)
+    artifact = get_artifact(job, name)
+    return audit.recorded(artifact_response(request, artifact), request, "artifact.download", artifact, label=f"{job.name}: {artifact.name}")
 
 
 RETRAIN_FIELDS = {"name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline", "preemptible"}
@@ -480,6 +486,7 @@ def job_retrain(request, job_id):
         )
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+    audit.record(request, "job.retrain", job, label=f"{job.name} -> {new.name} ({new.pk})")
     return Response(job_json(new, request), status=status.HTTP_201_CREATED)
 
 
@@ -493,6 +500,7 @@ def job_compare(request, job_id):
         new = lineage.compare(job, request.user)
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+    audit.record(request, "job.compare", job, label=f"{job.name} -> {new.name} ({new.pk})")
     return Response(job_json(new, request), status=status.HTTP_201_CREATED)
 
 
@@ -553,7 +561,7 @@ def job_spec(request, job_id):
     job = get_job(request, job_id)
     spec = specfile.job_spec(job)
     if request.query_params.get("format") == "json":
-        return Response(spec)
+        return audit.recorded(Response(spec), request, "spec.download", job)
     response = HttpResponse(specfile.dump(spec), content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{specfile.file_name(job)}"'
-    return response
+    return audit.recorded(response, request, "spec.download", job)

@@ -21,6 +21,7 @@ from rest_framework.decorators import api_view, parser_classes
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
+from accounts import audit
 from accounts.access import require_team
 from e31web.api import fields, form_errors_response, paginate
 from jobs import datasets
@@ -155,6 +156,7 @@ def create_with(form, request):
         dataset = form.save()
     except datasets.DatasetError as error:
         return refused(error)
+    audit.record(request, "dataset.create", dataset)
     return Response(dataset_json(dataset, request, detail=True), status=status.HTTP_201_CREATED)
 
 
@@ -202,6 +204,7 @@ def version_seal(request, dataset_id, number):
         version = datasets.seal_version(version)
     except datasets.DatasetError as error:
         return refused(error)
+    audit.record(request, "dataset.seal", version, label=f"{version.dataset.name}@{version.number}")
     return Response(version_json(version, request, manifest=True))
 
 
@@ -269,6 +272,7 @@ def upload_complete(request, upload_id):
     except Exception:  # storage trouble: the upload stays open to complete again
         log.exception("completing %s", upload)
         return storage_failed(f"Storage failed while completing {upload.path}; the upload is kept: complete it again.")
+    audit.record(request, "dataset.upload.complete", upload, label=f"{upload.version.dataset.name}@{upload.version.number}: {upload.path}")
     return Response(upload_json(upload, request))
 
 

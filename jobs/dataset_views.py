@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts import audit
 from accounts.access import get_for_team, require_team
 from jobs import datasets
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
@@ -148,6 +149,7 @@ def dataset_new(request):
         except datasets.DatasetError as error:
             s3_form.add_error(None, sentence(error))
         else:
+            audit.record(request, "dataset.create", dataset)
             messages.success(request, f"Dataset {dataset.name} registered: its objects are being scanned.")
             return redirect("datasets:detail", dataset_id=dataset.pk)
     context = {
@@ -226,6 +228,7 @@ def version_seal(request, dataset_id, number):
     except datasets.DatasetError as error:
         messages.error(request, sentence(error))
         return redirect("datasets:upload", dataset_id=dataset.pk, number=version.number)
+    audit.record(request, "dataset.seal", version, label=f"{dataset.name}@{version.number}")
     messages.success(request, f"Version {version.number} of {dataset.name} is sealed: ready for jobs.")
     return redirect("datasets:detail", dataset_id=dataset.pk)
 

@@ -10,6 +10,7 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts import audit
 from accounts.access import require_team
 from e31web.storage import get_storage
 from jobs import evaluation, lineage
@@ -102,6 +103,7 @@ def job_retrain(request, job_id):
             except lineage.LineageError as error:
                 form.add_error(None, str(error))
             else:
+                audit.record(request, "job.retrain", job, label=f"{job.name} -> {new.name} ({new.pk})")
                 messages.success(request, f"Retraining submitted as {new.name}: it starts from the weights of {job.short_id}.")
                 return redirect("jobs:detail", job_id=new.pk)
     else:
@@ -124,6 +126,7 @@ def job_compare(request, job_id):
     except lineage.LineageError as error:
         messages.error(request, str(error))
         return redirect("jobs:detail", job_id=job.pk)
+    audit.record(request, "job.compare", job, label=f"{job.name} -> {new.name} ({new.pk})")
     messages.success(request, f"Comparison submitted: {new.name}.")
     return redirect("jobs:detail", job_id=new.pk)
 

@@ -9,6 +9,7 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from accounts import audit
 from e31web.downloads import download_response
 from jobs.api import int_param
 from jobs import views
@@ -77,4 +78,5 @@ def job_checkpoint(request, job_id, name):
     checkpoint = get_checkpoint(job, name)
     if checkpoint_is_gone(checkpoint):
         return Response({"detail": gone_message(job, checkpoint), "pruned": True}, status=status.HTTP_410_GONE)
-    return download_response(request, checkpoint.key, checkpoint.name.rsplit("/", 1)[-1])
+    response = download_response(request, checkpoint.key, checkpoint.name.rsplit("/", 1)[-1])
+    return audit.recorded(response, request, "checkpoint.download", checkpoint, label=f"{job.name}: {checkpoint.name}")

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts import audit
 from accounts.access import get_for_team, require_team
 from e31web.downloads import download_response
 from e31web.storage import get_storage
@@ -95,6 +96,7 @@ def job_new(request):
         form = JobForm(data, team=team, upload_errors=upload_errors)
         if form.is_valid():
             job = form.save(request.user)
+            audit.record(request, "job.submit", job)
             messages.success(request, f"Job {job.name} submitted.")
             return redirect("jobs:detail", job_id=job.pk)
         estimate_form = form
@@ -160,7 +162,7 @@ def job_spec_download(request, job_id):
     job = get_job(request, job_id)
     response = HttpResponse(specfile.dump(specfile.job_spec(job)), content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{specfile.file_name(job)}"'
-    return response
+    return audit.recorded(response, request, "spec.download", job)
 
 
 @login_required
@@ -267,6 +269,7 @@ def job_cancel(request, job_id):
         messages.info(request, f"The job has already {job.get_state_display().lower()}.")
     else:
         job.request_cancel()
+        audit.record(request, "job.cancel", job)
         messages.success(request, "Cancelling the job." if job.is_active else "The job is cancelled.")
     return redirect("jobs:detail", job_id=job.pk)
 
@@ -274,7 +277,8 @@ def job_cancel(request, job_id):
 @login_required
 @require_GET
 def job_log(request, job_id):
-    return log_response(request, get_job(request, job_id))
+    job = get_job(request, job_id)
+    return audit.recorded(log_response(request, job), request, "log.download", job)
 
 
 def log_response(request, job):
@@ -294,7 +298,8 @@ def artifact_response(request, artifact):
 @require_GET
 def artifact_download(request, job_id, name):
     job = get_job(request, job_id)
-    return artifact_response(request, get_artifact(job, name))
+    artifact = get_artifact(job, name)
+    return audit.recorded(artifact_response(request, artifact), request, "artifact.download", artifact, label=f"{job.name}: {artifact.name}")
 
 
 def get_artifact(job, name):
@@ -392,4 +397,5 @@ def checkpoint_download(request, job_id, name):
     checkpoint = get_checkpoint(job, name)
     if checkpoint_is_gone(checkpoint):
         return HttpResponseGone(gone_message(job, checkpoint), content_type="text/plain; charset=utf-8")
-    return download_response(request, checkpoint.key, checkpoint.name.rsplit("/", 1)[-1])
+    response = download_response(request, checkpoint.key, checkpoint.name.rsplit("/", 1)[-1])
+    return audit.recorded(response, request, "checkpoint.download", checkpoint, label=f"{job.name}: {checkpoint.name}")

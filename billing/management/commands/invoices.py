@@ -11,6 +11,8 @@ from django.utils import timezone
 from billing import invoice_service, statements
 from billing.models import Invoice
 
+ACTOR = "manage.py invoices"  # who issued them, in the audit log
+
 
 class Command(BaseCommand):
     help = "Issue the invoices of a month that is over (one per team with usage), or a credit note correcting one."
@@ -24,7 +26,7 @@ class Command(BaseCommand):
         if credit_note:
             try:
                 original = Invoice.objects.get(pk=credit_note)
-                note = invoice_service.credit_note(original, reason)
+                note = invoice_service.credit_note(original, reason, actor=ACTOR)
             except (Invoice.DoesNotExist, ValueError) as error:
                 raise CommandError(f"No such invoice: {credit_note}") from error
             except invoice_service.NotInvoiceable as error:
@@ -42,7 +44,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{invoice.number} {invoice.team_name} {invoice.month}: {invoice.total} {invoice.currency}")
 
         try:
-            made = invoice_service.invoice_month(year, number, on_invoice=report)
+            made = invoice_service.invoice_month(year, number, on_invoice=report, actor=ACTOR)
         except invoice_service.NotInvoiceable as error:
             raise CommandError(str(error)) from error
         self.stdout.write(f"{len(made)} invoice(s) issued for {year:04d}-{number:02d}")
