@@ -23,10 +23,20 @@ from scheduler.staging import job_manifest, manifest_digests
 log = logging.getLogger(__name__)
 
 
-def expire_lost_nodes(now=None):
+def may_declare_lost(now, timeout_seconds, last_failure_at):
+    """Whether silence can mean a lost node yet: not until the timeout has passed since the
+    scheduler last failed to reach the database, for then the runners may not have reached it
+    either (their heartbeats start again when it comes back)."""
+    return last_failure_at is None or now - last_failure_at >= timedelta(seconds=timeout_seconds)
+
+
+def expire_lost_nodes(now=None, last_failure_at=None):
     """Declare nodes whose runner went silent lost: their allocations end at the last heartbeat
-    (the meter does not run on after the network lost the node) and their jobs are requeued."""
+    (the meter does not run on after the network lost the node) and their jobs are requeued.
+    last_failure_at: when the caller last failed to reach the database (see may_declare_lost)."""
     now = now or timezone.now()
+    if not may_declare_lost(now, settings.E31_NODE_TIMEOUT_SECONDS, last_failure_at):
+        return 0
     cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
     count = 0
     for node in Node.objects.filter(lost_at__isnull=True, stopped_at__isnull=True, last_heartbeat__lt=cutoff):

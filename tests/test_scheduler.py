@@ -87,6 +87,20 @@ def test_a_lost_node_s_allocations_end_at_its_last_heartbeat_and_jobs_requeue(al
     assert "was lost" in job.timeline().last().data["reason"]
 
 
+def test_no_node_is_declared_lost_until_the_runners_have_had_time_to_beat_after_a_database_outage(alice, rate, node, settings):
+    """The scheduler could not reach the database (nor could the runners): silence during it is
+    not a lost node. tests/test_outages.py takes PostgreSQL away from the whole system."""
+    make_job(alice)
+    [allocation] = schedule_now()
+    timeout = timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
+    last_heard = allocation.started_at
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=last_heard)
+    back = last_heard + timeout * 2  # the database was away until here
+    assert services.expire_lost_nodes(now=back + timedelta(seconds=1), last_failure_at=back) == 0
+    assert services.expire_lost_nodes(now=back + timeout - timedelta(seconds=1), last_failure_at=back) == 0
+    assert services.expire_lost_nodes(now=back + timeout, last_failure_at=back) == 1  # still silent: lost
+
+
 def test_a_requeued_job_only_has_what_is_left_of_its_span_less_what_was_credited(alice, rate, node):
     from jobs.models import Checkpoint
 

@@ -29,6 +29,7 @@ class Command(BaseCommand):
         self.shutdown = False
         self.next_housekeeping = 0.0
         self.next_prediction = 0.0
+        self.last_failure_at = None  # when a cycle last failed (the database away, say)
         # Scans of registered buckets read every object: they run beside the cycle, not in it.
         self.scans = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scan")
         if once:
@@ -60,7 +61,7 @@ class Command(BaseCommand):
 
     def handle_one_cycle(self):
         try:
-            services.expire_lost_nodes()
+            services.expire_lost_nodes(last_failure_at=self.last_failure_at)
             for version in datasets.claim_scans(limit=2):
                 self.scans.submit(self.scan, version)
             services.line_up()
@@ -81,4 +82,5 @@ class Command(BaseCommand):
             # A bad cycle (a database hiccup) must not end the loop; the next cycle retries
             # on a fresh connection.
             log.exception("scheduling cycle failed")
+            self.last_failure_at = timezone.now()
             connection.close()
