@@ -362,7 +362,9 @@ for path in json.loads(os.environ["HUNT_FILES"]):
 for path in json.loads(os.environ["HUNT_FOLDERS"]):
     attempt(f"listed {path}", lambda: [n for n in os.listdir(path) if not os.environ["HOME"].startswith(os.path.join(path, n))])
 for pattern in ("/tmp/*", "/dev/shm/*"):
-    attempt(f"glob {pattern}", lambda: [p for p in glob.glob(pattern) if not os.environ["HOME"].startswith(p)])
+    # Only what is on the way to its own folder and to the Python it runs (bound back in) may show.
+    own = (os.environ["HOME"], sys.prefix, os.path.realpath(sys.executable))
+    attempt(f"glob {pattern}", lambda: [p for p in glob.glob(pattern) if not any(o.startswith(p + "/") or o == p for o in own)])
 with open(os.path.join(os.environ["E31_OUTPUT_DIR"], "found.json"), "w") as out:
     json.dump({"found": found, "uid": os.getuid()}, out)
 print("hunted", len(found))
