@@ -184,13 +184,7 @@ def check(system, ids):
         else:
             lost += 1
             print(f"  lost: {job_id} {job['state']} {job['reason']}")
-        texts, after = set(), 0
-        while True:
-            page = system.api("GET", f"/api/jobs/{job_id}/logs/?after={after}&limit=5000").json()
-            texts.update(line["text"] for line in page["lines"])
-            after = page["next_after"]
-            if not page["more"]:
-                break
+        texts = set(system.log_lines(job_id))
         lines_lost += sum(f"line {i}" not in texts for i in range(LINES))
         records = ledger[job_id]
         final = [u for u in records["usage"] if not u[2]]

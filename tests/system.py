@@ -249,6 +249,16 @@ class LiveSystem:
         assert response.status_code == 201, response.text
         return response.json()
 
+    def log_lines(self, job_id):
+        """Every stored log line of a job, in order, paged through the API."""
+        lines, after = [], 0
+        while True:
+            page = self.api("GET", f"/api/jobs/{job_id}/logs/?after={after}&limit=5000").json()
+            lines += [line["text"] for line in page["lines"]]
+            after = page["next_after"]
+            if not page["more"]:
+                return lines
+
     def job(self, job_id):
         response = self.api("GET", f"/api/jobs/{job_id}/")
         response.raise_for_status()

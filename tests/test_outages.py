@@ -72,13 +72,7 @@ def test_postgres_and_redis_gone_for_30_seconds_lose_nothing(tmp_path):
         assert done["state"] == "succeeded", done
         assert done["restarts"] == 0 and len(done["allocations"]) == 1, [(t["state"], t.get("reason")) for t in done["timeline"] if t["kind"] == "state"]
 
-        lines, after = [], 0
-        while True:
-            page = system.api("GET", f"/api/jobs/{job['id']}/logs/?after={after}&limit=1000").json()
-            lines += [line["text"] for line in page["lines"]]
-            after = page["next_after"]
-            if not page["more"]:
-                break
+        lines = system.log_lines(job["id"])
         assert lines == [f"line {i}" for i in range(LINES)]
         assert seen == lines  # the watcher, reconnecting, got each line once
         usage = system.api("GET", "/api/usage/").json()["records"]

@@ -59,13 +59,7 @@ def test_killing_the_web_server_and_the_scheduler_mid_run_loses_nothing(tmp_path
         done = system.wait_for_state(job["id"], timeout=120)
         assert done["state"] == "succeeded", done
 
-        lines, after = [], 0
-        while True:
-            page = system.api("GET", f"/api/jobs/{job['id']}/logs/?after={after}&limit=1000").json()
-            lines += [line["text"] for line in page["lines"]]
-            after = page["next_after"]
-            if not page["more"]:
-                break
+        lines = system.log_lines(job["id"])
         assert lines == [f"line {i}" for i in range(LINES)]
 
         ledger = json.loads(system.manage("shell", "-c", LEDGER.format(job=job["id"])).strip().splitlines()[-1])
