@@ -42,6 +42,36 @@ def pick_slot(in_use, after, span):
     return None
 
 
+class UidClaims:
+    """Uids claimed by this process, machine-wide: one lock file per uid in a folder all runners
+    of the machine share, locked (flock) for as long as a job runs as that uid. Two runners on
+    one machine can then never hand one uid to two jobs, even in the moment before the first
+    job's process exists; a runner that dies drops its locks with it."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.fds = {}
+
+    def claim(self, uid):
+        """True if this process now holds uid; False if another process does."""
+        import fcntl
+
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.fds[uid] = fd
+        return True
+
+    def release(self, uid):
+        fd = self.fds.pop(uid, None)
+        if fd is not None:
+            os.close(fd)
+
+
 def job_uid(base, slot):
     """The uid (and gid) a job runs as: base + its slot."""
     return base + slot
@@ -429,6 +459,7 @@ class Sandbox:
             self.cgroups = []
         if self.slot is not None:
             self.isolation.slots.pop(self.name, None)
+            self.isolation.claims.release(self.uid)
 
 
 class Isolation:
@@ -443,6 +474,7 @@ class Isolation:
         self.users_on = self.mounts_on = self.netns_on = self.cgroups_on = False
         self.cgroups = Cgroups(runner_name)
         self.slots = {}  # allocation id -> uid slot
+        self.claims = UidClaims(getattr(settings, "E31_JOB_UID_LOCK_DIR", "/run/e31/job-uids"))
         self.last_slot = (os.getpid() * 7919) % settings.E31_JOB_UID_COUNT
         import resource
 
@@ -567,10 +599,14 @@ class Isolation:
         if self.users_on:
             base, span = s.E31_JOB_UID_BASE, s.E31_JOB_UID_COUNT
             busy = set(self.slots.values()) | {uid - base for uid in uids_in_use(base, base + span)}
-            slot = pick_slot(busy, self.last_slot, span)
-            if slot is None:
-                raise RuntimeError("no free job uid on this node")
-            self.last_slot = slot
+            while True:
+                slot = pick_slot(busy, self.last_slot, span)
+                if slot is None:
+                    raise RuntimeError("no free job uid on this node")
+                self.last_slot = slot
+                if self.claims.claim(job_uid(base, slot)):
+                    break
+                busy.add(slot)  # another runner of this machine holds it
             self.slots[sandbox.name] = slot
             sandbox.slot, sandbox.uid = slot, job_uid(base, slot)
         return sandbox

@@ -203,6 +203,13 @@ def test_jobs_are_listed_with_filters_and_pages(api, alice, bob, charlie):
     assert api.get(reverse("api:jobs") + "?name=UN-1").json()["count"] == 1
     prefix = jobs[1].pk.hex[:6]
     assert [j["id"] for j in api.get(reverse("api:jobs") + f"?id_prefix={prefix}").json()["results"]] == [str(jobs[1].pk)]
+    # Every prefix, short or long, with or without dashes, finds exactly the ids that start so.
+    for job in jobs:
+        for length in (1, 2, 7, 9, 32):
+            prefix = str(job.pk)[:length]
+            want = sorted(str(j.pk) for j in jobs if str(j.pk).startswith(prefix))
+            got = sorted(j["id"] for j in api.get(reverse("api:jobs") + f"?id_prefix={prefix.upper()}").json()["results"])
+            assert got == want, prefix
     for bad in ("state=lost", "kind=bake", "id_prefix=xyz"):
         response = api.get(reverse("api:jobs") + "?" + bad)
         assert response.status_code == 400 and response.json()["detail"], bad

@@ -445,3 +445,31 @@ dist.destroy_process_group()
     job = run(node, make_job(alice, script=script, gpus=2), timeout=90)
     assert job.state == "succeeded", (job.reason, lines(job)[-20:])
     assert lines(job).count("sum 3 interfaces 1") == 2
+
+
+@pytest.mark.nodb
+def test_a_uid_claimed_by_one_runner_is_not_given_out_by_another(tmp_path):
+    """Two runners on one machine share the uid range: a uid held by one (a lock file kept
+    locked while its job runs) is refused to the other until the first lets go or dies."""
+    import subprocess
+    import sys
+
+    from scheduler.isolation import UidClaims
+
+    folder = tmp_path / "uids"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from scheduler.isolation import UidClaims; c = UidClaims(sys.argv[1]); "
+         "print(c.claim(200005), flush=True); sys.stdin.read()", str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        mine = UidClaims(folder)
+        assert not mine.claim(200005)
+        assert mine.claim(200006)
+        mine.release(200006)
+        assert UidClaims(folder).claim(200006)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert mine.claim(200005)  # the other runner died: its uids are free
