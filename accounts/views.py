@@ -9,6 +9,7 @@ from django.views.decorators.http import require_http_methods
 
 from accounts import signin
 from accounts.access import require_team
+from notifications import views as notification_views
 
 
 class LoginView(auth_views.LoginView):
@@ -48,12 +49,29 @@ class TimeZoneForm(forms.Form):
 @login_required
 @require_http_methods(["GET", "POST"])
 def user_settings(request):
+    """The user's time zone and what they are emailed about; the team's webhooks (owners
+    change them, through notifications.views). Each form posts its own `form` name."""
     require_team(request.user)
     membership = request.user.membership
+    posted = request.POST.get("form") if request.method == "POST" else None
+    if posted == "email":
+        email_form, saved = notification_views.save_email_preferences(request)
+        if saved:
+            messages.success(request, "Email notifications saved.")
+            return redirect("settings")
+        return render_settings(request, email_form=email_form)
     form = TimeZoneForm(request.POST or None, initial={"time_zone": membership.time_zone})
     if request.method == "POST" and form.is_valid():
         membership.time_zone = form.cleaned_data["time_zone"]
         membership.save(update_fields=["time_zone"])
         messages.success(request, f"Time zone set to {membership.time_zone or 'the site’s'}.")
         return redirect("settings")
-    return render(request, "accounts/settings.html", {"form": form}, status=400 if form.errors else 200)
+    return render_settings(request, form=form)
+
+
+def render_settings(request, form=None, **notification_forms):
+    """The settings page; a form with errors makes it a 400."""
+    form = form or TimeZoneForm(initial={"time_zone": request.user.membership.time_zone})
+    context = {"form": form, **notification_views.settings_context(request, **notification_forms)}
+    invalid = form.errors or any(f.errors for f in notification_forms.values() if f is not None)
+    return render(request, "accounts/settings.html", context, status=400 if invalid else 200)

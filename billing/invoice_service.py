@@ -6,12 +6,15 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Min
+from django.urls import reverse
 from django.utils import timezone
 
 from accounts import audit
 from accounts.models import Team
 from billing import invoices, statements
 from billing.models import Invoice, InvoiceLine, InvoiceNumber, UsageRecord
+from notifications import events as notify
+from notifications import policy as notify_policy
 
 
 class NotInvoiceable(Exception):
@@ -139,6 +142,15 @@ def issue(invoice, at=None, actor="system", request=None):
         locked.issued_at = at
         locked.save(update_fields=["state", "number_year", "sequence", "number", "issued_at"])
         audit.record(request, "invoice.issue", locked, actor=actor)
+        # Told in the same transaction: an issue that rolls back tells nobody.
+        notify.emit(
+            notify_policy.INVOICE_ISSUED, team=locked.team, at=at,
+            data={
+                "invoice": str(locked.pk), "number": locked.number, "title": locked.get_kind_display(),
+                "period": f"{locked.period_start:%Y-%m}", "total": locked.total, "currency": locked.currency,
+                "url": notify.site_url(reverse("billing:invoice", args=[locked.pk])),
+            },
+        )
     return locked
 
 

@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "jobs",
     "scheduler",
     "billing",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -265,6 +266,40 @@ E31_JOB_MAX_OPEN_FILES = env_int("E31_JOB_MAX_OPEN_FILES", 65536, minimum=64)
 E31_JOB_MAX_FILE_BYTES = env_int("E31_JOB_MAX_FILE_BYTES", 256 * 1024**3, minimum=1024**2)
 E31_JOB_DISK_BYTES = env_int("E31_JOB_DISK_BYTES", 1024**4, minimum=1024**2)  # the job's folder, checked every few seconds
 E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimum=0.1)
+# Device utilization (scheduler/utilization.py): the runner samples each job's devices every
+# SAMPLE seconds (0: never) into windows of WINDOW seconds, at most MAX_WINDOWS per run (a long
+# run's windows merge into coarser ones). Devices below IDLE_PERCENT are idle; a job idle for its
+# idle_minutes is flagged. IDLE_MINUTE_SECONDS is how long such a minute lasts (tests shorten it).
+E31_UTIL_SAMPLE_SECONDS = env_float("E31_UTIL_SAMPLE_SECONDS", 2.0, minimum=0.0)
+E31_UTIL_WINDOW_SECONDS = env_float("E31_UTIL_WINDOW_SECONDS", 30.0, minimum=0.1)
+E31_UTIL_MAX_WINDOWS = env_int("E31_UTIL_MAX_WINDOWS", 240, minimum=2)
+E31_UTIL_IDLE_PERCENT = env_float("E31_UTIL_IDLE_PERCENT", 5.0, minimum=0.0)
+E31_UTIL_IDLE_MINUTE_SECONDS = env_float("E31_UTIL_IDLE_MINUTE_SECONDS", 60.0, minimum=0.01)
+
+# Notifications (notifications/): email and signed webhooks, sent by a worker thread of the
+# scheduler. The site's address, for the links in emails and webhook payloads.
+E31_SITE_URL = env_url("E31_SITE_URL", "http://127.0.0.1:8000", {"http", "https"})
+E31_WEBHOOK_TIMEOUT_SECONDS = env_float("E31_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+E31_NOTIFY_RETRY_SECONDS = env_float("E31_NOTIFY_RETRY_SECONDS", 30.0, minimum=0.0)  # doubled after each failure
+E31_NOTIFY_MAX_ATTEMPTS = env_int("E31_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("E31_EMAIL_FROM", "E31 Network <noreply@localhost>")
+# Email: printed to the console by default; EMAIL_URL (smtp://user:password@host:587, with
+# ?tls=1, or smtps:// for SSL) or EMAIL_HOST (with EMAIL_PORT, EMAIL_HOST_USER,
+# EMAIL_HOST_PASSWORD, EMAIL_USE_TLS) send through an SMTP server.
+from notifications.mailconfig import email_settings  # noqa: E402 - pure, no Django models
+
+_EMAIL = email_settings(
+    env_str("EMAIL_URL"), env_str("EMAIL_HOST"), env_int("EMAIL_PORT", 25, minimum=1), env_str("EMAIL_HOST_USER", ""),
+    env_str("EMAIL_HOST_PASSWORD", ""), env_bool("EMAIL_USE_TLS", False),
+)
+EMAIL_BACKEND = _EMAIL["EMAIL_BACKEND"]
+EMAIL_HOST = _EMAIL.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = _EMAIL.get("EMAIL_PORT", 25)
+EMAIL_HOST_USER = _EMAIL.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = _EMAIL.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = _EMAIL.get("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = _EMAIL.get("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = _EMAIL.get("EMAIL_TIMEOUT")
 
 LOGGING = {
     "version": 1,
@@ -274,3 +309,11 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# The operator's view (/ops/, /metrics): a job is listed as stuck when it has been starting this
+# long, queued this long past its predicted start, running this long past its predicted finish,
+# or holding compute this long past the end of its span or ceiling.
+E31_STUCK_STARTING_SECONDS = env_float("E31_STUCK_STARTING_SECONDS", 600.0, minimum=1.0)
+E31_STUCK_QUEUED_SECONDS = env_float("E31_STUCK_QUEUED_SECONDS", 1800.0, minimum=0.0)
+E31_STUCK_RUNNING_SECONDS = env_float("E31_STUCK_RUNNING_SECONDS", 3600.0, minimum=0.0)
+E31_STUCK_OVERRUN_SECONDS = env_float("E31_STUCK_OVERRUN_SECONDS", 300.0, minimum=0.0)

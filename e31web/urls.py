@@ -3,6 +3,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from jobs import dataset_views
+from scheduler import ops_views
 
 dataset_patterns = [
     path("", dataset_views.dataset_list, name="list"),
@@ -22,6 +23,9 @@ urlpatterns = [
     path("datasets/", include((dataset_patterns, "datasets"))),
     path("billing/", include("billing.urls")),
     path("api/", include("e31web.api_urls")),
+    path("notifications/", include("notifications.urls")),
+    path("ops/", include("scheduler.ops_urls")),
+    path("metrics", ops_views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
 ]
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from billing import meter
 from jobs import live, states
+from notifications import events as notifications
 
 
 class Dataset(models.Model):
@@ -200,6 +201,13 @@ class Job(models.Model):
     network = models.BooleanField(
         default=False, help_text="the job may reach the network (off: its own loopback only; gangs always keep the network)"
     )
+    # Idle detection: flagged (and the team told) when every device stays idle this long;
+    # stopped, with a checkpoint, only if the job said so.
+    idle_minutes = models.PositiveIntegerField(default=30, help_text="minutes with every device idle before the job is flagged")
+    stop_if_idle = models.BooleanField(default=False, help_text="stop the job (with a checkpoint) once it is flagged idle")
+    idle_since = models.DateTimeField(null=True, blank=True, help_text="while flagged idle: since when its devices are idle")
+    # Mean and peak per device over the whole run (scheduler.utilization.Summary), kept when it ends.
+    utilization = models.JSONField(null=True, blank=True)
 
     # What the scheduler expects for a queued job (a simulation of the queue), and its flags
     predicted_start = models.DateTimeField(null=True, blank=True)
@@ -265,6 +273,7 @@ class Job(models.Model):
                 job.reason = reason
             job.save(update_fields=["state", "finished_at", "reason", *fields])
             job.record("state", at=at, data={"state": target, "from": previous, "reason": reason})
+            notifications.job_changed(job, previous, target, reason)
         self.refresh_from_db()
         return self
 
@@ -362,6 +371,26 @@ class Job(models.Model):
             "credit_seconds": credit_seconds,
             "credit_amount": f"{credit_amount:f}",
         }
+
+
+class Utilization(models.Model):
+    """The device utilization of one allocation (one run of a job on one node), as compact
+    windows of samples (scheduler.utilization): one row, updated in place as windows close."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="utilization_runs")
+    allocation = models.OneToOneField("scheduler.Allocation", on_delete=models.CASCADE, related_name="utilization")
+    started_at = models.DateTimeField(help_text="when the allocation started: windows count seconds from here")
+    every = models.FloatField(help_text="seconds between samples")
+    width = models.FloatField(help_text="seconds per window (doubles as a long run's windows are merged)")
+    series = models.JSONField(default=list, help_text='[{"name", "kind", "memory_total"}, ...]: one per device')
+    windows = models.JSONField(default=list, help_text="[[start, seconds, [[mean %, peak %, mean MiB, peak MiB], ...]], ...]")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["started_at"]
+
+    def __str__(self):
+        return f"utilization of {self.allocation_id}"
 
 
 class JobEvent(models.Model):

@@ -9,6 +9,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, Sum
+from django.urls import reverse
 from django.utils import timezone
 
 from billing import budgets, meter, statements
@@ -16,6 +17,9 @@ from accounts.models import Team
 from billing.models import Credit, NoRateInForce, Rate, UsageRecord
 from jobs import lineage, states
 from jobs.models import Job
+from notifications import events as notify
+from notifications import policy as notify_policy
+from notifications.models import Notification
 from scheduler import policy
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.staging import job_manifest, manifest_digests
@@ -482,7 +486,65 @@ def update_predictions(now=None):
             job.predicted_start, job.predicted_finish = start, finish
             changed.append(job)
     Job.objects.bulk_update(changed, ["predicted_start", "predicted_finish"], batch_size=500)
+    notify_deadlines_at_risk(predicted, now)
     return len(changed)
+
+
+def notify_deadlines_at_risk(predicted, now):
+    """Tell the team, once per job, when a queued job is predicted to finish after its deadline."""
+    at_risk = {}
+    for job_id, deadline in Job.objects.filter(state=states.QUEUED, deadline__isnull=False).values_list("pk", "deadline"):
+        finish = predicted.get(str(job_id), (None, None))[1]
+        if notify_policy.deadline_at_risk(finish, deadline):
+            at_risk[notify_policy.deadline_key(job_id)] = (job_id, finish)
+    told = set(Notification.objects.filter(key__in=list(at_risk)).values_list("key", flat=True))
+    for key, (job_id, finish) in at_risk.items():
+        if key in told:
+            continue
+        job = Job.objects.select_related("team").get(pk=job_id)
+        notify.emit(
+            notify_policy.DEADLINE_AT_RISK, team=job.team, job=job, once=key, at=now,
+            data={"deadline": job.deadline, "predicted_finish": finish},
+        )
+
+
+def notify_budgets(now=None):
+    """Tell each team with a budget when its month's spend so far reaches 80% and 100% of it:
+    once per team, month and threshold (the once-only keys hold that across schedulers)."""
+    now = now or timezone.now()
+    team_budgets = dict(Team.objects.filter(monthly_budget__isnull=False).values_list("pk", "monthly_budget"))
+    if not team_budgets:
+        return []
+    utc = now.astimezone(dt_timezone.utc)
+    spends = month_spend(team_budgets, now)
+    keys = {
+        notify_policy.budget_key(team, utc.year, utc.month, threshold): (str(team), threshold)
+        for team in team_budgets for threshold in notify_policy.BUDGET_THRESHOLDS
+    }
+    told = {}
+    for key in Notification.objects.filter(key__in=list(keys)).values_list("key", flat=True):
+        team, threshold = keys[key]
+        told.setdefault(team, set()).add(threshold)
+    sent = []
+    for team_id, budget in team_budgets.items():
+        spent = spends[str(team_id)].so_far
+        threshold = notify_policy.budget_alert(spent, budget, told.get(str(team_id), set()))
+        if threshold is None:
+            continue
+        team = Team.objects.get(pk=team_id)
+        kind = notify_policy.BUDGET_100 if threshold >= 100 else notify_policy.BUDGET_80
+        status = budgets.status(budget, spends[str(team_id)])
+        notification = notify.emit(
+            kind, team=team, once=notify_policy.budget_key(team_id, utc.year, utc.month, threshold), at=now,
+            data={
+                "threshold": threshold, "percent": status.percent, "spent": meter.round_money(spent), "budget": budget,
+                "currency": settings.E31_CURRENCY, "month": f"{utc.year:04d}-{utc.month:02d}",
+                "url": notify.site_url(reverse("billing:usage")),
+            },
+        )
+        if notification is not None:
+            sent.append(notification)
+    return sent
 
 
 def predict_request(team, request, *, gpu_type="", not_before=None, deadline=None, preemptible=False, rate=None, now=None):

@@ -1,4 +1,5 @@
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -10,6 +11,7 @@ from django.utils import timezone
 
 from jobs import datasets
 from jobs.models import Upload
+from notifications import delivery
 from scheduler import services
 from scheduler.management.commands._loop import stop_on_signals
 
@@ -37,10 +39,15 @@ class Command(BaseCommand):
             self.scans.shutdown(wait=True)
             return
         self.stdout.write(f"scheduler: placing queued jobs every {interval:g} s")
+        # Emails and webhooks go out from a thread of their own (its own database connection):
+        # a receiver that hangs or fails holds up that thread only, never a cycle.
+        self.notify_stop = threading.Event()
+        delivery.start_thread(self.notify_stop)
         with stop_on_signals(self.stop):
             while not self.shutdown:
                 self.handle_one_cycle()
                 self.sleep(interval)
+        self.notify_stop.set()
         self.scans.shutdown(wait=False, cancel_futures=True)
         self.stdout.write("scheduler: stopped")
 
@@ -70,6 +77,7 @@ class Command(BaseCommand):
             if time.monotonic() >= self.next_prediction:
                 self.next_prediction = time.monotonic() + settings.E31_PREDICT_SECONDS
                 services.update_predictions()
+                services.notify_budgets()
             if time.monotonic() >= self.next_housekeeping:
                 self.next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
                 purged = Upload.purge_unclaimed(timezone.now() - UNCLAIMED_UPLOADS_KEPT)

@@ -1,0 +1,122 @@
+"""Events the team is told about, by email and signed webhooks.
+
+emit() writes the event and its deliveries in the caller's transaction (an outbox): a change
+that is rolled back tells nobody, and one that commits is told however long the receivers
+take, by the delivery worker (notifications.delivery) that runs beside the scheduler.
+"""
+
+import json
+import logging
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from notifications import policy
+
+log = logging.getLogger(__name__)
+
+
+def site_url(path):
+    return settings.E31_SITE_URL.rstrip("/") + path
+
+
+def plain(data):
+    """Data as JSON would carry it (Decimals and datetimes as text)."""
+    return json.loads(json.dumps(data or {}, cls=DjangoJSONEncoder))
+
+
+def job_data(job, with_meter=True):
+    """A job as an event shows it."""
+    data = {
+        "id": str(job.pk),
+        "name": job.name,
+        "kind": job.kind,
+        "state": job.state,
+        "reason": job.reason,
+        "gpus": job.gpus,
+        "limit": "span" if job.span_hours is not None else "ceiling",
+        "url": site_url(reverse("jobs:detail", args=[job.pk])),
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+        "deadline": job.deadline,
+    }
+    if with_meter:
+        seconds, amount = job.held()
+        data |= {"held_seconds": seconds, "amount": amount, "currency": settings.E31_CURRENCY}
+    return data
+
+
+def payload(notification_id, kind, at, team, job, data):
+    """The event as emailed and POSTed: {id, kind, created_at, team, job, data}."""
+    return plain({
+        "id": str(notification_id),
+        "kind": kind,
+        "created_at": at,
+        "team": {"id": str(team.pk), "name": team.name},
+        "job": job_data(job) if job is not None else None,
+        "data": data,
+    })
+
+
+def emit(kind, *, team, job=None, data=None, once=None, at=None):
+    """Record that `kind` happened (inside the caller's transaction); delivery happens elsewhere.
+
+    once: a key making the event happen at most once (a second emit with it does nothing and
+    returns None). Returns the Notification."""
+    from notifications.models import Notification
+
+    at = at or timezone.now()
+    notification = Notification(team=team, job=job, kind=kind, created_at=at, key=once)
+    notification.payload = payload(notification.pk, kind, at, team, job, data)
+    try:
+        with transaction.atomic():  # a savepoint: a repeated `once` leaves the caller's transaction usable
+            notification.save(force_insert=True)
+    except IntegrityError:
+        if once is not None and Notification.objects.filter(key=once).exists():
+            return None
+        raise
+    queue_deliveries(notification)
+    return notification
+
+
+def queue_deliveries(notification):
+    """One delivery per team member who wants this kind by email, and one per active webhook
+    of the team whose filter lets it through."""
+    from accounts.models import Membership
+    from notifications.models import Delivery, EmailPreference
+
+    kind, at = notification.kind, notification.created_at
+    rows = []
+    if kind in policy.EMAIL_KINDS:
+        for member in Membership.objects.filter(team_id=notification.team_id).select_related("user", "user__notification_preference"):
+            user = member.user
+            if user.is_active and user.email and kind in EmailPreference.kinds_for(user):
+                rows.append(Delivery(notification=notification, channel=Delivery.EMAIL, user=user, address=user.email, next_attempt_at=at))
+    for webhook in notification.team.webhooks.filter(active=True):
+        if kind != policy.TEST and policy.wants(webhook.kinds, kind):
+            rows.append(Delivery(notification=notification, channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url, next_attempt_at=at))
+    Delivery.objects.bulk_create(rows)
+    return rows
+
+
+def send_test(webhook, user=None):
+    """A test event to one webhook ("send test event" on the settings page)."""
+    from notifications.models import Delivery
+
+    with transaction.atomic():
+        notification = emit(policy.TEST, team=webhook.team, data={"text": "A test event from E31 Network.", "by": getattr(user, "username", "")})
+        return Delivery.objects.create(
+            notification=notification, channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url,
+            next_attempt_at=notification.created_at,
+        )
+
+
+def job_changed(job, previous, target, reason):
+    """Called by Job._transition inside its transaction for every state change."""
+    kind = policy.kind_for_transition(previous, target, reason)
+    if kind is None:
+        return None
+    return emit(kind, team=job.team, job=job, data={"from": previous, "reason": reason, "restarts": job.restarts})
