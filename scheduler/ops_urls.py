@@ -1,0 +1,8 @@
+from django.urls import path
+
+from scheduler import ops_views
+
+app_name = "ops"
+urlpatterns = [
+    path("", ops_views.pool_page, name="pool"),
+]
