@@ -126,6 +126,12 @@ class Job(s.Serializer):
     exit_code = s.IntegerField(allow_null=True)
     restarts = s.IntegerField()
     preemptible = s.BooleanField()
+    idle_minutes = s.IntegerField(help_text="Minutes with every device idle before the job is flagged (0: never).")
+    stop_if_idle = s.BooleanField(help_text="Once flagged idle, the job is stopped with a checkpoint.")
+    idle_since = s.DateTimeField(allow_null=True, help_text="While flagged idle: since when its devices are idle.")
+    utilization = s.JSONField(
+        allow_null=True, help_text='Once it ended: {"seconds", "busy" (devices\' worth), "series": [{"name", "mean", "peak", "memory_mean", "memory_peak", "memory_total"}]}.'
+    )
     held_seconds = s.FloatField()
     cost = s.CharField(help_text="A decimal string, in currency.")
     currency = s.CharField()
@@ -322,7 +328,7 @@ SPEC_HELP = (
     "The job's spec: a spec file's text (YAML or JSON), or (JSON body) an object of the API's fields: "
     "name, kind, recipe, entrypoint, args, config, env, train_dataset, heldout_dataset, gpus, gpu_type, mode, "
     "span_hours, ceiling_kind, ceiling, not_before, deadline, by, preemptible, keep_checkpoints, max_restarts, "
-    "early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan."
+    "early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
 )
 
 JobSubmitForm = inline_serializer(

@@ -53,8 +53,10 @@ SPEC_FIELDS = {
     "early_stop_patience",
     "stop_on_nan",
     "network",
+    "idle_minutes",
+    "stop_if_idle",
 }
-BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first", "network"}
+BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first", "network", "stop_if_idle"}
 MAX_LOG_LIMIT = 5000
 
 
@@ -178,6 +180,11 @@ def job_json(job, request):
         "early_stop_patience": job.early_stop_patience,
         "stop_on_nan": job.stop_on_nan,
         "network": job.network,
+        "idle_minutes": job.idle_minutes,
+        "stop_if_idle": job.stop_if_idle,
+        "idle_since": job.idle_since,
+        # Mean and peak per device, once the job ended (see scheduler.utilization.Summary).
+        "utilization": job.utilization,
         "credited_seconds": credit_seconds,
         "credited": f"{credit_amount:f}",
         "held_seconds": seconds,

@@ -292,6 +292,14 @@ class JobForm(RequestForm):
     stop_on_nan = forms.BooleanField(
         required=False, initial=True, label="Stop on a NaN loss", help_text="End the run when a loss becomes NaN or infinite."
     )
+    idle_minutes = forms.IntegerField(
+        min_value=0, max_value=10080, initial=30, required=False, label="Idle after (minutes)",
+        help_text="Flag the job, and tell the team, when every device it holds stays idle this long. 0: never.",
+    )
+    stop_if_idle = forms.BooleanField(
+        required=False, initial=False, label="Stop if idle",
+        help_text="Once flagged idle, stop the job (it is told to checkpoint first) so an idle run does not burn money.",
+    )
     network = forms.BooleanField(
         required=False, initial=False, label="Network access",
         help_text="Let the job reach the network (to download packages or weights, say). Off: it sees only its own loopback. "
@@ -502,6 +510,10 @@ class JobForm(RequestForm):
             cleaned["keep_checkpoints"] = 3
         if cleaned.get("max_restarts") is None:
             cleaned["max_restarts"] = 3
+        if cleaned.get("idle_minutes") is None:
+            cleaned["idle_minutes"] = 30
+        if cleaned.get("stop_if_idle") and not cleaned["idle_minutes"] and "idle_minutes" not in self.errors:
+            self.add_error("idle_minutes", "Stop if idle needs an idle time of at least 1 minute.")
         cleaned["early_stop_mode"] = cleaned.get("early_stop_mode") or "min"
 
     @transaction.atomic
@@ -534,6 +546,8 @@ class JobForm(RequestForm):
             early_stop_patience=cleaned.get("early_stop_patience") if cleaned["early_stop_metric"] else None,
             stop_on_nan=bool(cleaned.get("stop_on_nan")),
             network=bool(cleaned.get("network")),
+            idle_minutes=cleaned["idle_minutes"],
+            stop_if_idle=bool(cleaned.get("stop_if_idle")),
         )
         uploads = [*([cleaned["kept_code"]] if cleaned.get("kept_code") else []), *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
         uploads += cleaned.get("kept_model") or []

@@ -5,7 +5,8 @@ with the line of every field, so a refusal names the line to fix. Pure functions
     kind: train                     # train | finetune | evaluate
     work:     {code: train.py, entrypoint, args, config, env, recipe, smoke_first}
     data:     {train: digits@2, heldout, train_files, heldout_files, start_job, base_model, evaluate_jobs}
-    request:  {gpus, gpu_type, mode, span_hours, ceiling, ceiling_kind, not_before, by, deadline, preemptible, network}
+    request:  {gpus, gpu_type, mode, span_hours, ceiling, ceiling_kind, not_before, by, deadline, preemptible, network,
+               idle_minutes, stop_if_idle}
     output:   {keep_checkpoints, max_restarts, early_stop: {metric, mode, patience}, stop_on_nan}
 
 `work.code`, `data.train_files`, `data.heldout_files` and `data.base_model` name files on the
@@ -36,6 +37,7 @@ PARTS = {
         name: name
         for name in (
             "gpus", "gpu_type", "mode", "span_hours", "ceiling", "ceiling_kind", "not_before", "by", "deadline", "preemptible", "network",
+            "idle_minutes", "stop_if_idle",
         )
     },
     "output": {"keep_checkpoints": "keep_checkpoints", "max_restarts": "max_restarts", "early_stop": None, "stop_on_nan": "stop_on_nan"},
@@ -373,6 +375,10 @@ def job_spec(job, now=None):
         request["preemptible"] = True
     if job.network:
         request["network"] = True
+    if job.idle_minutes != 30:
+        request["idle_minutes"] = job.idle_minutes
+    if job.stop_if_idle:
+        request["stop_if_idle"] = True
     spec["request"] = request
 
     output = {"keep_checkpoints": job.keep_checkpoints, "max_restarts": job.max_restarts}

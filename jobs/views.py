@@ -111,6 +111,7 @@ def job_new(request):
         "kept_data": form.kept("kept_data"),
         "kept_heldout": form.kept("kept_heldout"),
         "kept_model": form.kept("kept_model"),
+        **previous_right_size(team, form["name"].value()),
     }
     if request.method == "GET" and estimate_form.estimate is not None:
         context.update(prediction(team, estimate_form))
@@ -147,6 +148,7 @@ def job_new_from_spec(request, team):
         messages.success(request, f"The form is filled in from {name}: check it, choose the files it names, and submit.")
     context = {
         "form": form, "estimate_form": estimate_form, "spec_errors": spec_errors, "files_wanted": files_wanted, "spec_name": name,
+        **previous_right_size(team, initial.get("name")),
     }
     if estimate_form.estimate is not None:
         context.update(prediction(team, estimate_form))
@@ -171,7 +173,7 @@ def job_estimate(request):
     """The cost of the request as the form is filled in (an htmx fragment)."""
     team = require_team(request.user)
     form = RequestForm(request.POST)
-    context = {"form": form}
+    context = {"form": form, **previous_right_size(team, request.POST.get("name"))}
     if form.is_valid() and form.estimate is not None:
         context.update(prediction(team, form))
         context.update(budget_left(team, form.estimate.amount))
@@ -215,6 +217,8 @@ def job_detail(request, job_id):
         return render(request, "jobs/_artifacts.html", {"job": job, "artifacts": job.artifacts.all()})
     if request.htmx and request.GET.get("part") == "checkpoints":
         return render(request, "jobs/_checkpoints.html", {"job": job, "checkpoints": job_checkpoints(job)})
+    if request.htmx and request.GET.get("part") == "utilization":
+        return render(request, "jobs/_utilization.html", {"job": job, **utilization_context(job)})
     # Everything below shows the job up to job.last_seq; the websocket sends what comes after.
     chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE)
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
@@ -239,10 +243,71 @@ def job_detail(request, job_id):
         "metric_rows": metric_rows(chart["summary"]),
     }
     context.update(lineage_context(job))
+    context.update(utilization_context(job))
     # The cost of the experiment beside its metrics: billed so far (less credits), final once it ended.
     meter_now = context["meter"]
     context["cost"] = Decimal(meter_now["amount"]) - Decimal(meter_now["credit_amount"])
     return render(request, "jobs/detail.html", context)
+
+
+def utilization_context(job):
+    """The job's device utilization as the page shows it: charts of every run, the mean and peak
+    per device, and, once it ended, the right-size hints."""
+    from scheduler import utilization
+
+    runs = list(job.utilization_runs.all())
+    if not runs:
+        return {"utilization": None}
+    first = runs[0].started_at
+    drawn = [((r.started_at - first).total_seconds(), r.series, r.windows) for r in runs]
+    summary = utilization.Summary.from_data(job.utilization) if job.is_terminal else None
+    summary = summary or utilization.summarize([(r.series, r.windows) for r in runs])
+    return {
+        "utilization": {
+            "chart": utilization.chart(drawn),
+            "memory_chart": utilization.chart(drawn, memory=True),
+            "summary": summary,
+            "hints": right_size_hints(job, summary) if job.is_terminal else [],
+        }
+    }
+
+
+def right_size_hints(job, summary):
+    """scheduler.utilization.right_size for a job that held compute: what it held, for how
+    long, and what it paid per device-hour (over all its allocations)."""
+    from django.conf import settings
+
+    from scheduler import utilization
+
+    device_seconds, amount, kinds = 0, Decimal(0), set()
+    for allocation in job.allocations.all():
+        seconds, charged = allocation.meter()
+        device_seconds += allocation.gpus * seconds
+        amount += charged
+        kinds.add(allocation.device_type)
+    if not device_seconds or summary is None:
+        return []
+    return utilization.right_size(
+        summary, devices=job.gpus, held_seconds=device_seconds / job.gpus, rate=amount * 3600 / device_seconds,
+        unit="slot" if kinds == {"cpu"} else "GPU", currency=settings.E31_CURRENCY,
+    )
+
+
+def previous_right_size(team, name):
+    """The right-size hints of the team's latest finished job of this name, for the form."""
+    from scheduler import utilization
+
+    name = (name or "").strip()
+    if not name:
+        return {}
+    previous = (
+        Job.objects.filter(team=team, name=name, state__in=states.TERMINAL, utilization__isnull=False)
+        .order_by("-finished_at").first()
+    )
+    if previous is None:
+        return {}
+    hints = right_size_hints(previous, utilization.Summary.from_data(previous.utilization))
+    return {"previous_job": previous, "previous_hints": hints} if hints else {}
 
 
 def lineage_context(job):

@@ -31,8 +31,9 @@ from django.utils import timezone
 from e31web.storage import get_storage
 from jobs import archive, states
 from jobs.logs import log_key, stream_log
-from jobs.models import Artifact, Job, JobEvent
-from scheduler import checkpoints, stopping
+from jobs.models import Artifact, Job, JobEvent, Utilization
+from notifications import events as notifications
+from scheduler import checkpoints, sampling, stopping, utilization
 from scheduler.launch import (
     RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun,
 )
@@ -205,6 +206,12 @@ class RunningJob:
         self.pending = []  # lines taken from the reader, not yet committed
         limit = allocation.limit_seconds
         self.limit_at = allocation.started_at + timedelta(seconds=limit) if limit is not None else None
+        self.sampler = self.recorder = None
+        self.idle = utilization.IdleWatch(settings.E31_UTIL_IDLE_PERCENT)
+        self.idle_flagged = False
+        self.sampled_at = time.monotonic()
+        if settings.E31_UTIL_SAMPLE_SECONDS > 0:
+            self.start_sampling(settings.E31_UTIL_SAMPLE_SECONDS)
 
     # Output and the meter -------------------------------------------------------------------
 
@@ -267,6 +274,96 @@ class RunningJob:
         if now_monotonic - self.last_tick >= 1.0:
             self.last_tick = now_monotonic
             self.job.record("meter", data=self.job.meter_event())
+
+    # Utilization -----------------------------------------------------------------------------
+
+    def start_sampling(self, every):
+        allocation, sandbox = self.allocation, self.sandbox
+        pids = None
+        if sandbox is not None and sandbox.cgroups:  # every process of the job, daemons too
+            pids = lambda: sandbox.isolation.cgroups.pids(sandbox.name)  # noqa: E731
+        try:
+            self.sampler = sampling.sampler_for(
+                pid=self.process.pid, devices=allocation.devices, device_type=allocation.device_type,
+                prefix=f"node{allocation.node_rank}:" if allocation.gang_size > 1 else "", pids=pids,
+                memory_total=sandbox.limits.memory_bytes if sandbox is not None else None,
+            )
+        except Exception:  # noqa: BLE001 - a job runs without its chart rather than not at all
+            log.exception("cannot sample the devices of job %s", self.job.pk)
+            return
+        width = max(settings.E31_UTIL_WINDOW_SECONDS, every)
+        self.recorder = utilization.Recorder(every=every, width=width, limit=settings.E31_UTIL_MAX_WINDOWS)
+
+    def sample(self, now_monotonic):
+        """Read the job's devices every few seconds: windows stored as they close, idle watched."""
+        if self.recorder is None or now_monotonic - self.sampled_at < self.recorder.every:
+            return
+        self.sampled_at = now_monotonic
+        try:
+            readings = self.sampler.read()
+        except Exception:  # noqa: BLE001 - read again next time
+            log.exception("could not sample the devices of job %s", self.job.pk)
+            return
+        if not readings:
+            return
+        t = (timezone.now() - self.allocation.started_at).total_seconds()
+        if self.recorder.add(t, readings):
+            self.store_utilization()
+        self.watch_idle(t, readings)
+
+    def store_utilization(self, summary=False):
+        """The windows so far in the allocation's row; with summary, the job's mean and peak per
+        device over all its runs too (under the job's row lock, so the last node of a gang to
+        finish writes a summary that counts every node's windows)."""
+        if self.recorder is None:
+            return
+        windows = self.recorder.snapshot()
+        if windows:
+            Utilization.objects.update_or_create(
+                allocation_id=self.allocation.pk,
+                defaults={
+                    "job_id": self.job.pk, "started_at": self.allocation.started_at, "every": self.recorder.every,
+                    "width": self.recorder.width, "series": self.sampler.series, "windows": windows,
+                },
+            )
+        if summary:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(pk=self.job.pk).values_list("pk").get()
+                runs = [(u.series, u.windows) for u in Utilization.objects.filter(job_id=self.job.pk)]
+                found = utilization.summarize(runs)
+                Job.objects.filter(pk=self.job.pk).update(utilization=found.as_data() if found else None)
+
+    def watch_idle(self, t, readings):
+        """Flag the job (and tell its team) once every device has been idle for its idle
+        minutes; stop it, with a checkpoint, if it said so. Busy again: the flag comes off."""
+        since = self.idle.add(t, readings)
+        if since is None:
+            if self.idle_flagged:
+                self.idle_flagged = False
+                Job.objects.filter(pk=self.job.pk).update(idle_since=None)
+                self.job.record("notice", data={"text": "busy again: no longer idle"})
+            return
+        minutes = self.job.idle_minutes
+        if self.idle_flagged or not minutes or t - since < minutes * settings.E31_UTIL_IDLE_MINUTE_SECONDS:
+            return
+        self.idle_flagged = True
+        at = self.allocation.started_at + timedelta(seconds=since)
+        text = (
+            f"idle: every device below {settings.E31_UTIL_IDLE_PERCENT:g}% busy since {at:%Y-%m-%d %H:%M:%S} UTC "
+            f"({minutes} minute{'s' if minutes != 1 else ''} or more)"
+        )
+        with transaction.atomic():
+            Job.objects.filter(pk=self.job.pk).update(idle_since=at)
+            self.job.record("notice", data={"text": text, "idle_since": at.isoformat()})
+            notifications.emit(
+                "job.idle", team=self.job.team, job=self.job,
+                data={"idle_since": at.isoformat(), "idle_minutes": minutes, "stop_if_idle": self.job.stop_if_idle},
+            )
+        if self.job.stop_if_idle:
+            self.request_stop(
+                Allocation.EARLY_STOP, states.STOPPED,
+                f"idle for {minutes} minute{'s' if minutes != 1 else ''} (stop if idle): stopping it",
+            )
 
     # Stopping ---------------------------------------------------------------------------------
 
@@ -495,8 +592,19 @@ class RunningJob:
         release_at = self.exited_at
         if self.limit_at is not None:
             release_at = min(release_at, self.limit_at)
+        self.end_utilization()
         end_allocation(self.allocation, release_at, reason, state, message, exit_code=self.process.returncode)
         self.cleanup()
+
+    def end_utilization(self):
+        """The last windows and the job's summary stored; the idle flag off. Never in the way
+        of the job ending."""
+        try:
+            self.store_utilization(summary=True)
+            if self.idle_flagged:
+                Job.objects.filter(pk=self.job.pk).update(idle_since=None)
+        except Exception:  # noqa: BLE001 - the chart is lost, the job still ends
+            log.exception("could not store the utilization of job %s", self.job.pk)
 
     def cleanup(self):
         """Nothing of the job left on the node: its processes, its folder, its cgroup."""
@@ -932,6 +1040,7 @@ class Runner:
             running.enforce_limit(now, self.grace)
             running.escalate(self.grace)
             running.check_disk(time.monotonic(), settings.E31_JOB_DISK_CHECK_SECONDS)
+            running.sample(time.monotonic())
             running.tick(time.monotonic())
         elif running.ready_to_finish():
             # Lines still coming out of the pipes are stored over the next steps, so a job that
@@ -953,6 +1062,7 @@ class Runner:
             try:
                 running.drain_output()
                 running.keep_last_checkpoints()
+                running.end_utilization()
                 end_allocation(running.allocation, running.exited_at, reason, states.QUEUED, "requeued: its runner stopped")
             except Exception:  # noqa: BLE001 - the next runner of this node releases what is left
                 log.exception("could not release job %s while stopping", running.job.pk)

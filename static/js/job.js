@@ -84,6 +84,8 @@
       if (cancel) cancel.remove();
       const wait = document.getElementById("wait-reason");
       if (wait) wait.remove();
+      const idle = document.getElementById("idle-notice");
+      if (idle) idle.remove();  // an ended job holds nothing: no longer idle
       document.body.dispatchEvent(new Event("job-ended"));
     }
   }
