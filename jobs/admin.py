@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job, Upload
+from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job, Upload, Utilization
 
 
 class DatasetFileInline(admin.TabularInline):
@@ -51,3 +51,17 @@ class DatasetUploadAdmin(admin.ModelAdmin):
     list_display = ["path", "version", "size", "received", "state", "updated_at"]
     list_filter = ["state"]
     readonly_fields = ["version", "path", "size", "sha256", "chunk_size", "received", "key", "multipart_id", "parts", "state", "error"]
+
+
+@admin.register(Utilization)
+class UtilizationAdmin(admin.ModelAdmin):
+    """Read only: the runner writes the samples."""
+
+    list_display = ["job", "allocation", "started_at", "width", "updated_at"]
+    readonly_fields = ["job", "allocation", "started_at", "every", "width", "series", "windows", "updated_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

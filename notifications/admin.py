@@ -7,7 +7,7 @@ from notifications.models import Delivery, EmailPreference, Notification, Webhoo
 class WebhookAdmin(admin.ModelAdmin):
     list_display = ["url", "team", "active", "created_at"]
     list_filter = ["active"]
-    exclude = ["secret"]
+    exclude = ["sealed_secret"]
 
 
 @admin.register(Notification)

@@ -11,11 +11,16 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from e31web import secrets_box
 from notifications import policy
 
 
 def new_secret():
     return "whsec_" + secrets.token_hex(32)
+
+
+def sealed_new_secret():
+    return secrets_box.seal({"secret": new_secret()})
 
 
 class EmailPreference(models.Model):
@@ -41,7 +46,9 @@ class Webhook(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="webhooks")
     url = models.URLField(max_length=500)
-    secret = models.CharField(max_length=100, default=new_secret)
+    # The signing secret, encrypted (e31web.secrets_box, as teams' S3 credentials are): read it
+    # through .secret. Shown to the team once, when the webhook is added or its secret rotated.
+    sealed_secret = models.TextField(default=sealed_new_secret, editable=False)
     kinds = models.JSONField(default=list, blank=True, help_text="the kinds sent; empty: every kind")
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -53,9 +60,17 @@ class Webhook(models.Model):
     def __str__(self):
         return self.url
 
+    @property
+    def secret(self):
+        return secrets_box.unseal(self.sealed_secret)["secret"]
+
+    @secret.setter
+    def secret(self, value):
+        self.sealed_secret = secrets_box.seal({"secret": value})
+
     def rotate_secret(self):
         self.secret = new_secret()
-        self.save(update_fields=["secret"])
+        self.save(update_fields=["sealed_secret"])
         return self.secret
 
     @property

@@ -469,3 +469,12 @@ def test_an_outsider_cannot_see_a_team_s_webhook(charlie, team_a):
     assert client.get(reverse("notifications:webhook", args=[webhook.pk])).status_code == 404
     assert client.post(reverse("notifications:webhook_delete", args=[webhook.pk])).status_code == 404
     assert "hooks.example" not in client.get(reverse("settings")).content.decode()
+
+
+def test_a_webhook_s_secret_is_kept_encrypted(alice, team_a):
+    webhook = Webhook.objects.create(team=team_a, url="https://hooks.example/e31", created_by=alice)
+    stored = Webhook.objects.filter(pk=webhook.pk).values_list("sealed_secret", flat=True).get()
+    assert webhook.secret.startswith("whsec_") and webhook.secret not in stored
+    assert Webhook.objects.get(pk=webhook.pk).secret == webhook.secret
+    old = webhook.secret
+    assert webhook.rotate_secret() != old and Webhook.objects.get(pk=webhook.pk).secret == webhook.secret
