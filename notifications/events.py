@@ -61,14 +61,20 @@ def payload(notification_id, kind, at, team, job, data):
     })
 
 
-def emit(kind, *, team, job=None, data=None, once=None, at=None):
+def emit(kind, *, team, job=None, data=None, once=None, at=None, keep=False):
     """Record that `kind` happened (inside the caller's transaction); delivery happens elsewhere.
 
-    once: a key making the event happen at most once (a second emit with it does nothing and
-    returns None). Returns the Notification."""
-    from notifications.models import Notification
+    An event nobody is to be told of (no member wants it by email, no webhook takes it) is not
+    written at all: a job starting, which by default tells nobody, costs the scheduler two reads
+    rather than a row. once: a key making the event happen at most once (a second emit with it
+    does nothing and returns None); such events are always written, as the record that they
+    happened. keep: write it even with nobody to tell. Returns the Notification, or None."""
+    from notifications.models import Delivery, Notification
 
     at = at or timezone.now()
+    deliveries = recipients(team, kind, at)
+    if not deliveries and once is None and not keep:
+        return None
     notification = Notification(team=team, job=job, kind=kind, created_at=at, key=once)
     notification.payload = payload(notification.pk, kind, at, team, job, data)
     try:
@@ -78,27 +84,27 @@ def emit(kind, *, team, job=None, data=None, once=None, at=None):
         if once is not None and Notification.objects.filter(key=once).exists():
             return None
         raise
-    queue_deliveries(notification)
+    for delivery in deliveries:
+        delivery.notification = notification
+    Delivery.objects.bulk_create(deliveries)
     return notification
 
 
-def queue_deliveries(notification):
-    """One delivery per team member who wants this kind by email, and one per active webhook
-    of the team whose filter lets it through."""
+def recipients(team, kind, at):
+    """Unsaved deliveries: one per team member who wants this kind by email, and one per
+    active webhook of the team whose filter lets it through."""
     from accounts.models import Membership
     from notifications.models import Delivery, EmailPreference
 
-    kind, at = notification.kind, notification.created_at
     rows = []
     if kind in policy.EMAIL_KINDS:
-        for member in Membership.objects.filter(team_id=notification.team_id).select_related("user", "user__notification_preference"):
+        for member in Membership.objects.filter(team_id=team.pk).select_related("user", "user__notification_preference"):
             user = member.user
             if user.is_active and user.email and kind in EmailPreference.kinds_for(user):
-                rows.append(Delivery(notification=notification, channel=Delivery.EMAIL, user=user, address=user.email, next_attempt_at=at))
-    for webhook in notification.team.webhooks.filter(active=True):
+                rows.append(Delivery(channel=Delivery.EMAIL, user=user, address=user.email, next_attempt_at=at))
+    for webhook in team.webhooks.filter(active=True):
         if kind != policy.TEST and policy.wants(webhook.kinds, kind):
-            rows.append(Delivery(notification=notification, channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url, next_attempt_at=at))
-    Delivery.objects.bulk_create(rows)
+            rows.append(Delivery(channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url, next_attempt_at=at))
     return rows
 
 
@@ -107,7 +113,7 @@ def send_test(webhook, user=None):
     from notifications.models import Delivery
 
     with transaction.atomic():
-        notification = emit(policy.TEST, team=webhook.team, data={"text": "A test event from E31 Network.", "by": getattr(user, "username", "")})
+        notification = emit(policy.TEST, team=webhook.team, keep=True, data={"text": "A test event from E31 Network.", "by": getattr(user, "username", "")})
         return Delivery.objects.create(
             notification=notification, channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url,
             next_attempt_at=notification.created_at,

@@ -27,12 +27,13 @@ EXAMPLE = ROOT / "examples" / "digits" / "train.py"
 
 @pytest.fixture(
     scope="module",
-    params=[("sqlite", False, False), ("postgres", False, False), ("postgres", True, True)],
-    ids=["sqlite", "postgres", "postgres-redis-s3"],
+    params=[("sqlite", False, False), ("postgres", True, True)],
+    ids=["sqlite", "postgres-redis-s3"],
 )
 def system(request):
-    """The embedded default; PostgreSQL; and production's shape: PostgreSQL, the Redis channel
-    layer and S3 storage (a real SeaweedFS)."""
+    """The embedded default, and production's shape: PostgreSQL, the Redis channel layer and S3
+    storage (a real SeaweedFS). (PostgreSQL with the database relay instead of Redis is covered
+    by tests/test_consumer.py on the PostgreSQL pass.)"""
     database, redis, s3 = request.param
     with LiveSystem(database=database, redis=redis, s3=request.getfixturevalue("seaweed") if s3 else None) as live:
         yield live
