@@ -260,6 +260,8 @@ E31_JOB_UID_BASE = env_int("E31_JOB_UID_BASE", 200000, minimum=1000)
 E31_JOB_UID_COUNT = env_int("E31_JOB_UID_COUNT", 65536, minimum=1)
 # Lock files (one per uid in use) shared by every runner of a machine, so no two jobs get one uid.
 E31_JOB_UID_LOCK_DIR = env_str("E31_JOB_UID_LOCK_DIR", "/run/e31/job-uids")
+# The cgroup folder (under each controller) holding the runners' job cgroups.
+E31_JOB_CGROUP_PARENT = env_str("E31_JOB_CGROUP_PARENT", "e31")
 E31_JOB_MEMORY_BYTES = env_int("E31_JOB_MEMORY_BYTES", 0, minimum=0)  # 0: the node's memory x devices held / devices
 E31_JOB_MAX_PROCESSES = env_int("E31_JOB_MAX_PROCESSES", 4096, minimum=16)  # processes and threads
 E31_JOB_MAX_OPEN_FILES = env_int("E31_JOB_MAX_OPEN_FILES", 65536, minimum=64)

@@ -181,16 +181,19 @@ def oom_message(limits):
 class Cgroups:
     """The cgroups of the runner's jobs: v1 (one folder per controller) or v2 (one folder)."""
 
-    def __init__(self, runner_name):
+    def __init__(self, runner_name, top="e31"):
+        """top: the folder (under each controller) that holds every runner's cgroups; a runner
+        kills what it finds under its own name there at start (a dead predecessor's jobs)."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in runner_name) or "runner"
+        top = "".join(c if c.isalnum() or c in "-_." else "_" for c in top) or "e31"
         self.kind = None
         self.parents = {}
         if (CGROUP_ROOT / "cgroup.controllers").exists():  # a pure v2 hierarchy
             self.kind = "v2"
-            self.parents = {"unified": CGROUP_ROOT / "e31" / safe}
+            self.parents = {"unified": CGROUP_ROOT / top / safe}
         elif (CGROUP_ROOT / "memory" / "cgroup.procs").exists():
             self.kind = "v1"
-            self.parents = {c: CGROUP_ROOT / c / "e31" / safe for c in ("memory", "pids") if (CGROUP_ROOT / c / "cgroup.procs").exists()}
+            self.parents = {c: CGROUP_ROOT / c / top / safe for c in ("memory", "pids") if (CGROUP_ROOT / c / "cgroup.procs").exists()}
 
     def folders(self, name):
         return [parent / name for parent in self.parents.values()]
@@ -472,7 +475,7 @@ class Isolation:
         self.enabled = bool(getattr(settings, "E31_JOB_ISOLATION", True))
         self.root = is_root()
         self.users_on = self.mounts_on = self.netns_on = self.cgroups_on = False
-        self.cgroups = Cgroups(runner_name)
+        self.cgroups = Cgroups(runner_name, getattr(settings, "E31_JOB_CGROUP_PARENT", "e31"))
         self.slots = {}  # allocation id -> uid slot
         self.claims = UidClaims(getattr(settings, "E31_JOB_UID_LOCK_DIR", "/run/e31/job-uids"))
         self.last_slot = (os.getpid() * 7919) % settings.E31_JOB_UID_COUNT

@@ -1,7 +1,10 @@
 import io
+import os
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -42,6 +45,26 @@ def s3_storage(settings, seaweed):
         "region": "us-east-1",
     }
     return get_storage()
+
+
+# This test run's runners keep their jobs' cgroups apart from those of any other run on the
+# machine (bin/test runs its SQLite and PostgreSQL passes at once): a runner kills whatever it
+# finds under its own name when it starts, and the tests' runners share names. The live
+# systems' runner processes get the same (tests/system.py passes the variable on).
+CGROUP_PARENT = f"e31-test-{os.getpid()}"
+os.environ["E31_JOB_CGROUP_PARENT"] = django_settings.E31_JOB_CGROUP_PARENT = CGROUP_PARENT
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for folder in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}"):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+    try:
+        Path("/sys/fs/cgroup", CGROUP_PARENT).rmdir()
+    except OSError:
+        pass
 
 
 @pytest.fixture(autouse=True)

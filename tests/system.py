@@ -81,6 +81,8 @@ class LiveSystem:
             "E31_HEARTBEAT_SECONDS": "0.5",
             "E31_STOP_GRACE_SECONDS": str(stop_grace),
             "PYTHONUNBUFFERED": "1",
+            # The test run's own cgroup folder (tests/conftest.py), when there is one.
+            **({"E31_JOB_CGROUP_PARENT": os.environ["E31_JOB_CGROUP_PARENT"]} if "E31_JOB_CGROUP_PARENT" in os.environ else {}),
             **(env or {}),
         }
         if database == "postgres":

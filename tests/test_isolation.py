@@ -173,7 +173,9 @@ open(os.path.join(os.environ["E31_CHECKPOINT_DIR"], "step-1.ckpt"), "w").write("
     # The runner's own folders: the cache private, the work folder passable but not listable.
     assert stat.S_IMODE(node.cache.root.stat().st_mode) == 0o700
     assert stat.S_IMODE(node.work_dir.stat().st_mode) == 0o711
-    assert not list(Path("/sys/fs/cgroup/memory/e31/iso-node").glob("*-*")), "the cgroups are removed"
+    from django.conf import settings
+
+    assert not list(Path("/sys/fs/cgroup/memory", settings.E31_JOB_CGROUP_PARENT, "iso-node").glob("*-*")), "the cgroups are removed"
 
 
 @pytest.mark.django_db(transaction=True)
