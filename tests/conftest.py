@@ -56,15 +56,16 @@ os.environ["E31_JOB_CGROUP_PARENT"] = django_settings.E31_JOB_CGROUP_PARENT = CG
 
 
 def pytest_sessionfinish(session, exitstatus):
-    for folder in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}"):
-        try:
-            folder.rmdir()
-        except OSError:
-            pass
-    try:
-        Path("/sys/fs/cgroup", CGROUP_PARENT).rmdir()
-    except OSError:
-        pass
+    """This run's cgroup folders removed, deepest first (a runner the tests did not stop leaves
+    its own folder behind; an empty cgroup folder is removed with rmdir, files and all)."""
+    for top in [*Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}"), Path("/sys/fs/cgroup", CGROUP_PARENT)]:
+        if not top.is_dir():
+            continue
+        for folder, _, _ in sorted(os.walk(top), key=lambda entry: -entry[0].count(os.sep)):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
 
 
 @pytest.fixture(autouse=True)
