@@ -1,6 +1,7 @@
 import json
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, F, FloatField, Func, Q, Sum, Value, When
@@ -19,6 +20,7 @@ from jobs import metrics, states
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.logs import log_key, stream_log
 from jobs.models import Job, event_message
+from scheduler import utilization
 
 LOG_LINES_ON_PAGE = 500
 # Points per metric series the job page starts with (min/max buckets: see jobs.metrics).
@@ -253,8 +255,6 @@ def job_detail(request, job_id):
 def utilization_context(job):
     """The job's device utilization as the page shows it: charts of every run, the mean and peak
     per device, and, once it ended, the right-size hints."""
-    from scheduler import utilization
-
     runs = list(job.utilization_runs.all())
     if not runs:
         return {"utilization": None}
@@ -275,10 +275,6 @@ def utilization_context(job):
 def right_size_hints(job, summary):
     """scheduler.utilization.right_size for a job that held compute: what it held, for how
     long, and what it paid per device-hour (over all its allocations)."""
-    from django.conf import settings
-
-    from scheduler import utilization
-
     device_seconds, amount, kinds = 0, Decimal(0), set()
     for allocation in job.allocations.all():
         seconds, charged = allocation.meter()
@@ -295,8 +291,6 @@ def right_size_hints(job, summary):
 
 def previous_right_size(team, name):
     """The right-size hints of the team's latest finished job of this name, for the form."""
-    from scheduler import utilization
-
     name = (name or "").strip()
     if not name:
         return {}

@@ -44,11 +44,12 @@ def webhook_request(delivery, now):
 
 def email_message(delivery):
     event = delivery.notification.payload
+    subject, text = policy.subject(event), policy.body(event)
     message = EmailMultiAlternatives(
-        subject=f"[E31] {policy.subject(event)}", body=policy.body(event), to=[delivery.address],
+        subject=f"[E31] {subject}", body=text, to=[delivery.address],
         headers={"X-E31-Event": event["kind"], "X-E31-Delivery": str(delivery.pk)},
     )
-    message.attach_alternative(render_to_string("notifications/email.html", {"event": event, "subject": policy.subject(event), "text": policy.body(event)}), "text/html")
+    message.attach_alternative(render_to_string("notifications/email.html", {"event": event, "subject": subject, "text": text}), "text/html")
     return message
 
 
