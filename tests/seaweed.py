@@ -39,7 +39,8 @@ def _free_ports(count):
 
 
 class SeaweedFS:
-    def __init__(self):
+    def __init__(self, extra_args=()):
+        self.extra_args = list(extra_args)  # more `weed server` flags (the benchmark's tuning)
         self.root = Path(tempfile.mkdtemp(prefix="e31-seaweed-"))
         self.access_key = "e31" + secrets.token_hex(6)
         self.secret_key = secrets.token_hex(20)
@@ -72,7 +73,10 @@ class SeaweedFS:
             f"-dir={self.root / 'data'}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
-            "-volume.max=0",
+            # Each bucket is a collection that grows volumes of its own: a test session makes
+            # many buckets, and "0" (free disk / volume size) ran out of volume slots. Volumes
+            # are not preallocated, so slots cost nothing until written.
+            "-volume.max=2000",
             "-master.volumeSizeLimitMB=256",
             "-master.telemetry=false",
             f"-s3.config={config}",
@@ -82,6 +86,7 @@ class SeaweedFS:
             f"-s3.port={self.s3_port}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
+            *self.extra_args,
         ]
         self.log = open(self.root / "weed.out", "wb")
         self.process = subprocess.Popen(args, cwd=self.root, stdout=self.log, stderr=subprocess.STDOUT)
