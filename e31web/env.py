@@ -3,6 +3,7 @@
 A typo in production must be an error at start-up, never a silent default.
 """
 
+import math
 import os
 import re
 from decimal import Decimal, InvalidOperation
@@ -58,6 +59,8 @@ def env_float(name, default, minimum=None):
         number = float(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name}={value!r} must be a finite number")
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
     return number

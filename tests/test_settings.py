@@ -69,6 +69,7 @@ def test_production_settings(tmp_path):
         ("SECRET_KEY", "short", "SECRET_KEY must be at least 32 characters"),
         ("ALLOWED_HOSTS", "a.example,,b.example", "has an empty item"),
         ("E31_HEARTBEAT_SECONDS", "often", "is not a number"),
+        ("E31_HEARTBEAT_SECONDS", "nan", "must be a finite number"),
         ("E31_MAX_UPLOAD_BYTES", "0", "must be at least 1"),
     ],
 )
