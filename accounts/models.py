@@ -75,6 +75,8 @@ class AuditEvent(models.Model):
         ("dataset.create", "Dataset created"),
         ("dataset.upload.complete", "Dataset upload completed"),
         ("dataset.seal", "Dataset version sealed"),
+        ("dataset.credentials", "Dataset credentials changed"),
+        ("dataset.delete", "Dataset deleted"),
     ]
     WEB, API, SYSTEM = "web", "api", "system"
     VIA = [(WEB, "Web"), (API, "API"), (SYSTEM, "System")]

@@ -377,6 +377,16 @@ DatasetS3Create = inline_serializer(
         "secret_access_key": s.CharField(help_text="Stored encrypted, never shown back."),
     },
 )
+DatasetCredentials = inline_serializer(
+    name="DatasetCredentials",
+    fields={
+        "access_key_id": s.CharField(),
+        "secret_access_key": s.CharField(help_text="Stored encrypted, never shown back."),
+        "endpoint_url": s.URLField(required=False, allow_blank=True, help_text="Blank: AWS. Left out: unchanged."),
+        "region": s.CharField(required=False, allow_blank=True, help_text="Left out: unchanged."),
+        "rescan": s.BooleanField(required=False, help_text="Scan the bucket again with the new credentials (a new version)."),
+    },
+)
 UploadStart = inline_serializer(
     name="UploadStart",
     fields={
@@ -527,7 +537,17 @@ def describe():
         request={"application/json": DatasetS3Create, "application/x-www-form-urlencoded": DatasetS3Create, "multipart/form-data": DatasetS3Create},
         responses={201: DatasetDetail, 409: OpenApiResponse(description="In the way.")},
     )
-    annotate(dataset_api.dataset_detail, operation_id="dataset_retrieve", tags=[tag], summary="A dataset with its versions", responses={200: DatasetDetail})
+    annotate(dataset_api.dataset_detail, ["GET"], operation_id="dataset_retrieve", tags=[tag], summary="A dataset with its versions", responses={200: DatasetDetail})
+    annotate(
+        dataset_api.dataset_detail, ["DELETE"], operation_id="dataset_destroy", tags=[tag],
+        summary="Delete the dataset with its versions (the team's owner; stored blobs and a registered bucket's objects are kept)", request=None,
+        responses={204: OpenApiResponse(description="Deleted."), 409: OpenApiResponse(description="Unfinished jobs use it: 'detail' names them.")},
+    )
+    annotate(
+        dataset_api.dataset_credentials, operation_id="dataset_credentials", tags=[tag], summary="New credentials for a registered bucket (the team's owner)",
+        request={"application/json": DatasetCredentials, "application/x-www-form-urlencoded": DatasetCredentials, "multipart/form-data": DatasetCredentials},
+        responses={200: DatasetDetail},
+    )
     annotate(dataset_api.dataset_rescan, operation_id="dataset_rescan", tags=[tag], summary="Scan a registered bucket again (a new version)", request=None, responses={202: DatasetVersion, 409: OpenApiResponse(description="In the way.")})
     annotate(
         dataset_api.version_open, operation_id="dataset_version_open", tags=[tag], summary="The version to add files to: the open one, or a new one",
@@ -551,7 +571,11 @@ def describe():
     annotate(
         dataset_api.upload_complete, operation_id="dataset_upload_complete", tags=[tag], summary="Join the chunks and add the file to its version",
         request={"application/json": UploadComplete, "application/x-www-form-urlencoded": UploadComplete, "multipart/form-data": UploadComplete},
-        responses={200: Upload, 409: OpenApiResponse(description="Not all arrived, or the digest differs."), 503: OpenApiResponse(description="Storage failed: complete it again.")},
+        responses={
+            200: Upload,
+            202: OpenApiResponse(Upload, description="A large file, checked and completing: poll its url (also in Location) until complete or failed."),
+            409: OpenApiResponse(description="Not all arrived, or the digest differs."), 503: OpenApiResponse(description="Storage failed: complete it again."),
+        },
     )
 
     tag = "billing"

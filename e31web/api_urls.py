@@ -37,6 +37,7 @@ urlpatterns = [
     path("datasets/s3/", dataset_api.dataset_register_s3, name="dataset-register-s3"),
     path("datasets/<uuid:dataset_id>/", dataset_api.dataset_detail, name="dataset"),
     path("datasets/<uuid:dataset_id>/rescan/", dataset_api.dataset_rescan, name="dataset-rescan"),
+    path("datasets/<uuid:dataset_id>/credentials/", dataset_api.dataset_credentials, name="dataset-credentials"),
     path("datasets/<uuid:dataset_id>/versions/", dataset_api.version_open, name="dataset-versions"),
     path("datasets/<uuid:dataset_id>/versions/<int:number>/", dataset_api.version_detail, name="dataset-version"),
     path("datasets/<uuid:dataset_id>/versions/<int:number>/uploads/", dataset_api.upload_start, name="dataset-uploads"),

@@ -11,6 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from e31web import endpoints as _endpoints
 from e31web.env import env_bool, env_float, env_int, env_list, env_rate, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -52,6 +53,14 @@ def _secret_key():
 SECRET_KEY = _secret_key()
 # Encrypts credentials teams register (their S3 buckets); defaults to one derived from SECRET_KEY.
 E31_CREDENTIALS_KEY = env_str("E31_CREDENTIALS_KEY")
+# Hosts and networks a registered bucket's endpoint may be at although they are not public
+# ("minio.internal,10.1.0.0/16"); by default none, so a team cannot point the scanner or the
+# runners at internal addresses (e31web/endpoints.py).
+E31_S3_ENDPOINT_ALLOW = env_list("E31_S3_ENDPOINT_ALLOW", [])
+try:
+    _endpoints.parse_allow_list(E31_S3_ENDPOINT_ALLOW)
+except ValueError as _error:
+    raise ImproperlyConfigured(f"E31_S3_ENDPOINT_ALLOW: {_error}") from None
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -251,8 +260,17 @@ E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
 E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
 # Where the other runners of a gang reach this one (the torchrun rendezvous of runs across nodes).
 E31_RUNNER_ADDRESS = env_str("E31_RUNNER_ADDRESS", "127.0.0.1")
-E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 8, minimum=1)  # reads at once (files, or parts of large ones)
+E31_STAGING_WORKERS = env_int("E31_STAGING_WORKERS", 16, minimum=1)  # reads at once (files, or parts of large ones); bench/staging.py
+# Staged bytes go to the disk with O_DIRECT where the cache's file system takes it (less CPU).
+E31_STAGING_DIRECT_IO = env_bool("E31_STAGING_DIRECT_IO", True)
 E31_UPLOAD_CHUNK_BYTES = env_int("E31_UPLOAD_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024)
+# Completing a dataset file's upload joins and hashes it: up to this size within the request
+# (200), above it by the scheduler's worker (202, the client polls the upload).
+E31_UPLOAD_INLINE_COMPLETE_BYTES = env_int("E31_UPLOAD_INLINE_COMPLETE_BYTES", 64 * 1024 * 1024, minimum=0)
+# The blob sweep (jobs/sweep.py) frees blobs nothing refers to once they are this old: a blob is
+# written (or touched) a moment before the row that refers to it, and a large one can take a
+# while to copy, so the wait is never shorter than an hour.
+E31_BLOB_SWEEP_GRACE_HOURS = env_float("E31_BLOB_SWEEP_GRACE_HOURS", 24.0, minimum=1.0)
 # Job isolation on a node (scheduler/isolation.py; each a no-op where the runner is not root or
 # the kernel lacks the feature). Jobs run as uids BASE.. BASE+COUNT-1, one per running job.
 E31_JOB_ISOLATION = env_bool("E31_JOB_ISOLATION", True)

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
@@ -40,6 +41,9 @@ def check_key(key):
     if any(p in ("", ".", "..") for p in parts) or "\\" in key:
         raise StorageError(f"invalid storage key {key!r}")
     return key
+
+
+BLOBS = "blobs/"
 
 
 def blob_key(sha256):
@@ -86,7 +90,11 @@ class Storage:
             reader = HashingReader(fileobj)
             shutil.copyfileobj(reader, spool, CHUNK)
             key = blob_key(reader.sha256)
-            if not self.exists(key):
+            try:
+                # Kept already: touched, so that the blob sweep (jobs/sweep.py) sees it young
+                # until the row about to refer to it is written.
+                self.touch(key)
+            except NotFound:
                 spool.seek(0)
                 self.save(key, spool)
             return key, reader.size, reader.sha256
@@ -158,6 +166,52 @@ class LocalStorage(Storage):
 
     def delete(self, key):
         self.path(key).unlink(missing_ok=True)
+
+    def copy(self, src_key, dst_key):
+        """dst_key gets src_key's bytes without reading them: a hard link (a copy where the file
+        system has none). Objects here are only ever replaced whole, never written in place, so
+        two keys may share one file. The copy appears whole or not at all, modified now (as a
+        copy in S3 is)."""
+        src, dest = self.path(src_key), self.path(dst_key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".part-{os.urandom(8).hex()}"
+        try:
+            try:
+                os.link(src, tmp)
+            except FileNotFoundError:
+                raise NotFound(src_key) from None
+            except OSError:
+                shutil.copyfile(src, tmp)
+            os.utime(tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def last_modified(self, key):
+        try:
+            return _aware(self.path(key).stat().st_mtime)
+        except FileNotFoundError:
+            raise NotFound(key) from None
+
+    def touch(self, key):
+        """Mark the object as just used (its last-modified time becomes now); NotFound if absent."""
+        try:
+            os.utime(self.path(key))
+        except FileNotFoundError:
+            raise NotFound(key) from None
+
+    def list_blobs(self):
+        """(key, size, last modified) of every file under blobs/, partial writes included."""
+        top = self.root / BLOBS
+        for folder, _, names in os.walk(top):
+            for name in names:
+                path = Path(folder) / name
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:  # deleted while we walked
+                    continue
+                yield path.relative_to(self.root).as_posix(), stat.st_size, _aware(stat.st_mtime)
 
     def presigned_url(self, key, filename, expires=300):
         return None  # served by the app itself, with Range support
@@ -285,6 +339,60 @@ class S3Storage(Storage):
     def delete(self, key):
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    # An object over COPY_LIMIT (below) is copied in parts of this size (UploadPartCopy); boto3's
+    # managed copy makes them bigger where S3's 10,000 parts would not be enough.
+    COPY_PART_BYTES = 256 * CHUNK
+
+    def copy(self, src_key, dst_key):
+        """dst_key gets src_key's bytes, copied inside the store: nothing passes through us. The
+        copy is a new object (LastModified now)."""
+        from boto3.s3.transfer import TransferConfig
+
+        size = self.size(src_key)  # NotFound when it is missing
+        source = {"Bucket": self.bucket, "Key": self._key(src_key)}
+        if size <= self.COPY_LIMIT:
+            self.client.copy_object(CopySource=source, Bucket=self.bucket, Key=self._key(dst_key))
+            return
+        config = TransferConfig(multipart_threshold=self.COPY_LIMIT, multipart_chunksize=self.COPY_PART_BYTES, max_concurrency=self.transfer.max_concurrency)
+        self.client.copy(source, self.bucket, self._key(dst_key), Config=config)
+
+    def last_modified(self, key):
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["LastModified"]
+        except Exception as error:
+            if self._missing(error):
+                raise NotFound(key) from None
+            raise
+
+    # CopyObject copies at most 5 GiB in one request; larger objects are copied in parts.
+    COPY_LIMIT = 5 * 1024**3
+
+    def touch(self, key):
+        """Mark the object as just used: S3 has no utime, but copying an object onto itself with
+        its metadata replaced rewrites it (server-side) with LastModified = now. NotFound if absent."""
+        from boto3.s3.transfer import TransferConfig
+
+        source = {"Bucket": self.bucket, "Key": self._key(key)}
+        try:
+            if self.size(key) <= self.COPY_LIMIT:
+                self.client.copy_object(CopySource=source, MetadataDirective="REPLACE", **source)
+            else:
+                config = TransferConfig(multipart_threshold=self.COPY_LIMIT, multipart_chunksize=self.COPY_PART_BYTES,
+                                        max_concurrency=self.transfer.max_concurrency)
+                self.client.copy(source, self.bucket, self._key(key), ExtraArgs={"MetadataDirective": "REPLACE"}, Config=config)
+        except Exception as error:
+            if self._missing(error):  # gone between the two requests
+                raise NotFound(key) from None
+            raise
+
+    def list_blobs(self):
+        """(key, size, last modified) of every object under blobs/."""
+        start = len(self.prefix) + 1 if self.prefix else 0  # the storage's prefix and its slash
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(BLOBS.rstrip("/")) + "/"):
+            for obj in page.get("Contents", []):
+                yield obj["Key"][start:], obj["Size"], obj["LastModified"]
+
     def presigned_url(self, key, filename, expires=300):
         from django.utils.http import content_disposition_header
 
@@ -404,6 +512,10 @@ def s3_open_range(client, bucket, key, start=0, end=None):
     else:
         object_size = length
     return RangeStream(response["Body"], length, object_size)
+
+
+def _aware(timestamp):
+    return datetime.fromtimestamp(timestamp, tz=UTC)
 
 
 def storage_from_settings(url, directory, s3):

@@ -153,9 +153,10 @@ def job_json(job, request):
         "entrypoint": job.entrypoint,
         "args": job.args,
         "config": job.config,
-        "train_dataset": version_ref(job.train_version),
-        "heldout_dataset": version_ref(job.heldout_version),
-        "staging": staging.progress() if (staging := job.stagings.select_related("node").first()) else None,
+        # A deleted dataset's version is gone: its name stays, as the label.
+        "train_dataset": version_ref(job.train_version) or job.train_label or None,
+        "heldout_dataset": version_ref(job.heldout_version) or job.heldout_label or None,
+        "staging": staging.progress() if (staging := job.shown_staging()) else None,
         "gpus": job.gpus,
         "gpu_type": job.gpu_type,
         "mode": job.mode,

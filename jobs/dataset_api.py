@@ -8,7 +8,8 @@ A chunked upload, as upload.js (or any client) does it:
     POST /api/datasets/<id>/versions/1/uploads/           {"path", "size", "sha256"?} -> {id, chunk_size, received}
     PUT  /api/datasets/uploads/<upload>/?offset=N         raw bytes -> {received}
     GET  /api/datasets/uploads/<upload>/                  -> {received}: where to continue after a break
-    POST /api/datasets/uploads/<upload>/complete/         -> the file's size and sha256
+    POST /api/datasets/uploads/<upload>/complete/         -> the file's size and sha256 (200), or for a
+                                                             large file 202 "completing": poll its url
     POST /api/datasets/<id>/versions/1/seal/              -> the version, ready and immutable
 """
 
@@ -18,6 +19,7 @@ from django.db.models import Prefetch
 from django.urls import reverse
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
@@ -25,7 +27,9 @@ from accounts import audit
 from accounts.access import require_team
 from e31web.api import fields, form_errors_response, paginate
 from jobs import datasets
-from jobs.dataset_views import DatasetForm, S3DatasetForm, get_dataset, get_upload, get_version, sentence
+from jobs.dataset_views import (
+    OWNERS_ONLY, CredentialsForm, DatasetForm, S3DatasetForm, get_dataset, get_upload, get_version, is_owner, sentence,
+)
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
 PARSERS = [JSONParser, FormParser, MultiPartParser]
@@ -160,9 +164,43 @@ def create_with(form, request):
     return Response(dataset_json(dataset, request, detail=True), status=status.HTTP_201_CREATED)
 
 
-@api_view(["GET"])
+@api_view(["GET", "DELETE"])
 def dataset_detail(request, dataset_id):
-    return Response(dataset_json(get_dataset(request, dataset_id), request, detail=True))
+    """GET: the dataset with its versions. DELETE (the team's owner): the dataset, its versions
+    and unfinished uploads go (204); 409 while unfinished jobs use it, naming them."""
+    dataset = get_dataset(request, dataset_id)
+    if request.method == "GET":
+        return Response(dataset_json(dataset, request, detail=True))
+    if not is_owner(request.user):
+        raise PermissionDenied(OWNERS_ONLY["delete"])
+    try:
+        versions = datasets.delete_dataset(dataset)
+    except datasets.DatasetError as error:
+        return refused(error)
+    audit.record(request, "dataset.delete", dataset, label=f"{dataset.name} ({versions} version{'s' if versions != 1 else ''})")
+    return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@api_view(["POST"])
+@parser_classes(PARSERS)
+def dataset_credentials(request, dataset_id):
+    """{access_key_id, secret_access_key, endpoint_url?, region?, rescan?} (the team's owner):
+    new credentials for a registered bucket, never shown back; endpoint_url and region stay as
+    they are unless given; rescan: true scans the bucket again with them."""
+    dataset = get_dataset(request, dataset_id)
+    if not is_owner(request.user):
+        raise PermissionDenied(OWNERS_ONLY["credentials"])
+    if dataset.source != Dataset.S3:
+        return refused(datasets.DatasetError("only a dataset registered from a bucket has credentials to change"))
+    data = fields(request)
+    given = {key: data[key] for key in data}
+    form = CredentialsForm({"endpoint_url": dataset.s3_endpoint_url, "region": dataset.s3_region, **given}, dataset=dataset)
+    if not form.is_valid():
+        return form_errors(form)
+    dataset, _ = form.save()
+    audit.record(request, "dataset.credentials", dataset)
+    dataset.refresh_from_db()
+    return Response(dataset_json(dataset, request, detail=True))
 
 
 @api_view(["POST"])
@@ -260,7 +298,12 @@ def upload_detail(request, upload_id):
 @api_view(["POST"])
 @parser_classes(PARSERS)
 def upload_complete(request, upload_id):
-    """Join the chunks and add the file to its version; {sha256?} is checked if given."""
+    """Join the chunks and add the file to its version; {sha256?} is checked if given. A small
+    file is completed within the request (200, complete); a larger one (over
+    E31_UPLOAD_INLINE_COMPLETE_BYTES) is checked, then completed by the scheduler's worker:
+    202 with the upload (state completing) and its URL in Location, to poll until its state is
+    complete or failed (with the reason in error; open again after storage trouble: complete
+    it again)."""
     upload = get_upload(request, upload_id)
     sha256 = fields(request).get("sha256") or ""
     if not isinstance(sha256, str):
@@ -273,7 +316,10 @@ def upload_complete(request, upload_id):
         log.exception("completing %s", upload)
         return storage_failed(f"Storage failed while completing {upload.path}; the upload is kept: complete it again.")
     audit.record(request, "dataset.upload.complete", upload, label=f"{upload.version.dataset.name}@{upload.version.number}: {upload.path}")
-    return Response(upload_json(upload, request))
+    body = upload_json(upload, request)
+    if upload.state == DatasetUpload.COMPLETING:
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["url"]})
+    return Response(body)
 
 
 def storage_failed(detail):

@@ -12,13 +12,15 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
-from django.http import Http404
+from django.http import Http404, HttpResponseForbidden
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import audit
 from accounts.access import get_for_team, require_team
+from accounts.models import Membership
+from e31web.endpoints import check_endpoint
 from jobs import datasets
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
@@ -79,11 +81,11 @@ class DatasetForm(forms.Form):
         return datasets.create_upload_dataset(self.team, self.cleaned_data["name"], self.cleaned_data["description"])
 
 
-class S3DatasetForm(DatasetForm):
-    """A dataset of the objects under a URI in the team's own bucket, on AWS or any S3-compatible
-    store, read with credentials the team gives (kept encrypted, never shown back)."""
+class BucketAccessForm(forms.Form):
+    """Where a team's bucket is and the credentials it is read with (kept encrypted, never
+    shown back). The endpoint must be at a public address unless the network allows it
+    (e31web/endpoints.py): the scanner and the runners connect to it from inside."""
 
-    uri = forms.CharField(label="S3 URI", max_length=1100, help_text="s3://bucket/prefix: every object under the prefix is a file.")
     endpoint_url = forms.URLField(
         label="Endpoint URL", required=False, assume_scheme="https", max_length=500,
         help_text="Blank for AWS; the store's address for others, e.g. https://minio.example.com:9000.",
@@ -95,6 +97,28 @@ class S3DatasetForm(DatasetForm):
         help_text="Stored encrypted; never shown again, never given to a job's process.",
     )
 
+    def clean_endpoint_url(self):
+        url = self.cleaned_data["endpoint_url"]
+        if url and urlparse(url).scheme not in ("http", "https"):
+            raise forms.ValidationError("Give an http:// or https:// address.")
+        reason = check_endpoint(url)
+        if reason:
+            raise forms.ValidationError(sentence(reason))
+        return url
+
+    def clean_region(self):
+        region = self.cleaned_data["region"].strip()
+        if region and not all(c.isalnum() or c == "-" for c in region):
+            raise forms.ValidationError("A region is letters, digits and dashes, like eu-west-1.")
+        return region
+
+
+class S3DatasetForm(DatasetForm, BucketAccessForm):
+    """A dataset of the objects under a URI in the team's own bucket, on AWS or any S3-compatible
+    store, read with credentials the team gives (kept encrypted, never shown back)."""
+
+    uri = forms.CharField(label="S3 URI", max_length=1100, help_text="s3://bucket/prefix: every object under the prefix is a file.")
+
     field_order = ["name", "uri", "endpoint_url", "region", "access_key_id", "secret_access_key", "description"]
 
     def clean_uri(self):
@@ -104,24 +128,42 @@ class S3DatasetForm(DatasetForm):
             raise forms.ValidationError(sentence(error)) from None
         return self.cleaned_data["uri"].strip()
 
-    def clean_endpoint_url(self):
-        url = self.cleaned_data["endpoint_url"]
-        if url and urlparse(url).scheme not in ("http", "https"):
-            raise forms.ValidationError("Give an http:// or https:// address.")
-        return url
-
-    def clean_region(self):
-        region = self.cleaned_data["region"].strip()
-        if region and not all(c.isalnum() or c == "-" for c in region):
-            raise forms.ValidationError("A region is letters, digits and dashes, like eu-west-1.")
-        return region
-
     def save(self):
         data = self.cleaned_data
         return datasets.register_s3(
             self.team, data["name"], data["uri"], data["access_key_id"], data["secret_access_key"],
             endpoint_url=data["endpoint_url"], region=data["region"], description=data["description"],
         )
+
+
+class CredentialsForm(BucketAccessForm):
+    """New credentials for a registered bucket (a key rotated or revoked), and its endpoint and
+    region; the page fills in the endpoint and region it has, never the keys."""
+
+    rescan = forms.BooleanField(label="Scan the bucket again after saving", required=False, initial=True)
+
+    def __init__(self, *args, dataset, **kwargs):
+        kwargs.setdefault("initial", {"endpoint_url": dataset.s3_endpoint_url, "region": dataset.s3_region, "rescan": True})
+        super().__init__(*args, **kwargs)
+        self.dataset = dataset
+
+    def save(self):
+        """The dataset with its new credentials; and the version being scanned, if asked for."""
+        data = self.cleaned_data
+        dataset = datasets.update_credentials(
+            self.dataset, data["access_key_id"], data["secret_access_key"], endpoint_url=data["endpoint_url"], region=data["region"]
+        )
+        return dataset, datasets.rescan(dataset) if data["rescan"] else None
+
+
+def is_owner(user):
+    return getattr(getattr(user, "membership", None), "role", None) == Membership.OWNER
+
+
+OWNERS_ONLY = {
+    "delete": "Only the team's owner can delete a dataset.",
+    "credentials": "Only the team's owner can change a bucket's credentials.",
+}
 
 
 # Pages -----------------------------------------------------------------------------------------
@@ -164,7 +206,10 @@ def dataset_new(request):
 @login_required
 @require_GET
 def dataset_detail(request, dataset_id):
-    dataset = get_dataset(request, dataset_id)
+    return render_detail(request, get_dataset(request, dataset_id))
+
+
+def render_detail(request, dataset, credentials_form=None, status=200):
     summary = datasets.summarize(dataset)
     shown = summary["latest"]
     if request.GET.get("version", "").isdigit():
@@ -179,9 +224,11 @@ def dataset_detail(request, dataset_id):
         "files": files[:MANIFEST_ROWS_ON_PAGE],
         "more_files": len(files) > MANIFEST_ROWS_ON_PAGE,
         "scanning": any(v.state == DatasetVersion.SCANNING for v in summary["versions"]),
+        "is_owner": is_owner(request.user),
+        "credentials_form": credentials_form or (CredentialsForm(dataset=dataset, prefix="credentials") if dataset.source == Dataset.S3 else None),
     }
     # While a scan runs, htmx asks for the page again and takes its body (#dataset-body).
-    return render(request, "datasets/detail.html", context)
+    return render(request, "datasets/detail.html", context, status=status)
 
 
 @login_required
@@ -261,3 +308,44 @@ def dataset_rescan(request, dataset_id):
     else:
         messages.success(request, f"Scanning the bucket again as version {version.number}.")
     return redirect("datasets:detail", dataset_id=dataset.pk)
+
+
+@login_required
+@require_POST
+def dataset_credentials(request, dataset_id):
+    """New credentials for a registered bucket, by the team's owner; scanned again if asked."""
+    dataset = get_dataset(request, dataset_id)
+    if not is_owner(request.user):
+        return HttpResponseForbidden(OWNERS_ONLY["credentials"])
+    if dataset.source != Dataset.S3:
+        messages.error(request, "Only a dataset registered from a bucket has credentials to change.")
+        return redirect("datasets:detail", dataset_id=dataset.pk)
+    form = CredentialsForm(request.POST, dataset=dataset, prefix="credentials")
+    if not form.is_valid():
+        return render_detail(request, dataset, credentials_form=form, status=400)
+    dataset, version = form.save()
+    audit.record(request, "dataset.credentials", dataset)
+    scanning = f" Scanning the bucket again as version {version.number}." if version else ""
+    messages.success(request, f"The credentials of {dataset.name} are changed.{scanning}")
+    return redirect("datasets:detail", dataset_id=dataset.pk)
+
+
+@login_required
+@require_POST
+def dataset_delete(request, dataset_id):
+    """Delete a dataset, by the team's owner, once the box saying so is ticked; refused while
+    unfinished jobs use it."""
+    dataset = get_dataset(request, dataset_id)
+    if not is_owner(request.user):
+        return HttpResponseForbidden(OWNERS_ONLY["delete"])
+    if not request.POST.get("confirm"):
+        messages.error(request, f"Tick the box to confirm that {dataset.name} is to be deleted.")
+        return redirect("datasets:detail", dataset_id=dataset.pk)
+    try:
+        versions = datasets.delete_dataset(dataset)
+    except datasets.DatasetError as error:
+        messages.error(request, sentence(error))
+        return redirect("datasets:detail", dataset_id=dataset.pk)
+    audit.record(request, "dataset.delete", dataset, label=f"{dataset.name} ({versions} version{'s' if versions != 1 else ''})")
+    messages.success(request, f"Dataset {dataset.name} is deleted. Jobs that used it still name it.")
+    return redirect("datasets:list")

@@ -10,15 +10,18 @@ import hashlib
 import io
 import logging
 import re
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from e31web.secrets_box import seal
-from e31web.storage import CHUNK, NotFound, StorageError, blob_key, get_storage
+from e31web.storage import CHUNK, NotFound, StorageError, blob_key, get_storage, s3_open_range
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
 log = logging.getLogger(__name__)
@@ -97,38 +100,84 @@ def rescan(dataset):
     return dataset.new_version(state=DatasetVersion.SCANNING)
 
 
+def update_credentials(dataset, access_key_id, secret_access_key, endpoint_url=None, region=None):
+    """New credentials for a registered bucket (a key rotated or revoked), sealed as at
+    registration, never shown back; endpoint_url and region change too where given. The
+    scanner's and the runners' clients are keyed on the sealed credentials, so the next scan or
+    staging reads with the new ones."""
+    if dataset.source != Dataset.S3:
+        raise DatasetError("only a dataset registered from a bucket has credentials to change")
+    changes = {"s3_credentials": seal({"access_key_id": access_key_id, "secret_access_key": secret_access_key})}
+    if endpoint_url is not None:
+        changes["s3_endpoint_url"] = endpoint_url
+    if region is not None:
+        changes["s3_region"] = region
+    Dataset.objects.filter(pk=dataset.pk).update(**changes)
+    dataset.refresh_from_db()
+    return dataset
+
+
+SCAN_WORKERS = 4  # objects hashed at once by a scan
+
+
 def scan(version):
     """Read every object under the dataset's prefix: path, size and SHA-256 into the manifest.
-    The version is sealed when done, or failed with the reason."""
+    The version is sealed when done, or failed with the reason.
+
+    Several objects are read at once (a bucket of many small objects is bound by round trips,
+    not bandwidth), each into its thread's reused buffer; the manifest is written in the
+    listing's order, so a scan of the same objects always gives the same manifest."""
+    from e31web.endpoints import check_endpoint
     from scheduler.staging import team_bucket_client
 
-    dataset = version.dataset
-    client = team_bucket_client(dataset)
-    prefix = f"{dataset.s3_prefix}/" if dataset.s3_prefix else ""
     try:
+        dataset = version.dataset
+        prefix = f"{dataset.s3_prefix}/" if dataset.s3_prefix else ""
+        # The endpoint is judged again before every scan: its DNS may have changed.
+        if reason := check_endpoint(dataset.s3_endpoint_url):
+            raise DatasetError(reason)
+        client = team_bucket_client(dataset)
         # A rescan replaces the copied manifest with what the bucket holds now.
         version.files.all().delete()
         paginator = client.get_paginator("list_objects_v2")
         count = 0
-        for page in paginator.paginate(Bucket=dataset.s3_bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                key = obj["Key"]
-                if key.endswith("/"):
-                    continue
-                body = client.get_object(Bucket=dataset.s3_bucket, Key=key)["Body"]
-                digest, size = hashlib.sha256(), 0
-                for chunk in iter(lambda: body.read(CHUNK), b""):
-                    digest.update(chunk)
-                    size += len(chunk)
-                version.add_file(clean_path(key[len(prefix):]), size, digest.hexdigest(), key)
-                count += 1
+        pool = ThreadPoolExecutor(max_workers=SCAN_WORKERS, thread_name_prefix="scan-read")
+        try:
+            for page in paginator.paginate(Bucket=dataset.s3_bucket, Prefix=prefix):
+                keys = [obj["Key"] for obj in page.get("Contents", []) if not obj["Key"].endswith("/")]
+                for key, (size, digest) in zip(keys, pool.map(lambda key: _hash_object(client, dataset.s3_bucket, key), keys)):
+                    version.add_file(clean_path(key[len(prefix):]), size, digest, key)
+                    count += 1
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         if count == 0:
             raise DatasetError(f"there are no objects under s3://{dataset.s3_bucket}/{prefix}")
     except Exception as error:  # noqa: BLE001 - the reason is shown on the dataset's page
+        if not DatasetVersion.objects.filter(pk=version.pk).exists():
+            log.info("scan of version %s stopped: its dataset was deleted", version.pk)
+            return version
         log.warning("scan of %s failed: %s", version, error)
         version.fail(_reason(error))
         return version
     return version.seal()
+
+
+def _hash_object(client, bucket, key):
+    """(size, SHA-256) of one object of a team's bucket, read into this thread's buffer."""
+    from scheduler.staging import _buffer
+
+    buffer, digest, size = _buffer(), hashlib.sha256(), 0
+    try:
+        stream = s3_open_range(client, bucket, key)
+    except NotFound:
+        raise DatasetError(f"s3://{bucket}/{key} went away while the bucket was scanned; scan it again") from None
+    with stream:
+        while n := stream.readinto(buffer):
+            digest.update(buffer[:n])
+            size += n
+    if stream.length is not None and size != stream.length:
+        raise DatasetError(f"s3://{bucket}/{key}: the connection closed after {size} of its {stream.length} bytes; scan it again")
+    return size, digest.hexdigest()
 
 
 def _reason(error):
@@ -336,18 +385,38 @@ def put_chunk(upload, offset, data):
     return locked
 
 
+# Completing an upload: joining and hashing read the whole file, which for gigabytes outlasts an
+# HTTP request. The request checks what it can at once and queues the completion (COMPLETING,
+# unclaimed); a small file is then completed within the request, a larger one by the scheduler's
+# worker (claim_completions, finish_completion) while its client polls the upload.
+
+# A claim this old on an upload still completing is a worker that died: released, taken again.
+# A live worker renews its claim every CLAIM_RENEW_SECONDS while it reads.
+COMPLETION_CLAIM_TIMEOUT = timedelta(hours=1)
+CLAIM_RENEW_SECONDS = 300
+
+
+def completes_inline(size, inline_limit):
+    """Whether a file of size bytes is completed within the request (else by the worker)."""
+    return size <= inline_limit
+
+
 def complete_upload(upload, sha256=""):
-    """Join the chunks, check the size (and the client's SHA-256), keep the bytes as a blob and
-    add the file to the version. Completing a completed upload again just returns it."""
+    """Check the upload can complete (open, every byte arrived, the client's SHA-256 well formed
+    and the same as any given before) and queue its completion. A file up to
+    E31_UPLOAD_INLINE_COMPLETE_BYTES is completed here and now (complete, or DatasetError);
+    a larger one is returned COMPLETING, for the worker. Completing an upload completed or
+    queued already just returns it."""
     sha256 = _clean_sha256(sha256)
     if sha256 and upload.sha256 and sha256 != upload.sha256:
         raise DatasetError("this sha256 differs from the one given when the upload started")
+    inline = completes_inline(upload.size, settings.E31_UPLOAD_INLINE_COMPLETE_BYTES)
     with transaction.atomic():
         # The version's lock first, as sealing takes it: a version is never sealed while one of
-        # its files is being completed.
+        # its files is completing (COMPLETING is unfinished).
         DatasetVersion.objects.select_for_update().filter(pk=upload.version_id).first()
         locked = DatasetUpload.objects.select_for_update().get(pk=upload.pk)
-        if locked.state == DatasetUpload.COMPLETE:
+        if locked.state in (DatasetUpload.COMPLETE, DatasetUpload.COMPLETING):
             return locked
         _locked_open_version(locked.version)
         if locked.state != DatasetUpload.OPEN:
@@ -355,40 +424,105 @@ def complete_upload(upload, sha256=""):
         if locked.received < locked.size:
             raise UploadConflict(f"only {locked.received} of {locked.size} bytes have arrived; send the rest first", locked.received)
         locked.state = DatasetUpload.COMPLETING
-        locked.save(update_fields=["state", "updated_at"])
-    # Joining and hashing read the whole file: outside any transaction, the upload claimed.
+        locked.sha256 = sha256 or locked.sha256  # the worker checks it
+        locked.error = ""
+        # Completed here: claimed at once, so no worker takes it meanwhile (if this process dies,
+        # the claim grows stale and is released to the worker).
+        locked.claimed_at = timezone.now() if inline else None
+        locked.save(update_fields=["state", "sha256", "error", "claimed_at", "updated_at"])
+    if not inline:
+        return locked
+    return finish_completion(locked)
+
+
+def claim_completions(limit=1):
+    """Uploads queued for completion, oldest first, claimed (one worker each)."""
+    claimed = []
+    queued = DatasetUpload.objects.filter(state=DatasetUpload.COMPLETING, claimed_at__isnull=True).order_by("updated_at")
+    for upload in queued[:limit]:
+        now = timezone.now()
+        if DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.COMPLETING, claimed_at__isnull=True).update(claimed_at=now) == 1:
+            upload.claimed_at = now
+            claimed.append(upload)
+    return claimed
+
+
+def release_stale_claims(older_than):
+    """Completions claimed before older_than and still not done (their worker died): claimed
+    again by the next worker. Returns how many."""
+    return DatasetUpload.objects.filter(state=DatasetUpload.COMPLETING, claimed_at__lt=older_than).update(
+        claimed_at=None, updated_at=timezone.now()
+    )
+
+
+def finish_completion(upload):
+    """Complete a claimed upload: join the chunks, hash them, keep the bytes as a blob and add
+    the file to its version; returns the upload, complete. Bytes that are not what was announced
+    fail it with the reason (DatasetError, its storage freed); trouble with storage or the
+    database opens it again, to be completed again (the joined object is found, not joined
+    twice), and is raised."""
     try:
-        key, digest = _assemble(locked, sha256 or locked.sha256)
+        key, digest = _assemble(upload, upload.sha256, renew=_claim_renewer(upload))
     except DatasetError as error:
-        DatasetUpload.objects.filter(pk=locked.pk).update(state=DatasetUpload.FAILED, error=str(error), updated_at=timezone.now())
-        _discard(locked)
+        DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.COMPLETING).update(
+            state=DatasetUpload.FAILED, error=str(error), updated_at=timezone.now()
+        )
+        _discard(upload)
         raise
     except BaseException:
-        _reopen(locked)
+        _reopen(upload)
         raise
     try:
         with transaction.atomic():
+            DatasetVersion.objects.select_for_update().filter(pk=upload.version_id).first()
+            locked = DatasetUpload.objects.select_for_update().select_related("version").get(pk=upload.pk)
+            if locked.state == DatasetUpload.COMPLETE:  # by another worker, after a claim grew stale
+                return locked
+            if locked.state != DatasetUpload.COMPLETING:
+                raise UploadConflict(_not_open(locked))
             locked.version.add_file(locked.path, locked.size, digest, key)
             DatasetUpload.objects.filter(pk=locked.pk).update(state=DatasetUpload.COMPLETE, sha256=digest, updated_at=timezone.now())
+    except (UploadConflict, DatasetUpload.DoesNotExist):
+        raise
     except BaseException:
-        _reopen(locked)
+        _reopen(upload)
         raise
     # The incoming object goes only now: until the file is in the version, completing again
     # must find the joined bytes.
-    _quietly(get_storage().delete, locked.key)
+    _quietly(get_storage().delete, upload.key)
     locked.refresh_from_db()
     return locked
+
+
+def _claim_renewer(upload):
+    """A function to call while reading: renews the upload's claim now and then, so that a long
+    read is not taken for a dead worker's."""
+    renewed = time.monotonic()
+
+    def renew():
+        nonlocal renewed
+        if time.monotonic() - renewed >= CLAIM_RENEW_SECONDS:
+            renewed = time.monotonic()
+            DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.COMPLETING).update(claimed_at=timezone.now())
+
+    return renew
 
 
 def _reopen(upload):
     """After trouble with storage or the database mid-way: open again, so that completing once
     more finishes the job (the joined object is found and not joined twice)."""
-    DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.COMPLETING).update(state=DatasetUpload.OPEN, updated_at=timezone.now())
+    DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.COMPLETING).update(
+        state=DatasetUpload.OPEN, claimed_at=None, error="storage failed while completing it: complete it again", updated_at=timezone.now()
+    )
 
 
-def _assemble(upload, expected_sha256):
+def _assemble(upload, expected_sha256, renew=lambda: None):
     """The upload's bytes kept as a blob: (blob key, sha256). DatasetError if they are not what
-    was announced."""
+    was announced.
+
+    The joined object is read once: its SHA-256 is the check that the blob holds what its name
+    says, and the blob is made from those same bytes without reading them again (a copy inside
+    S3, a hard link in the local folder)."""
     storage = get_storage()
     if upload.size == 0:
         key, _, digest = storage.save_blob(io.BytesIO(b""))
@@ -401,19 +535,21 @@ def _assemble(upload, expected_sha256):
         for chunk in iter(lambda: body.read(CHUNK), b""):
             digest.update(chunk)
             size += len(chunk)
+            renew()
     digest = digest.hexdigest()
     if size != upload.size:
         raise DatasetError(f"{upload.path}: the joined file has {size} bytes, not the {upload.size} announced; upload it again")
     if expected_sha256 and digest != expected_sha256:
         raise DatasetError(f"{upload.path}: its SHA-256 is {digest}, not the {expected_sha256} given: the bytes changed on the way; upload it again")
     key = blob_key(digest)
-    if not storage.exists(key):
-        # Copied through a hashing reader: the blob is checked against its name as it is written.
-        with closing(storage.open(upload.key)) as body:
-            _, copied = storage.save(key, body)
-        if copied != digest:
+    try:
+        # Kept already: touched, so that the blob sweep sees it young until the file is in the version.
+        storage.touch(key)
+    except NotFound:
+        storage.copy(upload.key, key)  # a new object: young too
+        if storage.size(key) != size:
             storage.delete(key)
-            raise StorageError(f"{upload.path}: the copy into the blob store read differently; complete it again")
+            raise StorageError(f"{upload.path}: the copy into the blob store has a different size; complete it again") from None
     return key, digest
 
 
@@ -431,12 +567,13 @@ def abort_upload(upload, reason="aborted by its client"):
     return upload
 
 
-def purge_stale_uploads(older_than):
-    """Abort uploads nobody has sent a chunk to since older_than; returns how many. One left
-    completing that long (its process died mid-way) is opened again, to be completed again."""
-    DatasetUpload.objects.filter(state=DatasetUpload.COMPLETING, updated_at__lt=older_than).update(
-        state=DatasetUpload.OPEN, updated_at=timezone.now()
-    )
+def purge_stale_uploads(older_than, claims_older_than=None):
+    """Abort uploads nobody has sent a chunk to since older_than; returns how many. A completion
+    claimed before claims_older_than (by default COMPLETION_CLAIM_TIMEOUT ago) and not done is
+    released, for a worker to take again; one queued or claimed is never reopened nor aborted."""
+    released = release_stale_claims(claims_older_than or timezone.now() - COMPLETION_CLAIM_TIMEOUT)
+    if released:
+        log.warning("released %d upload completion(s) whose worker stopped part-way", released)
     count = 0
     for upload in DatasetUpload.objects.filter(state=DatasetUpload.OPEN, updated_at__lt=older_than):
         with contextlib.suppress(UploadConflict):
@@ -470,6 +607,55 @@ def _discard(upload):
     if upload.multipart_id:
         _quietly(storage.abort_multipart, upload.key, upload.multipart_id)
     _quietly(storage.delete, upload.key)
+
+
+# Deleting a dataset ------------------------------------------------------------------------------
+
+
+class DatasetInUse(UploadConflict):
+    """Unfinished jobs pin versions of the dataset (HTTP 409)."""
+
+
+def in_use_refusal(name, jobs):
+    """None if no unfinished job pins the dataset, else the reason, naming the jobs: jobs are
+    (name, short id, state), oldest first."""
+    if not jobs:
+        return None
+    shown = ", ".join(f"{job_name} ({short_id}, {state})" for job_name, short_id, state in jobs[:5])
+    if len(jobs) > 5:
+        shown += f" and {len(jobs) - 5} more"
+    return f"the dataset {name} is used by {len(jobs)} unfinished job(s): {shown}; it can be deleted once they have finished (or are cancelled)"
+
+
+def delete_dataset(dataset):
+    """Delete the dataset with its versions, manifests and unfinished uploads (their storage is
+    freed); refused (DatasetInUse) while an unfinished job pins one of its versions. Finished
+    jobs keep the name of what they used (Job.train_label) and lose the link to it. Blobs stay
+    (other datasets and jobs share them: the blob sweep frees those nothing refers to), and a
+    registered bucket's objects are the team's: never touched. Returns how many versions went."""
+    from django.db.models import Q
+
+    from jobs import states
+    from jobs.models import Job
+
+    with transaction.atomic():
+        if not Dataset.objects.select_for_update().filter(pk=dataset.pk).exists():
+            raise DatasetError(f"{dataset.name} is already deleted")
+        # The versions locked first: a job pinning one of them now waits for this to end.
+        version_ids = list(DatasetVersion.objects.select_for_update().filter(dataset=dataset).values_list("pk", flat=True))
+        pinning = Job.objects.filter(state__in=states.ACTIVE).filter(Q(train_version__in=version_ids) | Q(heldout_version__in=version_ids))
+        reason = in_use_refusal(dataset.name, [(job.name, job.short_id, job.state) for job in pinning.order_by("created_at")])
+        if reason:
+            raise DatasetInUse(reason)
+        unfinished = list(DatasetUpload.objects.select_for_update().filter(version__in=version_ids, state__in=DatasetUpload.UNFINISHED))
+        completing = [u.path for u in unfinished if u.state == DatasetUpload.COMPLETING]
+        if completing:
+            raise UploadConflict(f"the upload of {completing[0]} is being completed; delete the dataset once it is done")
+        # A queryset's delete leaves the instance its id, for the audit log.
+        Dataset.objects.filter(pk=dataset.pk).delete()
+    for upload in unfinished:
+        _discard(upload)
+    return len(version_ids)
 
 
 def _quietly(action, *args):

@@ -94,12 +94,23 @@ def extend_version(version, uploads):
         return new.seal()
 
 
+def deleted_data(job):
+    """The dataset versions the job used that are gone (their dataset was deleted), as labels."""
+    return [label for label, version in ((job.train_label, job.train_version), (job.heldout_label, job.heldout_version)) if label and version is None]
+
+
 @transaction.atomic
 def retrain(job, user, *, new_data=(), name="", request=None):
     """A fine-tuning of `job`'s weights with its work and request, on its old training data
     plus `new_data` (kept uploads). request: overrides of the request fields (gpus, span_hours,
     ceiling_*, not_before, deadline, ...)."""
     weights = weights_of(job)
+    gone = deleted_data(job)
+    if gone:
+        raise LineageError(
+            f"{job.name} ({job.short_id}) used {' and '.join(gone)}, deleted since: it cannot be retrained on the same data. "
+            "Submit a fine-tuning of its weights on data that exists."
+        )
     changes = dict(request or {})
     changes.update(name=name or f"{job.name} (retrained)", kind=Job.KIND_FINETUNE)
     new_data = list(new_data)
@@ -128,6 +139,8 @@ def compare(job, user):
     if start is None:
         raise LineageError(f"{job.name} ({job.short_id}) has no starting model to compare with.")
     weights = weights_of(job)
+    if job.heldout_version is None and job.heldout_label:
+        raise LineageError(f"{job.name} ({job.short_id}) has no held-out data to evaluate on: {job.heldout_label} was deleted.")
     if job.heldout_version is None and not job.uploads.filter(role=Upload.HELDOUT).exists():
         raise LineageError(f"{job.name} ({job.short_id}) has no held-out data to evaluate on.")
     config = dict(job.config)

@@ -93,6 +93,11 @@ class DatasetVersion(models.Model):
         return f"{self.dataset.name} v{self.number}"
 
     @property
+    def label(self):
+        """NAME@N, as specs and the API name a version."""
+        return f"{self.dataset.name}@{self.number}"
+
+    @property
     def team_id(self):
         return self.dataset.team_id
 
@@ -161,8 +166,11 @@ class Job(models.Model):
     env = models.JSONField(default=dict, blank=True)
 
     # Data: dataset versions are pinned when the job is submitted.
-    train_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    heldout_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # The labels ("digits@2") stay when the dataset is deleted later (the version becomes None).
+    train_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    heldout_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    train_label = models.CharField(max_length=300, blank=True, help_text="the training dataset version, as NAME@N")
+    heldout_label = models.CharField(max_length=300, blank=True, help_text="the held-out dataset version, as NAME@N")
 
     # Request
     gpus = models.PositiveIntegerField()
@@ -221,6 +229,25 @@ class Job(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.short_id})"
+
+    def save(self, *args, **kwargs):
+        # The pinned versions' names are kept as text, so the job still says what it trained on
+        # after the dataset is deleted.
+        for role in ("train", "heldout"):
+            version = getattr(self, f"{role}_version")
+            if version is not None and not getattr(self, f"{role}_label"):
+                setattr(self, f"{role}_label", version.label)
+                if kwargs.get("update_fields") is not None:
+                    kwargs["update_fields"] = {*kwargs["update_fields"], f"{role}_label"}
+        super().save(*args, **kwargs)
+
+    def shown_staging(self):
+        """The staging a job's page and API show: of a job staged on several nodes (its first
+        node was busy), the one that finished, else the newest still going, else the newest."""
+        stagings = list(self.stagings.select_related("node"))  # newest first
+        return next((s for s in stagings if s.state == "staged"), None) or next(
+            (s for s in stagings if s.state != "abandoned"), stagings[0] if stagings else None
+        )
 
     @property
     def short_id(self):
@@ -618,6 +645,7 @@ class DatasetUpload(models.Model):
     multipart_id = models.CharField(max_length=1024, blank=True, help_text="the storage's multipart upload id")
     parts = models.JSONField(default=list, blank=True, help_text="[[part number, etag], ...] in order")
     state = models.CharField(max_length=10, choices=STATES, default=OPEN)
+    claimed_at = models.DateTimeField(null=True, blank=True, help_text="when a worker took up its completion")
     error = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)

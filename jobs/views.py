@@ -233,7 +233,7 @@ def job_detail(request, job_id):
         "meter": job.meter_event(),
         "allocation": job.latest_allocation(),
         "allocations": job.latest_allocations(),
-        "staging": job.stagings.select_related("node").first(),
+        "staging": job.shown_staging(),
         "artifacts": job.artifacts.all(),
         "uploads": job.uploads.exclude(role="code"),
         "config_text": json.dumps(job.config),

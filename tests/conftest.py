@@ -54,6 +54,11 @@ def s3_storage(settings, seaweed):
 CGROUP_PARENT = f"e31-test-{os.getpid()}"
 os.environ["E31_JOB_CGROUP_PARENT"] = django_settings.E31_JOB_CGROUP_PARENT = CGROUP_PARENT
 
+# The tests' S3 servers (SeaweedFS) listen on loopback, which a team's bucket may not be at unless
+# allowed (e31web/endpoints.py). tests/system.py gives the live systems the same.
+TEST_ENDPOINT_ALLOW = "127.0.0.1"
+django_settings.E31_S3_ENDPOINT_ALLOW = [TEST_ENDPOINT_ALLOW]
+
 
 def pytest_sessionfinish(session, exitstatus):
     """This run's cgroup folders removed, deepest first (a runner the tests did not stop leaves

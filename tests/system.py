@@ -39,7 +39,7 @@ _SEEDS = {}
 RUNTIME_ONLY = {
     "E31_VAR_DIR", "DATABASE_URL", "REDIS_URL", "PYTHONUNBUFFERED", "E31_SCHEDULER_INTERVAL_SECONDS",
     "E31_HEARTBEAT_SECONDS", "E31_STOP_GRACE_SECONDS", "E31_NODE_TIMEOUT_SECONDS", "E31_PREEMPT_EVERY_SECONDS",
-    "E31_UPLOAD_CHUNK_BYTES", "E31_API_RATE",
+    "E31_UPLOAD_CHUNK_BYTES", "E31_UPLOAD_INLINE_COMPLETE_BYTES", "E31_API_RATE",
 }
 SEED_CODE = """
 import io
@@ -81,6 +81,8 @@ class LiveSystem:
             "E31_HEARTBEAT_SECONDS": "0.5",
             "E31_STOP_GRACE_SECONDS": str(stop_grace),
             "PYTHONUNBUFFERED": "1",
+            # The tests' S3 servers listen on loopback: teams' buckets may be there (tests/conftest.py).
+            "E31_S3_ENDPOINT_ALLOW": "127.0.0.1",
             # The test run's own cgroup folder (tests/conftest.py), when there is one.
             **({"E31_JOB_CGROUP_PARENT": os.environ["E31_JOB_CGROUP_PARENT"]} if "E31_JOB_CGROUP_PARENT" in os.environ else {}),
             **(env or {}),

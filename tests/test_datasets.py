@@ -447,13 +447,16 @@ def test_stale_uploads_are_purged(team_a, storage_dir):
     fresh = datasets.start_upload(dataset.versions.get(), "fresh.bin", 3)
     stuck = datasets.start_upload(dataset.versions.get(), "stuck.bin", 3)
     datasets.put_chunk(stuck, 0, b"abc")
-    DatasetUpload.objects.filter(pk=stuck.pk).update(state="completing", updated_at=timezone.now() - timezone.timedelta(days=3))
+    long_ago = timezone.now() - timezone.timedelta(days=3)
+    DatasetUpload.objects.filter(pk=stuck.pk).update(state="completing", claimed_at=long_ago, updated_at=long_ago)
     assert datasets.purge_stale_uploads(timezone.now() - timezone.timedelta(days=1)) == 1
     assert DatasetUpload.objects.get(pk=old.pk).state == "aborted"
     assert DatasetUpload.objects.get(pk=fresh.pk).state == "open"
-    # Its completion died with its process: open again, and completing it again finishes it.
-    assert DatasetUpload.objects.get(pk=stuck.pk).state == "open"
-    assert datasets.complete_upload(stuck).sha256 == sha(b"abc")
+    # Its completion died with its worker: released (still completing), and the next worker
+    # finishes it.
+    assert DatasetUpload.objects.filter(pk=stuck.pk, state="completing", claimed_at=None).exists()
+    [claimed] = datasets.claim_completions()
+    assert datasets.finish_completion(claimed).sha256 == sha(b"abc")
 
 
 # Sealing, versions, immutability ------------------------------------------------------------------
@@ -813,13 +816,13 @@ def test_storage_errors_never_lose_the_upload(api, team_a, storage_dir, monkeypa
     upload = api.start(dataset, "a.bin", 3).json()
     api.chunk(upload["id"], 0, b"abc")
     storage = get_storage()
-    real_save = storage.save
-    monkeypatch.setattr(storage, "save", lambda key, fileobj: (_ for _ in ()).throw(OSError("disk full")))
+    real_copy = storage.copy  # the joined file becomes a blob by a copy inside the store
+    monkeypatch.setattr(storage, "copy", lambda src, dst: (_ for _ in ()).throw(OSError("disk full")))
     response = api.complete(upload["id"])
     assert response.status_code == 503
     assert response.json()["detail"] == "Storage failed while completing a.bin; the upload is kept: complete it again."
     assert DatasetUpload.objects.get(pk=upload["id"]).state == "open"
-    monkeypatch.setattr(storage, "save", real_save)
+    monkeypatch.setattr(storage, "copy", real_copy)
     assert api.complete(upload["id"]).json()["sha256"] == sha(b"abc")
 
 

@@ -11,10 +11,11 @@ import os
 import time
 from pathlib import Path
 
-from e31.cli.errors import SERVER, USAGE, CliError
+from e31.cli.errors import JOB_FAILED, SERVER, USAGE, CliError
 from e31.cli.spec import files_of
 
 RETRIES = 6
+COMPLETION_POLL_SECONDS = 2
 
 
 def sha256_of(path):
@@ -89,7 +90,7 @@ class Uploader:
         version = self.open_version(dataset)
         number = version["number"]
         have = {f["path"]: f for f in version.get("manifest", [])}
-        under_way = {u["path"]: u for u in version.get("uploads", []) if u.get("state") == "open"}
+        under_way = {u["path"]: u for u in version.get("uploads", []) if u.get("state") in ("open", "completing")}
         for entry in files:
             kept = have.get(entry["path"])
             if kept and kept.get("sha256") == entry["sha256"] and kept.get("size") == entry["size"]:
@@ -128,7 +129,19 @@ class Uploader:
                 received = self.put_chunk(upload, offset, data)
                 bar.advance(received - offset)
                 offset = received
-        self.retrying(lambda: self.client.post(upload_path(upload) + "complete/", json={"sha256": entry["sha256"]}))
+        done = self.retrying(lambda: self.client.post(upload_path(upload) + "complete/", json={"sha256": entry["sha256"]}))
+        # A large file is completed by the server after the request (202, "completing"): wait for it.
+        reopened = 0
+        while isinstance(done, dict) and done.get("state") == "completing":
+            self.sleep(COMPLETION_POLL_SECONDS)
+            done = self.retrying(lambda: self.client.get(upload_path(upload)))
+            if done.get("state") == "open":  # storage failed on the server's side: complete it again
+                reopened += 1
+                if reopened >= RETRIES:
+                    raise CliError(f"{entry['path']}: the server failed to complete it {RETRIES} times ({done.get('error')}); run the upload again", SERVER)
+                done = self.retrying(lambda: self.client.post(upload_path(upload) + "complete/", json={"sha256": entry["sha256"]}))
+        if isinstance(done, dict) and done.get("state") == "failed":
+            raise CliError(f"{entry['path']}: {done.get('error') or 'the server could not complete the upload'}", JOB_FAILED)
 
     def put_chunk(self, upload, offset, data):
         """Send one chunk; returns how far the upload has arrived."""

@@ -1,7 +1,9 @@
 // Uploads files into a dataset version in chunks, through the chunk API (jobs/dataset_api.py).
 //
 // Each file is started (POST .../uploads/ -> id, chunk_size, received), sent a chunk at a time
-// (PUT ?offset=N), and completed; when every file is done the version is sealed. A chunk that
+// (PUT ?offset=N), and completed; when every file is done the version is sealed. A large file
+// is completed by the server after the request (202, "completing"): the page shows it verifying
+// and asks for the upload every POLL_MS until it is complete or failed. A chunk that
 // fails is sent again after a pause that doubles; after MAX_TRIES the error is shown with a
 // Retry button. Upload ids are kept in localStorage, keyed by (version, path, size,
 // lastModified): after a reload the user picks the same files again and each continues from
@@ -15,6 +17,7 @@
   const MAX_TRIES = 5;
   const FIRST_PAUSE_MS = 500;
   const FILES_AT_ONCE = 3;
+  const POLL_MS = 1500;
   const STORE = "e31-upload";
 
   const fields = form.querySelector("#upload-fields");
@@ -164,8 +167,10 @@
     const total = entries.reduce((sum, e) => sum + e.file.size, 0);
     const done = entries.reduce((sum, e) => sum + e.received, 0);
     const files = entries.filter((e) => e.done).length;
-    setBar(overallBar, percent(done, total));
-    overallText.textContent = `${sizeText(done)} of ${sizeText(total)} (${percent(done, total)}%) · ${files} of ${entries.length} file${entries.length === 1 ? "" : "s"} done`;
+    // Every byte sent is not every file kept: 100% only once the server has completed them all.
+    const value = files === entries.length ? percent(done, total) : Math.min(99, percent(done, total));
+    setBar(overallBar, value);
+    overallText.textContent = `${sizeText(done)} of ${sizeText(total)} (${value}%) · ${files} of ${entries.length} file${entries.length === 1 ? "" : "s"} done`;
   }
 
   function setStatus(entry, text, kind) {
@@ -245,7 +250,7 @@
         if (error instanceof Refused) return null; // gone (404): start again
         throw error;
       });
-      if (answer && ["open", "complete"].includes(answer.data.state)) return answer.data;
+      if (answer && ["open", "completing", "complete"].includes(answer.data.state)) return answer.data;
       localStorage.removeItem(key);
     }
     const started = await patiently(entry, "starting", () => json("POST", version.uploads_url, { path: entry.path, size: entry.file.size }));
@@ -266,7 +271,21 @@
     progressed(entry, upload.received);
     setStatus(entry, upload.received ? `resumed at ${sizeText(upload.received)}` : "uploading", "active");
     const size = entry.file.size;
+    let state = upload.state;
+    let reopened = 0;
     for (;;) {
+      if (state === "complete") break;
+      if (state === "completing") {
+        const now = await verified(entry, upload);
+        state = now.state;
+        if (state === "open") {
+          // Storage failed on the server's side while completing: the upload is kept, complete it again.
+          reopened += 1;
+          if (reopened >= MAX_TRIES) throw new Unreachable(`${entry.path}: completing failed ${MAX_TRIES} times (${now.error || "the server could not keep it"}).`);
+          progressed(entry, now.received);
+        }
+        continue;
+      }
       if (entry.received < size) {
         const offset = entry.received;
         const chunk = entry.file.slice(offset, Math.min(offset + upload.chunk_size, size));
@@ -281,10 +300,25 @@
         progressed(entry, answer.data.received); // the server is missing some: send them
         continue;
       }
-      entry.done = true;
-      setStatus(entry, "done", "done");
-      showOverall();
-      return;
+      state = answer.data.state; // complete, or completing (202): verified next
+    }
+    entry.done = true;
+    setStatus(entry, "done", "done");
+    showOverall();
+  }
+
+  // A file the server completes after the request: its upload asked for until it is complete
+  // (or open again, after storage trouble there); failed is the reason, shown like any other.
+  async function verified(entry, upload) {
+    for (;;) {
+      setStatus(entry, "verifying…", "active");
+      await sleep(POLL_MS);
+      const answer = await patiently(entry, "verifying", () => json("GET", upload.url));
+      const now = answer.data;
+      if (now.state === "completing") continue;
+      if (now.state === "complete" || now.state === "open") return now;
+      const reason = now.error || `the upload is ${now.state}`; // the path before it, if not there (sendAll)
+      throw new Refused(reason.endsWith(".") ? reason : `${reason}.`);
     }
   }
 

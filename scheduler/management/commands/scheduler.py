@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 from django.utils import timezone
 
-from jobs import datasets
+from jobs import datasets, sweep
 from jobs.models import Upload
 from notifications import delivery
 from scheduler import services
@@ -18,6 +18,7 @@ from scheduler.management.commands._loop import stop_on_signals
 log = logging.getLogger("scheduler")
 HOUSEKEEPING_SECONDS = 600
 UNCLAIMED_UPLOADS_KEPT = timedelta(days=2)  # a refused form's files wait this long for the user to come back
+COMPLETION_WORKERS = 2  # dataset uploads completed at once
 
 
 class Command(BaseCommand):
@@ -34,9 +35,14 @@ class Command(BaseCommand):
         self.last_failure_at = None  # when a cycle last failed (the database away, say)
         # Scans of registered buckets read every object: they run beside the cycle, not in it.
         self.scans = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scan")
+        # So do completions of large dataset uploads (a join and a read of the whole file), each
+        # claimed only when a worker is free to start it: a claim never waits in a queue.
+        self.completions = ThreadPoolExecutor(max_workers=COMPLETION_WORKERS, thread_name_prefix="complete")
+        self.completing = set()
         if once:
             self.handle_one_cycle()
             self.scans.shutdown(wait=True)
+            self.completions.shutdown(wait=True)
             return
         self.stdout.write(f"scheduler: placing queued jobs every {interval:g} s")
         # Emails and webhooks go out from a thread of their own (its own database connection):
@@ -49,12 +55,33 @@ class Command(BaseCommand):
                 self.sleep(interval)
         self.notify_stop.set()
         self.scans.shutdown(wait=False, cancel_futures=True)
+        self.completions.shutdown(wait=False, cancel_futures=True)
         self.stdout.write("scheduler: stopped")
 
     @staticmethod
     def scan(version):
         try:
             datasets.scan(version)
+        finally:
+            connection.close()
+
+    @staticmethod
+    def sweep_blobs():
+        try:
+            sweep.sweep()
+        except Exception:  # storage trouble: logged; it runs again at the next housekeeping
+            log.exception("blob sweep failed")
+        finally:
+            connection.close()
+
+    @staticmethod
+    def complete(upload):
+        try:
+            datasets.finish_completion(upload)
+        except datasets.DatasetError:
+            pass  # failed, with the reason, which its client reads
+        except Exception:
+            log.exception("completing the upload of %s", upload)
         finally:
             connection.close()
 
@@ -71,6 +98,9 @@ class Command(BaseCommand):
             services.expire_lost_nodes(last_failure_at=self.last_failure_at)
             for version in datasets.claim_scans(limit=2):
                 self.scans.submit(self.scan, version)
+            self.completing = {future for future in self.completing if not future.done()}
+            for upload in datasets.claim_completions(limit=COMPLETION_WORKERS - len(self.completing)):
+                self.completing.add(self.completions.submit(self.complete, upload))
             services.line_up()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
@@ -86,6 +116,9 @@ class Command(BaseCommand):
                 abandoned = datasets.purge_stale_uploads(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
                 if abandoned:
                     log.info("gave up %d dataset uploads no chunk reached for two days", abandoned)
+                # After the purges, so the blobs of the rows they removed go too (once old).
+                # Beside the cycle, like scans: on a large store the listing takes a while.
+                self.scans.submit(self.sweep_blobs)
         except Exception:
             # A bad cycle (a database hiccup) must not end the loop; the next cycle retries
             # on a fresh connection.
