@@ -13,7 +13,9 @@ rotates so that drift on a noisy machine hits all three alike:
 
 Before each timed transfer everything is flushed (sync) and, where the kernel lets us, the page
 cache is dropped, so every source is read from the disk. Each transfer is timed to its return
-and, separately, to the end of a `sync` after it (its bytes on the disk). Then, on the cache of
+and, separately, to the end of a `sync` after it (its bytes on the disk). Our staging fsyncs
+every file before the cache takes it, so its two times are the same; the comparison with cp is
+made to the bytes on the disk (the disk's rate), and the one to the return is printed beside it. Then, on the cache of
 the last round: the time to stage the same manifest again (everything a cache hit), and the
 bytes moved for a manifest where 10% of the files are new (counted by stage() and, apart from
 it, as the bytes of the GetObject responses our storage client received). MB is 10^6 bytes.
@@ -174,6 +176,7 @@ def main():
     parser.add_argument("--files", type=int, default=64, help="how many files it has")
     parser.add_argument("--repeat", type=int, default=5, help="rounds of the three transfers")
     parser.add_argument("--workers", type=int, default=None, help="stage()'s workers (default: the runner's setting)")
+    parser.add_argument("--weed-arg", action="append", default=[], help="an extra `weed server` flag (repeatable), e.g. -filer.maxMB=16")
     args = parser.parse_args()
     if args.files < 1 or args.size_mib < 1 or args.repeat < 1:
         parser.error("--size-mib, --files and --repeat must be at least 1")
@@ -183,7 +186,7 @@ def main():
 
     work = Path(tempfile.mkdtemp(prefix="e31-bench-staging-"))
     try:
-        with SeaweedFS() as sea:
+        with SeaweedFS(extra_args=args.weed_arg) as sea:
             bucket = sea.bucket("bench")
             os.environ.update(sea.settings_env(bucket, prefix="store"))
             os.environ["E31_VAR_DIR"] = str(work / "var")
@@ -278,8 +281,11 @@ def main():
         print(f"plain boto3 download_file loop (default settings), median of {n}: {boto:.1f} MB/s "
               f"({boto_s:.1f} MB/s to the end of a sync)")
         print(f"local cp -r of the same bytes, median of {n}: {cp:.1f} MB/s ({cp_s:.1f} MB/s to the end of a sync)")
-        print(f"our staging / local cp: {ours / cp:.2f} ({ours_s / cp_s:.2f} counting the sync)   "
-              f"target >= {TARGET_VS_CP:.2f}")
+        # Our staging returns with its bytes on the disk (each file is fsynced before the cache
+        # trusts it); cp returns with them in the page cache. The disk's rate is cp's to the end
+        # of its sync, so that is the comparison the target is about; both are printed.
+        print(f"our staging / local cp, both to their bytes on the disk: {ours_s / cp_s:.2f}   target >= {TARGET_VS_CP:.2f}   "
+              f"(to their return: {ours / cp:.2f}; cp's return leaves its bytes in memory)")
         print(f"stage again (all cache hits): {statistics.median(hits) * 1000:.1f} ms median of {len(hits)} "
               f"(max {max(hits) * 1000:.1f} ms)   target < {TARGET_HIT_SECONDS:.0f} s")
         print(f"delta ({args.files - new_count} old + {new_count} new files): moved {progress.bytes_moved:,} bytes "

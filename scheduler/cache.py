@@ -3,18 +3,64 @@
 A file is in the cache under its digest, whatever job or dataset it came with: a second job on
 the same data stages nothing, and a new dataset version moves only its new files. Files are
 read-only once in; jobs see them through hard links (or copies across file systems).
+
+Trust. A file enters only once its size and digest were checked, and only after its bytes are on
+the disk (fsync, then the rename, then the folder's fsync): after a crash, a name in the cache
+means the whole verified file. A file's mtime is when it entered and never moves after (use is
+recorded in its atime, for eviction), so a file whose mtime, size or mode changed was written to
+by someone since. That can only be a job run as the runner's own user (without isolation a job
+could chmod its hard link back to writable); `check` after each job drops such a file, and a
+restart drops files left writable, so the next job stages them afresh.
 """
 
 import itertools
+import logging
+import mmap
 import os
+import stat
 import threading
+import time
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 _temp_names = itertools.count()  # next() on a count is atomic under the GIL
 
 
+def _fsync_folder(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _takes_direct_io(folder):
+    """Whether files in folder can be written with O_DIRECT (not on tmpfs, for one)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = folder / f".direct.{os.getpid()}.{next(_temp_names)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    block = mmap.mmap(-1, 4096)
+    try:
+        os.pwrite(fd, block, 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        block.close()
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
+def _stamp(st):
+    return (st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
+
+
 class BlobCache:
-    def __init__(self, root, limit_bytes):
+    def __init__(self, root, limit_bytes, direct_io=True):
         self.root = Path(root)
         self.limit_bytes = limit_bytes
         self.lock = threading.Lock()
@@ -24,10 +70,24 @@ class BlobCache:
         os.chmod(self.root, 0o700)
         for leftover in self.tmp.iterdir():  # half-fetched files of an earlier run
             leftover.unlink(missing_ok=True)
-        self.sizes = {}
+        # Staging writes whole blocks with O_DIRECT where the file system takes it (staging._Fetch).
+        self.direct_io = bool(direct_io) and _takes_direct_io(self.tmp)
+        self.stamps = {}  # sha256 -> (size, mtime_ns, mode) as the file entered
         for path in self.root.glob("??/*"):
-            if len(path.name) == 64:
-                self.sizes[path.name] = path.stat().st_size
+            if len(path.name) != 64:
+                continue
+            st = path.stat()
+            if st.st_mode & 0o222:
+                log.warning("cache: %s is writable (changed by a job?): removed, to be staged again", path.name)
+                path.unlink(missing_ok=True)
+                continue
+            self.stamps[path.name] = _stamp(st)
+
+    @property
+    def sizes(self):
+        """sha256 -> size of every file in the cache."""
+        with self.lock:
+            return {sha: stamp[0] for sha, stamp in self.stamps.items()}
 
     def path(self, sha256):
         return self.root / sha256[:2] / sha256
@@ -35,13 +95,16 @@ class BlobCache:
     def has(self, sha256):
         """True if the file is here; marks it as just used."""
         with self.lock:
-            if sha256 not in self.sizes:
+            if sha256 not in self.stamps:
                 return False
         try:
-            os.utime(self.path(sha256))
-        except FileNotFoundError:
+            # Only the access time moves: the mtime stays the file's entry stamp (see check).
+            now = time.time_ns()
+            mtime = self.stamps[sha256][1]
+            os.utime(self.path(sha256), ns=(now, mtime))
+        except (FileNotFoundError, KeyError):
             with self.lock:
-                self.sizes.pop(sha256, None)
+                self.stamps.pop(sha256, None)
             return False
         return True
 
@@ -50,44 +113,73 @@ class BlobCache:
         two stagings of the same file at once (in one process or several) never share one."""
         return self.tmp / f"{sha256}.{os.getpid()}.{next(_temp_names)}"
 
-    def put(self, tmp_path, sha256):
-        """Move a verified file in (read-only from now on)."""
+    def put(self, tmp_path, sha256, synced=False):
+        """Move a verified file in (read-only from now on). Its bytes reach the disk first
+        (synced: the caller already fsynced them), then the name."""
         dest = self.path(sha256)
         dest.parent.mkdir(exist_ok=True)
+        if not synced:
+            fd = os.open(tmp_path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.chmod(tmp_path, 0o444)
         os.replace(tmp_path, dest)
+        _fsync_folder(dest.parent)
         with self.lock:
-            self.sizes[sha256] = dest.stat().st_size
+            self.stamps[sha256] = _stamp(dest.stat())
 
     @property
     def total_bytes(self):
         with self.lock:
-            return sum(self.sizes.values())
+            return sum(stamp[0] for stamp in self.stamps.values())
+
+    def check(self, digests):
+        """After a job that saw these files: drop any that changed since they entered (size,
+        mtime or mode). Returns the digests dropped."""
+        dropped = []
+        for sha in digests:
+            with self.lock:
+                stamp = self.stamps.get(sha)
+            if stamp is None:
+                continue
+            try:
+                now = _stamp(self.path(sha).stat())
+            except FileNotFoundError:
+                now = None
+            if now != stamp:
+                log.warning("cache: %s changed while a job held it (%s, was %s): removed, to be staged again", sha, now, stamp)
+                self.path(sha).unlink(missing_ok=True)
+                with self.lock:
+                    self.stamps.pop(sha, None)
+                dropped.append(sha)
+        return dropped
 
     def evict(self, protect=frozenset()):
         """Remove the least recently used files until the cache fits its limit; files in
         protect (needed by jobs staged or running here) stay. Returns the digests removed."""
         removed = []
         with self.lock:
-            total = sum(self.sizes.values())
+            total = sum(stamp[0] for stamp in self.stamps.values())
             if total <= self.limit_bytes:
                 return removed
-            by_age = sorted(self.sizes, key=lambda sha: self._mtime(sha))
+            by_age = sorted(self.stamps, key=lambda sha: self._used_at(sha))
             for sha in by_age:
                 if total <= self.limit_bytes:
                     break
                 if sha in protect:
                     continue
                 self.path(sha).unlink(missing_ok=True)
-                total -= self.sizes.pop(sha)
+                total -= self.stamps.pop(sha)[0]
                 removed.append(sha)
         return removed
 
-    def _mtime(self, sha256):
+    def _used_at(self, sha256):
         try:
-            return self.path(sha256).stat().st_mtime
+            return self.path(sha256).stat().st_atime_ns
         except FileNotFoundError:
-            return 0.0
+            return 0
 
     def link_into(self, sha256, dest):
         """Make the cached file appear at dest: a hard link where it can, else a copy."""

@@ -773,6 +773,27 @@ def choose_staging_node(job, nodes, cached_bytes, lined_up):
     return best.id
 
 
+MAX_STAGING_NODES = 3  # a job waiting on busy nodes is staged on at most this many at once
+
+
+def choose_another_staging_node(job, nodes, staged_on, spare, cached_bytes, lined_up):
+    """A queued job is staged on staged_on, but none of those nodes has the devices for it now;
+    if another node that could run it has them spare (spare: node id -> devices free and not
+    already promised to a job ahead in the queue), stage it there too, so it does not wait for
+    its first node while another stands idle. The same order of preference as
+    choose_staging_node. None when no such node, when a staged node has room, or when the job is
+    a gang larger than any node (its nodes are chosen together) or is on MAX_STAGING_NODES."""
+    fitting = [n for n in nodes if _fits(job, n)]
+    if not fitting or not staged_on or len(staged_on) >= MAX_STAGING_NODES:
+        return None
+    if any(spare.get(i, 0) >= job.gpus for i in staged_on):
+        return None
+    candidates = [n for n in fitting if n.id not in staged_on and spare.get(n.id, 0) >= job.gpus]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda n: (-cached_bytes.get(n.id, 0), lined_up.get(n.id, 0), -spare.get(n.id, 0), n.id)).id
+
+
 def choose_staging_nodes(job, nodes, cached_bytes, lined_up, exclude=()):
     """Where to stage a queued job's data: one node (choose_staging_node) when one node can run
     it; for a gang larger than any node, enough nodes of its type to hold it together, in the

@@ -184,6 +184,7 @@ def parse_metric_line(raw, now):
 
 class RunningJob:
     def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
+        self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.allocation = allocation
         self.sandbox = sandbox
         self.disk_pool = disk_pool
@@ -677,6 +678,7 @@ class Runner:
         self.cache = BlobCache(
             Path(cache_dir or settings.RUNNER_CACHE_DIR / name),
             settings.E31_RUNNER_CACHE_BYTES if cache_bytes is None else cache_bytes,
+            direct_io=settings.E31_STAGING_DIRECT_IO,
         )
         # Stagings run on threads of their own, so a long copy never holds up the jobs running here.
         self.staging_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="staging")
@@ -783,7 +785,7 @@ class Runner:
         process = None
         sandbox = None
         try:
-            self.stage(job, dirs)
+            linked = self.stage(job, dirs)
             restored = checkpoints.restore(job, dirs.checkpoints)
             if restored is not None:
                 at = f" (step {restored.step})" if restored.step is not None else ""
@@ -839,6 +841,7 @@ class Runner:
             allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job), ranked=torchrun, sandbox=sandbox,
             disk_pool=self.disk_pool,
         )
+        running.linked = linked  # the cache's files the job saw: checked when it ends
         self.running[allocation.pk] = running
         return running
 
@@ -867,17 +870,20 @@ class Runner:
                 job=job, node=self.node, state=Staging.STAGING, started_at=timezone.now(),
                 files_total=len(items), bytes_total=sum(i.size for i in items),
             )
-            self.run_staging(record.pk)
+            self.run_staging(record.pk, queued=False)
             record.refresh_from_db()
             if record.state != Staging.STAGED:
                 raise StagingError(record.error or "staging failed")
         dirs.create()
         dirs.config.write_text(json.dumps(job.config, indent=2))
+        linked = set()
         for item in items:
             if item.role == "code":
                 archive.extract(self.cache.path(item.sha256), PurePosixPath(item.dest).name, dirs.code)
             else:
                 self.cache.link_into(item.sha256, dirs.root / item.dest)
+                linked.add(item.sha256)
+        return linked
 
     # Staging --------------------------------------------------------------------------------------
 
@@ -899,31 +905,46 @@ class Runner:
         finally:
             connection.close()
 
-    def run_staging(self, pk):
+    LEFT_THE_QUEUE = "the job left the queue (it started on another node that staged it, or was cancelled)"
+
+    def run_staging(self, pk, queued=True):
         """Stage one job's manifest into the cache, reporting progress; the job fails, uncharged,
-        if an object is missing or corrupt."""
+        if an object is missing or corrupt. A staging of a queued job is given up when the job
+        leaves the queue (queued=False: the job is starting here and stages now)."""
         record = Staging.objects.select_related("job", "node").get(pk=pk)
         job = record.job
+        if queued and job.state != states.QUEUED:
+            Staging.objects.filter(pk=pk).update(state=Staging.ABANDONED, finished_at=timezone.now(), error=self.LEFT_THE_QUEUE)
+            return
         items = job_manifest(job)
         datasets = {str(v.dataset_id): v.dataset for v in (job.train_version, job.heldout_version) if v is not None}
         throttle = Throttle(0.5)
         known = set(self.cache.sizes)
+        gone = []  # the job left the queue: started on another node that staged it, or cancelled
 
         def on_progress(progress):
             if throttle.ready():
                 Staging.objects.filter(pk=pk).update(
                     files_done=progress.files_done, bytes_done=progress.bytes_done, bytes_moved=progress.bytes_moved
                 )
+                if queued and not Job.objects.filter(pk=job.pk, state=states.QUEUED).exists():
+                    gone.append(True)
+                    return
                 job.record("staging", data=self._staging_event(record, progress))
 
         try:
             progress = stage(
                 items, self.cache, datasets, workers=settings.E31_STAGING_WORKERS, on_progress=on_progress,
-                should_stop=lambda: self.shutdown,
+                should_stop=lambda: self.shutdown or bool(gone),
             )
         except StagingError as error:
             if self.shutdown:
                 Staging.objects.filter(pk=pk).update(state=Staging.WAITING)  # the next runner here starts again
+                return
+            if gone:
+                Staging.objects.filter(pk=pk).update(
+                    state=Staging.ABANDONED, finished_at=timezone.now(), error=self.LEFT_THE_QUEUE
+                )
                 return
             now = timezone.now()
             # One transaction: the scheduler never sees a queued job whose staging failed (it
@@ -1047,6 +1068,9 @@ class Runner:
             # printed a lot does not hold up the rest of the node while it drains.
             running.finish()
             del self.running[pk]
+            dropped = self.cache.check(running.linked)
+            if dropped:
+                CachedBlob.objects.filter(node=self.node, sha256__in=dropped).delete()
             self.staging_pool.submit(archive_log, running.job.pk)
         return busy
 

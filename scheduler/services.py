@@ -188,12 +188,17 @@ def staging_note(stagings):
 def line_up(now=None):
     """Give each queued job that has no staging on a live node one: on the node that will run
     it, chosen while it waits, so its data moves before compute is held. A gang larger than any
-    node is staged on enough nodes to hold it together."""
+    node is staged on enough nodes to hold it together. A job whose nodes are all busy while
+    another node that could run it has its devices spare is staged there too
+    (policy.choose_another_staging_node): it starts on whichever is ready first."""
     nodes = node_states(now)
     if not nodes:
         return []
     live_ids = [n.id for n in nodes]
     devices = {n.id: n.devices for n in nodes}
+    largest = max(devices.values())
+    # Free devices not yet promised to a job ahead in the queue (first come, first promised).
+    spare = {n.id: len(n.free) for n in nodes}
     live = Staging.objects.filter(state__in=Staging.LIVE, node_id__in=live_ids, job__state=states.QUEUED)
     staging_on = {}
     lined_up = {}
@@ -201,26 +206,46 @@ def line_up(now=None):
         staging_on.setdefault(job_id, set()).add(str(node_id))
         lined_up[str(node_id)] = lined_up.get(str(node_id), 0) + 1
     created = []
-    for job in Job.objects.filter(state=states.QUEUED).order_by("created_at"):
-        already = staging_on.get(job.pk, set())
-        if already and sum(devices[i] for i in already) >= job.gpus:
-            continue  # lined up where it can run
-        if already and job.gpus <= max(devices.values()):
-            continue  # one node stages it (it can run there once devices are free)
-        wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
-        if not policy.choose_staging_nodes(wanted, nodes, {}, lined_up, exclude=already):
-            continue  # the live nodes could not run it: no need to read its manifest every cycle
-        items = job_manifest(job)
+
+    def stage_on(job, items, node_id):
+        lined_up[node_id] = lined_up.get(node_id, 0) + 1
+        staging_on.setdefault(job.pk, set()).add(node_id)
+        created.append(Staging.objects.create(job=job, node_id=node_id, files_total=len(items), bytes_total=sum(item.size for item in items)))
+
+    def cached_bytes(items):
         digests = manifest_digests(items)
-        cached = {
+        return {
             str(row["node_id"]): row["total"]
             for row in CachedBlob.objects.filter(sha256__in=digests, node_id__in=live_ids).values("node_id").annotate(total=Sum("size"))
         }
-        for node_id in policy.choose_staging_nodes(wanted, nodes, cached, lined_up, exclude=already):
-            lined_up[node_id] = lined_up.get(node_id, 0) + 1
-            created.append(
-                Staging.objects.create(job=job, node_id=node_id, files_total=len(items), bytes_total=sum(item.size for item in items))
-            )
+
+    for job in Job.objects.filter(state=states.QUEUED).order_by("created_at"):
+        already = staging_on.get(job.pk, set())
+        wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
+        if already and job.gpus <= largest:
+            # One node stages it; it can run there once devices are free, unless another node
+            # has them now.
+            promised = next((i for i in sorted(already, key=lambda i: -spare.get(i, 0)) if spare.get(i, 0) >= job.gpus), None)
+            if promised is not None:
+                spare[promised] -= job.gpus
+                continue
+            if not any(spare[n.id] >= job.gpus for n in nodes if n.id not in already):
+                continue  # nowhere else is free either: no need to read its manifest
+            items = job_manifest(job)
+            node_id = policy.choose_another_staging_node(wanted, nodes, frozenset(already), spare, cached_bytes(items), lined_up)
+            if node_id is not None:
+                spare[node_id] -= job.gpus
+                stage_on(job, items, node_id)
+            continue
+        if already and sum(devices[i] for i in already) >= job.gpus:
+            continue  # a gang lined up where it can run
+        if not policy.choose_staging_nodes(wanted, nodes, {}, lined_up, exclude=already):
+            continue  # the live nodes could not run it: no need to read its manifest every cycle
+        items = job_manifest(job)
+        for node_id in policy.choose_staging_nodes(wanted, nodes, cached_bytes(items), lined_up, exclude=already):
+            if spare.get(node_id, 0) >= job.gpus:
+                spare[node_id] -= job.gpus
+            stage_on(job, items, node_id)
     return created
 
 

@@ -15,7 +15,7 @@ from jobs import datasets
 from jobs.models import Job
 from scheduler import policy, services
 from scheduler.cache import BlobCache
-from scheduler.models import CachedBlob, Node, Staging
+from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.runner import Runner
 from tests.conftest import make_job
 
@@ -154,6 +154,61 @@ def test_a_job_is_placed_only_where_its_data_is_staged(alice, rate):
     assert allocation.node == busy_but_staged
 
 
+def test_another_staging_node_is_chosen_only_when_the_staged_ones_are_busy_and_another_is_free():
+    now = timezone.now()
+    job = policy.QueuedJob(id="j", gpus=2, submitted_at=now, gpu_type="cpu")
+    nodes = [
+        policy.NodeState(id="a", device_type="cpu", devices=2, free=()),
+        policy.NodeState(id="b", device_type="cpu", devices=4, free=(0, 1, 2, 3)),
+        policy.NodeState(id="c", device_type="cpu", devices=2, free=(0, 1)),
+        policy.NodeState(id="g", device_type="gpu", devices=8, free=tuple(range(8))),
+    ]
+    choose = policy.choose_another_staging_node
+    spare = {"a": 0, "b": 4, "c": 2, "g": 8}
+    assert choose(job, nodes, frozenset({"a"}), spare, {}, {}) == "b"  # the most spare devices, all else equal
+    assert choose(job, nodes, frozenset({"a"}), spare, {"c": 10}, {}) == "c"  # where its data already is
+    assert choose(job, nodes, frozenset({"a"}), spare, {}, {"b": 2}) == "c"  # fewer lined up
+    assert choose(job, nodes, frozenset({"a"}), {**spare, "a": 2}, {}, {}) is None  # its own node has room
+    assert choose(job, nodes, frozenset({"a"}), {"a": 0, "b": 1, "c": 1, "g": 8}, {}, {}) is None  # none spare enough
+    assert choose(job, nodes, frozenset({"a"}), {"g": 8}, {}, {}) is None  # only another type is free
+    untyped = policy.QueuedJob(id="t", gpus=2, submitted_at=now)
+    assert choose(untyped, nodes, frozenset({"a"}), {"g": 8}, {}, {}) == "g"  # any type will do
+    assert choose(job, nodes, frozenset({"a", "b", "c"}), {"g": 8}, {}, {}) is None  # on MAX_STAGING_NODES already
+    assert choose(policy.QueuedJob(id="w", gpus=16, submitted_at=now), nodes, frozenset({"g"}), spare, {}, {}) is None  # a gang
+
+
+def test_a_job_whose_staged_node_is_busy_is_staged_on_a_free_one_too(alice, rate):
+    busy = Node.objects.create(name="busy", device_type="cpu", devices=1)
+    blocker = make_job(alice, name="blocker")
+    Job.objects.filter(pk=blocker.pk).update(state="running")
+    Allocation.objects.create(job=blocker, node=busy, devices=[0], device_type="cpu", rate=rate.per_gpu_hour, started_at=timezone.now())
+    waiting = make_job(alice, name="waiting")
+    Staging.objects.create(job=waiting, node=busy, state=Staging.STAGED)
+    behind = make_job(alice, name="behind")
+    Staging.objects.create(job=behind, node=busy, state=Staging.STAGED)
+    assert services.line_up() == []  # no other node: it waits for its own
+    free = Node.objects.create(name="free", device_type="cpu", devices=1)
+    [second] = services.line_up()
+    # The first in the queue gets the free node; the one behind it does not pile onto the same device.
+    assert (second.job, second.node) == (waiting, free)
+    assert services.line_up() == []
+    Staging.objects.filter(pk=second.pk).update(state=Staging.STAGED)
+    [allocation] = services.schedule()
+    assert (allocation.job, allocation.node) == (waiting, free)
+
+
+def test_a_staging_whose_job_left_the_queue_is_abandoned_not_failed(make_runner, alice, rate):
+    runner = make_runner()
+    job = make_job(alice)
+    staging = Staging.objects.create(job=job, node=runner.node)
+    job.request_cancel()
+    runner.run_staging(staging.pk)
+    staging.refresh_from_db()
+    job.refresh_from_db()
+    assert staging.state == "abandoned" and "left the queue" in staging.error
+    assert job.state == "cancelled" and runner.cache.total_bytes == 0
+
+
 def test_a_staging_on_a_lost_node_is_abandoned_and_the_job_lined_up_again(alice, rate, settings):
     lost = Node.objects.create(name="lost", device_type="cpu", devices=1)
     job = make_job(alice)
@@ -188,6 +243,56 @@ def test_the_cache_evicts_the_least_recently_used_but_never_what_is_needed(tmp_p
     assert oct(cache.path(digests[0]).stat().st_mode & 0o777) == "0o444"
     # A new cache over the same folder knows what is there.
     assert set(BlobCache(tmp_path / "cache", 1000).sizes) == {digests[0], digests[2]}
+
+
+def put_bytes(cache, data):
+    import hashlib
+
+    sha = hashlib.sha256(data).hexdigest()
+    tmp = cache.temp_path(sha)
+    tmp.write_bytes(data)
+    cache.put(tmp, sha)
+    return sha
+
+
+def test_a_cache_file_changed_since_it_entered_is_dropped(tmp_path):
+    import os
+
+    cache = BlobCache(tmp_path / "cache", limit_bytes=10_000)
+    kept, changed, chmodded = (put_bytes(cache, bytes([i]) * 100) for i in range(3))
+    mtime = cache.path(kept).stat().st_mtime_ns
+    assert cache.has(kept) and cache.path(kept).stat().st_mtime_ns == mtime  # use moves the atime only
+    # A job running as the runner's user can chmod its hard link back to writable and write.
+    os.chmod(cache.path(changed), 0o644)
+    cache.path(changed).write_bytes(b"tampered" * 10)
+    os.chmod(cache.path(changed), 0o444)
+    os.chmod(cache.path(chmodded), 0o644)
+    assert sorted(cache.check([kept, changed, chmodded])) == sorted([changed, chmodded])
+    assert cache.has(kept) and not cache.has(changed) and not cache.has(chmodded)
+    assert not cache.path(changed).exists()
+    # After a restart, a file left writable is not trusted either.
+    os.chmod(cache.path(kept), 0o644)
+    assert BlobCache(tmp_path / "cache", 10_000).sizes == {}
+
+
+def test_a_job_that_writes_to_its_data_does_not_spoil_the_cache(make_runner, alice, rate, team_a, settings):
+    settings.E31_JOB_ISOLATION = False  # the job runs as the runner's user: it could chmod the link
+    runner = make_runner()
+    dataset = datasets.create_dataset(team_a, "fragile", {"a.bin": b"a" * 5000})
+    spoil = b"""
+import os
+path = os.path.join(os.environ["E31_DATA_DIR"], "train", "a.bin")
+os.chmod(path, 0o644)
+with open(path, "wb") as f:
+    f.write(b"spoiled")
+"""
+    first = run([runner], make_job(alice, script=spoil, train_version=dataset.latest_version()))
+    assert first.state == "succeeded"
+    second = run([runner], make_job(alice, script=READ_DATA, train_version=dataset.latest_version()))
+    assert second.state == "succeeded"
+    assert files_seen(second) == [("a.bin", 5000)]  # the original bytes, staged again
+    assert second.stagings.get().bytes_moved == 5000 + len(READ_DATA)  # its script, and a.bin again
+    assert CachedBlob.objects.filter(node=runner.node, sha256=dataset.latest_version().files.get().sha256).exists()
 
 
 def test_the_runner_keeps_the_scheduler_informed_of_its_cache(make_runner, alice, rate, team_a):

@@ -104,6 +104,44 @@ def test_parts_finished_in_any_order_are_hashed_in_order(cache):
     assert sorted(start for _, start, _ in store.opens) == list(range(0, 10_000, 1000))
 
 
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_aligned_blocks_go_to_the_disk_directly_and_the_rest_through_the_page_cache(tmp_path, direct_io, monkeypatch):
+    monkeypatch.setattr(staging, "BUFFER_SIZE", 16384)
+    cache = BlobCache(tmp_path / "cache", limit_bytes=1 << 30, direct_io=direct_io)
+    assert cache.direct_io == direct_io  # this machine's disk takes O_DIRECT
+    store = Store()
+    data = os.urandom(5 * 8192 + 1234)  # the last part ends in a partial block
+    item = store.add("data/train/big.bin", data)
+    fetch = staging._Fetch(item, store.source(item), cache, part_size=8192)
+    never = threading.Event()
+    completed = [fetch.fetch_part(index, never) for index in [5, 2, 0, 1, 4, 3]]
+    assert completed[-1] and not any(completed[:-1])
+    assert cache.path(item.sha256).read_bytes() == data
+    # Every whole block went straight to the disk; only the last 1234 bytes through the page cache.
+    assert fetch.direct_bytes == (5 * 8192 if direct_io else 0)
+
+
+def test_a_file_system_without_direct_io_is_written_through_the_page_cache(tmp_path, monkeypatch):
+    import errno
+
+    real_open = os.open
+
+    def refusing_direct(path, flags, *args):  # as some file systems answer O_DIRECT
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_direct)
+    cache = BlobCache(tmp_path / "cache", limit_bytes=1 << 30)
+    assert not cache.direct_io
+    store = Store()
+    data = os.urandom(20_000)
+    item = store.add("data/train/a.bin", data)
+    fetch = staging._Fetch(item, store.source(item), cache, part_size=8192)
+    assert [fetch.fetch_part(i, threading.Event()) for i in range(3)][-1]
+    assert cache.path(item.sha256).read_bytes() == data and fetch.direct_bytes == 0
+
+
 def test_a_file_no_larger_than_a_part_is_one_request_for_the_whole_object(cache):
     store = Store()
     item = store.add("data/train/small.bin", b"s" * 1000)
