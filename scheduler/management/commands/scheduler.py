@@ -28,17 +28,21 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=settings.E31_SCHEDULER_INTERVAL_SECONDS)
         parser.add_argument("--once", action="store_true", help="run one cycle and exit")
 
-    def handle(self, *args, interval, once, **options):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.shutdown = False
         self.next_housekeeping = 0.0
         self.next_prediction = 0.0
         self.last_failure_at = None  # when a cycle last failed (the database away, say)
-        # Scans of registered buckets read every object: they run beside the cycle, not in it.
+        # Scans of registered buckets read every object: they run beside the cycle, not in it
+        # (and so does the blob sweep). The pools start their threads only when given work.
         self.scans = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scan")
         # So do completions of large dataset uploads (a join and a read of the whole file), each
         # claimed only when a worker is free to start it: a claim never waits in a queue.
         self.completions = ThreadPoolExecutor(max_workers=COMPLETION_WORKERS, thread_name_prefix="complete")
         self.completing = set()
+
+    def handle(self, *args, interval, once, **options):
         if once:
             self.handle_one_cycle()
             self.scans.shutdown(wait=True)
