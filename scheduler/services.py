@@ -267,11 +267,13 @@ def place(placement, now=None):
     have been another job's. Returns the first allocation (node 0's), or None."""
     with transaction.atomic():
         nodes = {str(n.pk): n for n in Node.objects.select_for_update().filter(pk__in=[node for node, _ in placement.parts]).order_by("pk")}
-        now = now or timezone.now()
         for node_id, devices in placement.parts:
             node = nodes.get(str(node_id))
             if node is None or node.lost_at or node.stopped_at or set(devices) & node.used_devices():
                 return None
+        # Only now: a release committed while we read the devices (its ended_at taken before
+        # its commit) is then always before this start, never a fraction of a millisecond after.
+        now = now or timezone.now()
         job = Job.objects.select_for_update().get(pk=placement.job_id)
         if job.state != states.QUEUED:
             return None
