@@ -18,6 +18,12 @@ def team_of(user):
         return None
 
 
+def is_owner(user):
+    """Whether the user is their team's owner (who alone changes budgets, webhooks, datasets'
+    credentials, deletes datasets and reads the audit log)."""
+    return getattr(getattr(user, "membership", None), "role", None) == Membership.OWNER
+
+
 def require_team(user):
     team = team_of(user)
     if team is None:

@@ -9,16 +9,12 @@ from django.views.decorators.http import require_GET
 from rest_framework import exceptions
 from rest_framework.decorators import api_view
 
-from accounts.access import require_team
-from accounts.models import AuditEvent, Membership
+from accounts.access import is_owner, require_team
+from accounts.models import AuditEvent
 
 PAGE_SIZE = 100
 ACTIONS = dict(AuditEvent.ACTIONS)
 OWNERS_ONLY = "Only the team's owner can read its audit log."
-
-
-def is_owner(user):
-    return getattr(getattr(user, "membership", None), "role", None) == Membership.OWNER
 
 
 def team_events(team, action=""):

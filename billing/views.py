@@ -10,8 +10,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
 from accounts import audit
-from accounts.access import require_team
-from accounts.models import Membership
+from accounts.access import is_owner, require_team
 from billing import budgets, statements
 from billing.models import UsageRecord
 from jobs import states
@@ -50,10 +49,6 @@ class BudgetForm(forms.Form):
         required=False, min_value=0, max_digits=14, decimal_places=2, label="Monthly budget",
         help_text="Blank: no budget.",
     )
-
-
-def is_owner(user):
-    return getattr(getattr(user, "membership", None), "role", None) == Membership.OWNER
 
 
 def budget_status(team, now=None):

@@ -339,22 +339,35 @@ class S3Storage(Storage):
     def delete(self, key):
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
-    # An object over COPY_LIMIT (below) is copied in parts of this size (UploadPartCopy); boto3's
-    # managed copy makes them bigger where S3's 10,000 parts would not be enough.
+    # CopyObject copies at most 5 GiB in one request; a larger object is copied in parts of
+    # COPY_PART_BYTES (UploadPartCopy), which boto3's managed copy makes bigger where S3's 10,000
+    # parts would not be enough.
+    COPY_LIMIT = 5 * 1024**3
     COPY_PART_BYTES = 256 * CHUNK
 
-    def copy(self, src_key, dst_key):
-        """dst_key gets src_key's bytes, copied inside the store: nothing passes through us. The
-        copy is a new object (LastModified now)."""
+    def _copy_inside(self, src_key, dst_key, extra=None):
+        """dst_key gets src_key's bytes, copied inside the store: nothing passes through us.
+        extra: more CopyObject arguments. NotFound when src_key is missing."""
         from boto3.s3.transfer import TransferConfig
 
-        size = self.size(src_key)  # NotFound when it is missing
         source = {"Bucket": self.bucket, "Key": self._key(src_key)}
-        if size <= self.COPY_LIMIT:
-            self.client.copy_object(CopySource=source, Bucket=self.bucket, Key=self._key(dst_key))
-            return
-        config = TransferConfig(multipart_threshold=self.COPY_LIMIT, multipart_chunksize=self.COPY_PART_BYTES, max_concurrency=self.transfer.max_concurrency)
-        self.client.copy(source, self.bucket, self._key(dst_key), Config=config)
+        try:
+            if self.size(src_key) <= self.COPY_LIMIT:
+                self.client.copy_object(CopySource=source, Bucket=self.bucket, Key=self._key(dst_key), **(extra or {}))
+                return
+            config = TransferConfig(
+                multipart_threshold=self.COPY_LIMIT, multipart_chunksize=self.COPY_PART_BYTES, max_concurrency=self.transfer.max_concurrency
+            )
+            self.client.copy(source, self.bucket, self._key(dst_key), ExtraArgs=extra, Config=config)
+        except Exception as error:
+            if self._missing(error):  # gone between the two requests
+                raise NotFound(src_key) from None
+            raise
+
+    def copy(self, src_key, dst_key):
+        """dst_key gets src_key's bytes without them passing through us: a new object
+        (LastModified now)."""
+        self._copy_inside(src_key, dst_key)
 
     def last_modified(self, key):
         try:
@@ -364,26 +377,10 @@ class S3Storage(Storage):
                 raise NotFound(key) from None
             raise
 
-    # CopyObject copies at most 5 GiB in one request; larger objects are copied in parts.
-    COPY_LIMIT = 5 * 1024**3
-
     def touch(self, key):
         """Mark the object as just used: S3 has no utime, but copying an object onto itself with
         its metadata replaced rewrites it (server-side) with LastModified = now. NotFound if absent."""
-        from boto3.s3.transfer import TransferConfig
-
-        source = {"Bucket": self.bucket, "Key": self._key(key)}
-        try:
-            if self.size(key) <= self.COPY_LIMIT:
-                self.client.copy_object(CopySource=source, MetadataDirective="REPLACE", **source)
-            else:
-                config = TransferConfig(multipart_threshold=self.COPY_LIMIT, multipart_chunksize=self.COPY_PART_BYTES,
-                                        max_concurrency=self.transfer.max_concurrency)
-                self.client.copy(source, self.bucket, self._key(key), ExtraArgs={"MetadataDirective": "REPLACE"}, Config=config)
-        except Exception as error:
-            if self._missing(error):  # gone between the two requests
-                raise NotFound(key) from None
-            raise
+        self._copy_inside(key, key, {"MetadataDirective": "REPLACE"})
 
     def list_blobs(self):
         """(key, size, last modified) of every object under blobs/."""

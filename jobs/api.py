@@ -153,9 +153,9 @@ def job_json(job, request):
         "entrypoint": job.entrypoint,
         "args": job.args,
         "config": job.config,
-        # A deleted dataset's version is gone: its name stays, as the label.
-        "train_dataset": version_ref(job.train_version) or job.train_label or None,
-        "heldout_dataset": version_ref(job.heldout_version) or job.heldout_label or None,
+        # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
+        "train_dataset": job.train_label or None,
+        "heldout_dataset": job.heldout_label or None,
         "staging": staging.progress() if (staging := job.shown_staging()) else None,
         "gpus": job.gpus,
         "gpu_type": job.gpu_type,
@@ -205,10 +205,6 @@ def timeline_json(event):
     if event.kind == "state":
         return {"seq": event.seq, "at": event.at, "kind": "state", "state": data.get("state"), "from": data.get("from"), "reason": data.get("reason", "")}
     return {"seq": event.seq, "at": event.at, "kind": event.kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
-
-
-def version_ref(version):
-    return f"{version.dataset.name}@{version.number}" if version is not None else None
 
 
 def decimal_str(value):

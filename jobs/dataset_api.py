@@ -24,11 +24,11 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts import audit
-from accounts.access import require_team
+from accounts.access import is_owner, require_team
 from e31web.api import fields, form_errors_response, paginate
 from jobs import datasets
 from jobs.dataset_views import (
-    OWNERS_ONLY, CredentialsForm, DatasetForm, S3DatasetForm, get_dataset, get_upload, get_version, is_owner, sentence,
+    OWNERS_ONLY, CredentialsForm, DatasetForm, S3DatasetForm, get_dataset, get_upload, get_version, sentence,
 )
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 

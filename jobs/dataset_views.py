@@ -18,8 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import audit
-from accounts.access import get_for_team, require_team
-from accounts.models import Membership
+from accounts.access import get_for_team, is_owner, require_team
 from e31web.endpoints import check_endpoint
 from jobs import datasets
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
@@ -154,10 +153,6 @@ class CredentialsForm(BucketAccessForm):
             self.dataset, data["access_key_id"], data["secret_access_key"], endpoint_url=data["endpoint_url"], region=data["region"]
         )
         return dataset, datasets.rescan(dataset) if data["rescan"] else None
-
-
-def is_owner(user):
-    return getattr(getattr(user, "membership", None), "role", None) == Membership.OWNER
 
 
 OWNERS_ONLY = {

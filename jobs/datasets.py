@@ -164,9 +164,9 @@ def scan(version):
 
 def _hash_object(client, bucket, key):
     """(size, SHA-256) of one object of a team's bucket, read into this thread's buffer."""
-    from scheduler.staging import _buffer
+    from scheduler.staging import read_buffer
 
-    buffer, digest, size = _buffer(), hashlib.sha256(), 0
+    buffer, digest, size = read_buffer(), hashlib.sha256(), 0
     try:
         stream = s3_open_range(client, bucket, key)
     except NotFound:

@@ -338,12 +338,12 @@ def job_spec(job, now=None):
     spec["work"] = work
 
     data = {}
-    if job.train_version_id or job.train_label:  # the label names a dataset deleted since
-        data["train"] = f"{job.train_version.dataset.name}@{job.train_version.number}" if job.train_version_id else job.train_label
+    if job.train_label:  # NAME@N, also of a dataset deleted since
+        data["train"] = job.train_label
     if named(Upload.TRAIN):
         data["train_files"] = named(Upload.TRAIN)
-    if job.heldout_version_id or job.heldout_label:
-        data["heldout"] = f"{job.heldout_version.dataset.name}@{job.heldout_version.number}" if job.heldout_version_id else job.heldout_label
+    if job.heldout_label:
+        data["heldout"] = job.heldout_label
     if named(Upload.HELDOUT):
         data["heldout_files"] = named(Upload.HELDOUT)
     models = list(job.models.all())

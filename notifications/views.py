@@ -6,17 +6,12 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from accounts.access import get_for_team, require_team
-from accounts.models import Membership
+from accounts.access import get_for_team, is_owner, require_team
 from notifications import events
 from notifications.forms import EmailPreferencesForm, WebhookForm
 from notifications.models import Delivery, EmailPreference, Webhook
 
 OWNERS_ONLY = "Only the team's owners change its webhooks."
-
-
-def is_owner(user):
-    return user.membership.role == Membership.OWNER
 
 
 def require_owner(user):

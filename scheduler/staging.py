@@ -116,7 +116,7 @@ DIRECT_ALIGN = 4096  # O_DIRECT writes: offset, length and memory aligned to thi
 _buffers = threading.local()
 
 
-def _buffer():
+def read_buffer():
     """This thread's buffer: bytes are read into it, hashed and written from it, never copied
     into fresh objects (on a small machine that costs as much as hashing them). Page-aligned
     (anonymous mmap), so it can be written with O_DIRECT."""
@@ -279,7 +279,7 @@ class _Fetch:
         return self._catch_up(abandon)
 
     def _read(self, start, end, inline, abandon):
-        buffer = _buffer()
+        buffer = read_buffer()
         whole = len(self.parts) == 1
         position = start  # the next byte to read
         flushed = start  # where the buffer's first byte goes in the file
@@ -326,7 +326,7 @@ class _Fetch:
     def _catch_up(self, abandon):
         """Hash what is written but not yet hashed, unless another worker is at it; finish the file
         when everything is hashed."""
-        buffer = _buffer()
+        buffer = read_buffer()
         while True:
             with self.lock:
                 if self.finished or self.hashing:

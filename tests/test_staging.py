@@ -367,7 +367,7 @@ def test_the_job_page_and_api_show_the_staging(make_runner, alice, rate, team_a,
     client.force_login(alice)
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
     assert 'id="staging"' in page and "state-staged" in page and "on node-a" in page
-    assert "blocks v1" in page
+    assert "blocks@1" in page  # the training set, as specs and the API name it
     body = client.get(reverse("api:job", args=[job.pk])).json()
     assert body["staging"]["state"] == "staged" and body["staging"]["bytes_total"] == 2048 + job.uploads.get().size
     assert body["train_dataset"] == "blocks@1"
