@@ -79,6 +79,36 @@ def test_the_backlog_then_live_events(live_mode, alice, rate):
         stop_relay()
 
 
+def test_on_redis_a_socket_catches_up_on_events_whose_announcement_was_lost(settings, alice, rate, monkeypatch):
+    from jobs import consumers
+
+    settings.E31_LIVE_MODE = "redis"
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}
+    }
+    channel_layers.backends = {}
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.3)
+    job = make_job(alice)
+    key = Token.objects.create(user=alice).key
+
+    async def scenario():
+        comm = communicator(job, key)
+        connected, _ = await comm.connect()
+        assert connected
+        await receive_until(comm, 1)
+        with monkeypatch.context() as lost:  # Redis away: no announcement reaches anyone
+            lost.setattr(live, "announce", lambda job_id, last_seq: None)
+            last = await sync_to_async(logs)(job, ["during", "the outage"])
+        events = await receive_until(comm, last)
+        assert [e["text"] for e in events] == ["during", "the outage"]  # each once, in order
+        await comm.disconnect()
+
+    try:
+        async_to_sync(scenario)()
+    finally:
+        channel_layers.backends = {}
+
+
 def test_a_reconnect_gets_what_it_missed_once_in_order(live_mode, alice, rate):
     job = make_job(alice)
     logs(job, [f"line {i}" for i in range(10)])
