@@ -257,6 +257,9 @@ E31_PREEMPT_EVERY_SECONDS = env_float("E31_PREEMPT_EVERY_SECONDS", 3600.0, minim
 # How often the scheduler refreshes the predicted start and finish of queued jobs.
 E31_PREDICT_SECONDS = env_float("E31_PREDICT_SECONDS", 5.0, minimum=0.1)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
+# The log cap: a job's stored log stops growing at this many bytes (scheduler/logcap.py); lines
+# past it are counted, not stored, and the job keeps running.
+E31_JOB_LOG_MAX_BYTES = env_int("E31_JOB_LOG_MAX_BYTES", 100 * 10**6, minimum=1024)
 E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
 # Where the other runners of a gang reach this one (the torchrun rendezvous of runs across nodes).
 E31_RUNNER_ADDRESS = env_str("E31_RUNNER_ADDRESS", "127.0.0.1")
@@ -271,8 +274,9 @@ E31_UPLOAD_INLINE_COMPLETE_BYTES = env_int("E31_UPLOAD_INLINE_COMPLETE_BYTES", 6
 # written (or touched) a moment before the row that refers to it, and a large one can take a
 # while to copy, so the wait is never shorter than an hour.
 E31_BLOB_SWEEP_GRACE_HOURS = env_float("E31_BLOB_SWEEP_GRACE_HOURS", 24.0, minimum=1.0)
-# Job isolation on a node (scheduler/isolation.py; each a no-op where the runner is not root or
-# the kernel lacks the feature). Jobs run as uids BASE.. BASE+COUNT-1, one per running job.
+# Job isolation on a node (scheduler/isolation.py): every job in a bubblewrap sandbox; a root
+# runner also gives each a uid (BASE.. BASE+COUNT-1, one per running job) and a cgroup. Off
+# (E31_JOB_ISOLATION=0) is for development only: the runner then refuses nothing, and says so.
 E31_JOB_ISOLATION = env_bool("E31_JOB_ISOLATION", True)
 E31_JOB_UID_BASE = env_int("E31_JOB_UID_BASE", 200000, minimum=1000)
 E31_JOB_UID_COUNT = env_int("E31_JOB_UID_COUNT", 65536, minimum=1)
@@ -280,12 +284,24 @@ E31_JOB_UID_COUNT = env_int("E31_JOB_UID_COUNT", 65536, minimum=1)
 E31_JOB_UID_LOCK_DIR = env_str("E31_JOB_UID_LOCK_DIR", "/run/e31/job-uids")
 # The cgroup folder (under each controller) holding the runners' job cgroups.
 E31_JOB_CGROUP_PARENT = env_str("E31_JOB_CGROUP_PARENT", "e31")
-E31_JOB_MEMORY_BYTES = env_int("E31_JOB_MEMORY_BYTES", 0, minimum=0)  # 0: the node's memory x devices held / devices
+E31_JOB_MEMORY_BYTES = env_int("E31_JOB_MEMORY_BYTES", 0, minimum=0)  # 0: (the node's memory - reserve) x devices held / devices
 E31_JOB_MAX_PROCESSES = env_int("E31_JOB_MAX_PROCESSES", 4096, minimum=16)  # processes and threads
 E31_JOB_MAX_OPEN_FILES = env_int("E31_JOB_MAX_OPEN_FILES", 65536, minimum=64)
 E31_JOB_MAX_FILE_BYTES = env_int("E31_JOB_MAX_FILE_BYTES", 256 * 1024**3, minimum=1024**2)
-E31_JOB_DISK_BYTES = env_int("E31_JOB_DISK_BYTES", 1024**4, minimum=1024**2)  # the job's folder, checked every few seconds
+# The job's folder, checked every few seconds. 0: the job's share of the work folder's disk.
+E31_JOB_DISK_BYTES = env_int("E31_JOB_DISK_BYTES", 0, minimum=0)
+# What a node keeps for itself (the web server, scheduler, database) before sharing its memory
+# and disk among the jobs by the devices they hold. 0: a tenth, at least 1 GiB.
+E31_NODE_RESERVE_MEMORY_BYTES = env_int("E31_NODE_RESERVE_MEMORY_BYTES", 0, minimum=0)
+E31_NODE_RESERVE_DISK_BYTES = env_int("E31_NODE_RESERVE_DISK_BYTES", 0, minimum=0)
+# The bubblewrap binary every job runs under (found on PATH when empty).
+E31_BWRAP = env_str("E31_BWRAP", "")
 E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimum=0.1)
+# A code archive's unpacked size and entry count, from its headers at upload and counted again as
+# it is unpacked (jobs/archive.py): a zip bomb is refused, not unpacked. The bytes never exceed
+# E31_JOB_DISK_BYTES where that is set (jobs.archive.limits() takes the smaller of the two).
+E31_ARCHIVE_MAX_BYTES = env_int("E31_ARCHIVE_MAX_BYTES", 10 * 1024**3, minimum=1024)
+E31_ARCHIVE_MAX_ENTRIES = env_int("E31_ARCHIVE_MAX_ENTRIES", 100_000, minimum=1)
 # Device utilization (scheduler/utilization.py): the runner samples each job's devices every
 # SAMPLE seconds (0: never) into windows of WINDOW seconds, at most MAX_WINDOWS per run (a long
 # run's windows merge into coarser ones). Devices below IDLE_PERCENT are idle; a job idle for its

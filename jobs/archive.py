@@ -1,78 +1,41 @@
 """The job's work as uploaded: a single script, or an archive with an entrypoint inside.
 
 Archives are checked before they are accepted and again when extracted: an entry with '..',
-an absolute path, a link or a device file is refused, so nothing lands outside the job's folder.
+an absolute path, a link or a device file is refused, so nothing lands outside the job's folder,
+and so is an archive that unpacks to more bytes or entries than the limits allow (a zip bomb).
+The checks and the bounded extraction live in e31/unpack.py, which imports nothing of ours, so
+the runner can run it as a script inside the job's sandbox; this module gives them the settings.
 """
 
-import shutil
-import stat
-import tarfile
-import zipfile
-from pathlib import Path, PurePosixPath
+from django.conf import settings
+
+from e31 import unpack
+from e31.unpack import ArchiveError, kind_of
+
+__all__ = ["ArchiveError", "RUNNABLE", "check_entrypoint", "extract", "extract_limited", "kind_of", "list_entries", "limits"]
 
 RUNNABLE = (".py", ".sh")
+extract_limited = unpack.extract_limited
 
 
-class ArchiveError(ValueError):
-    pass
+def limits():
+    """(bytes, entries) an archive may unpack to: never more than a job's folder may hold
+    (E31_JOB_DISK_BYTES, where the operator set one; 0 is each node's share, unknown here)."""
+    disk = settings.E31_JOB_DISK_BYTES or settings.E31_ARCHIVE_MAX_BYTES
+    return min(settings.E31_ARCHIVE_MAX_BYTES, disk), settings.E31_ARCHIVE_MAX_ENTRIES
 
 
-def kind_of(filename):
-    name = filename.lower()
-    if name.endswith(".py"):
-        return "script"
-    if name.endswith(".zip"):
-        return "zip"
-    if name.endswith((".tar.gz", ".tgz")):
-        return "tar"
-    return None
-
-
-def _check_name(name):
-    path = PurePosixPath(name.replace("\\", "/"))
-    if path.is_absolute() or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-        raise ArchiveError(f"the archive entry {name!r} has an absolute path")
-    if ".." in path.parts:
-        raise ArchiveError(f"the archive entry {name!r} points outside the archive ('..')")
-    return str(path)
-
-
-def list_entries(path, filename):
-    """The files in the upload (relative paths); raises ArchiveError for anything unsafe."""
-    kind = kind_of(filename)
-    if kind == "script":
-        return [PurePosixPath(filename).name]
-    try:
-        if kind == "zip":
-            with zipfile.ZipFile(path) as archive:
-                files = []
-                for info in archive.infolist():
-                    name = _check_name(info.filename)
-                    mode = info.external_attr >> 16
-                    if stat.S_ISLNK(mode):
-                        raise ArchiveError(f"the archive entry {info.filename!r} is a symbolic link")
-                    if not info.is_dir():
-                        files.append(name)
-                return files
-        if kind == "tar":
-            with tarfile.open(path, "r:gz") as archive:
-                files = []
-                for member in archive.getmembers():
-                    name = _check_name(member.name)
-                    if member.issym() or member.islnk():
-                        raise ArchiveError(f"the archive entry {member.name!r} is a link")
-                    if member.isdev() or member.isfifo():
-                        raise ArchiveError(f"the archive entry {member.name!r} is a device or pipe")
-                    if member.isfile():
-                        files.append(name)
-                return files
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as error:
-        raise ArchiveError(f"the archive cannot be read: {error}") from None
-    raise ArchiveError("the work must be a .py script or a .zip or .tar.gz archive")
+def list_entries(path, filename, *, max_bytes=None, max_entries=None):
+    """The files in the upload (relative paths); raises ArchiveError for anything unsafe or for
+    an archive whose headers declare more bytes or entries than the limits (the settings')."""
+    default_bytes, default_entries = limits()
+    max_bytes = default_bytes if max_bytes is None else max_bytes
+    max_entries = default_entries if max_entries is None else max_entries
+    return unpack.check(path, filename, max_bytes, max_entries)
 
 
 def check_entrypoint(entries, entrypoint):
-    entrypoint = _check_name(entrypoint.strip()) if entrypoint.strip() else ""
+    entrypoint = unpack.check_name(entrypoint.strip()) if entrypoint.strip() else ""
     if not entrypoint:
         raise ArchiveError("name the entrypoint: the script in the archive to run")
     if not entrypoint.endswith(RUNNABLE):
@@ -84,16 +47,6 @@ def check_entrypoint(entries, entrypoint):
 
 
 def extract(path, filename, dest):
-    """Unpack the work into dest (which must exist), re-checking every entry."""
-    dest = Path(dest)
-    kind = kind_of(filename)
-    if kind == "script":
-        shutil.copyfile(path, dest / PurePosixPath(filename).name)
-        return
-    list_entries(path, filename)  # refuses anything unsafe before a byte is written
-    if kind == "zip":
-        with zipfile.ZipFile(path) as archive:
-            archive.extractall(dest)
-    else:
-        with tarfile.open(path, "r:gz") as archive:
-            archive.extractall(dest, filter="data")
+    """Unpack the work into dest (which must exist), re-checking every entry and counting what
+    is written against the settings' limits."""
+    unpack.extract_limited(path, filename, dest, *limits())

@@ -1,5 +1,7 @@
 """A job's log: every line is a JobEvent row; a finished job's log is also kept as a file."""
 
+from django.db.models import Count, Func, IntegerField, Sum
+
 from jobs.models import JobEvent
 
 LOG_CHUNK = 2000
@@ -8,6 +10,23 @@ LOG_CHUNK = 2000
 def log_key(job_id):
     """Where a finished job's whole log is kept as a file in storage."""
     return f"jobs/{job_id}/log.txt"
+
+
+class OctetLength(Func):
+    """A text's length in UTF-8 bytes (LENGTH counts characters)."""
+
+    function = "OCTET_LENGTH"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def stored_bytes(job_id):
+    """The bytes of the job's stored log as its log cap counts them (scheduler/logcap.py
+    line_bytes): each line's UTF-8 text and its newline. One aggregate query, when a run starts."""
+    found = JobEvent.objects.filter(job_id=job_id, kind="log").aggregate(text=Sum(OctetLength("text")), lines=Count("pk"))
+    return (found["text"] or 0) + found["lines"]
 
 
 def stream_log(job):

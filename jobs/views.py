@@ -228,6 +228,7 @@ def job_detail(request, job_id):
     context = {
         "job": job,
         "timeline": job.timeline().filter(seq__lte=job.last_seq),
+        "unisolated": job.events.filter(kind="notice", data__isolation="off").first(),
         "lines": lines,
         "earlier_lines": lines and lines[0].seq > 1 and job.events.filter(kind="log", seq__lt=lines[0].seq).exists(),
         "meter": job.meter_event(),

@@ -145,7 +145,8 @@ class BlobCache:
             if stamp is None:
                 continue
             try:
-                now = _stamp(self.path(sha).stat())
+                # The name itself: a link put in a file's place is a change, never followed.
+                now = _stamp(os.lstat(self.path(sha)))
             except FileNotFoundError:
                 now = None
             if now != stamp:

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from e31web.storage import get_storage
 from jobs.models import Checkpoint
+from scheduler import jobfiles
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,9 @@ def scan(folder):
     """{name: (size, mtime_ns)} of the candidate files in a checkpoint folder."""
     found = {}
     try:
-        # The folder is the job's and the runner may be root: a symlink in its place is not followed.
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # The folder is the job's and the runner may be root: a symlink in its place is not
+        # followed (its parent, the job's own folder, is the runner's to name).
+        fd = _open_folder(folder)
     except OSError:
         return found
     try:
@@ -59,13 +61,18 @@ def _scan(fd, found):
         if not is_candidate(entry.name):
             continue
         try:
-            if entry.is_symlink() or not entry.is_file():
-                continue
-            info = entry.stat()
-        except FileNotFoundError:
+            # The entry itself, never what a link (put there since the listing) points to.
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
             continue
-        found[entry.name] = (info.st_size, info.st_mtime_ns)
+        if stat.S_ISREG(info.st_mode):
+            found[entry.name] = (info.st_size, info.st_mtime_ns)
     return found
+
+
+def _open_folder(folder):
+    folder = Path(folder)
+    return jobfiles.open_dir(folder.parent, folder.name)
 
 
 class CheckpointKeeper:
@@ -116,7 +123,7 @@ class CheckpointKeeper:
         try:
             # Through the folder's descriptor and never following a link: the job cannot swap
             # the folder or the file for a link to something of the runner's.
-            folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            folder = _open_folder(self.folder)
         except OSError:
             return
         try:
@@ -127,12 +134,10 @@ class CheckpointKeeper:
             except OSError:
                 # Another filesystem: a plain copy, still ours once made.
                 try:
-                    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
-                except OSError:
+                    source = jobfiles.open_file(folder, name)  # a regular file, not a link or a pipe
+                except (OSError, ValueError):
                     return
                 with open(source, "rb") as src, open(copy, "wb") as dst:
-                    if not stat.S_ISREG(os.fstat(source).st_mode):
-                        return
                     shutil.copyfileobj(src, dst)
         finally:
             os.close(folder)

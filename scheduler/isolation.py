@@ -1,20 +1,27 @@
-"""Job isolation on a node: a user of its own, limits, no network, nothing left behind.
+"""Job isolation on a node: every job in a bubblewrap sandbox, under limits, leaving nothing behind.
 
-Where the runner runs as root, each job runs as an unprivileged uid of its own (no supplementary
-groups), in a cgroup of its own (memory and process limits; every process in it is killed when
-the job ends), in a network namespace of its own unless it asked for the network, and in a mount
-namespace where the network's folders (the var folder, the cache, the storage, other jobs'
-folders, /tmp, /dev/shm) are covered by empty tmpfs and only its own folder and the Python it runs
-are put back. Every mechanism is probed once when the runner starts and becomes a no-op, with one
-log line, where the runner is not root or the kernel lacks it.
+Each job's processes run under bubblewrap (`bwrap`, Flatpak's sandbox): new user, PID, IPC, UTS,
+cgroup and mount namespaces, and a network namespace unless the job asked for the network. Inside
+it sees the system and the Python runtime read-only, its own folder read-write (its staged data and
+models read-only), private /tmp, /var/tmp and /dev/shm (memory, counted against its limit), its own
+GPUs' device nodes and nothing else: not the var folder, the storage, the cache, other jobs or
+their processes. Where the runner is root the job also runs as an unprivileged uid of its own, in
+a cgroup of its own (memory with no swap, processes, and CPU = the slots it holds), and every
+process in it is killed when the job ends.
 
-The pure decisions (which uid, which limits, whether to cut the network, what to cover) are the
-small functions at the top; the rest touches the node.
+What bubblewrap cannot do is done by the shim (scheduler/jobshim.py) before it becomes bwrap:
+joining the cgroup, setting resource limits, dropping to the job's uid. No value the job controls
+reaches the shim or bwrap's own environment: the job's environment is handed to bwrap through a
+file descriptor and applies only inside the sandbox.
+
+The pure decisions (which uid, which limits, what the sandbox binds) are the functions at the top;
+the rest touches the node.
 """
 
 import json
 import logging
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -27,6 +34,15 @@ log = logging.getLogger(__name__)
 
 SHIM = Path(__file__).with_name("jobshim.py")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; bin/setup does it when run as root), "
+    "or set E31_JOB_ISOLATION=0 to run jobs unisolated (for development only)"
+)
+
+
+class IsolationUnavailable(RuntimeError):
+    """The runner was asked to isolate jobs and cannot: it refuses to start jobs."""
+
 
 # Pure decisions ------------------------------------------------------------------------------
 
@@ -84,19 +100,61 @@ class Limits:
     open_files: int
     file_bytes: int
     disk_bytes: int
+    cpus: float | None = None  # cores' worth of CPU time (cpu.max); None: no limit
 
     @property
     def memory_text(self):
         return f"{self.memory_bytes // 2**20} MB" if self.memory_bytes else "none"
 
 
-def job_limits(*, memory_bytes, max_processes, max_open_files, max_file_bytes, disk_bytes, devices_held, devices_total, node_memory):
-    """The job's limits from the settings: memory_bytes 0 means the job's share of the node's
-    memory, in proportion to the devices it holds."""
+def node_share(total, held, offered, reserve):
+    """A job's share of a node's memory or disk: what the node has less a reserve for the
+    system (the web server, the scheduler, the database), in proportion to the devices held."""
+    if not total or not offered:
+        return None
+    usable = max(total - reserve, total // 4)
+    return usable * max(1, held) // max(offered, held)
+
+
+def default_reserve(total, fraction=0.1, floor=2**30):
+    """What a node keeps for itself when the operator did not say: a tenth, at least 1 GiB
+    (never more than half)."""
+    return min(max(int(total * fraction), floor), total // 2) if total else 0
+
+
+def cpu_share(device_type, held, offered, node_cpus):
+    """The CPU a job may use, in cores: on a CPU node the slots it holds (a 1-slot job gets one
+    core's worth whatever it forks); on a GPU node the node's cores in proportion to its GPUs."""
+    if device_type == "cpu":
+        return float(max(1, held))
+    if not node_cpus or not offered:
+        return None
+    return max(1.0, node_cpus * max(1, held) / max(offered, held))
+
+
+def job_limits(
+    *, memory_bytes, max_processes, max_open_files, max_file_bytes, disk_bytes, devices_held, devices_total, node_memory,
+    node_disk=None, memory_reserve=None, disk_reserve=None, device_type="cpu", node_cpus=None,
+):
+    """The job's limits from the settings; memory_bytes or disk_bytes 0 means the job's share of
+    the node's (less a reserve), in proportion to the devices it holds."""
     memory = memory_bytes or None
-    if memory is None and node_memory and devices_total:
-        memory = node_memory * max(1, devices_held) // max(devices_total, devices_held)
-    return Limits(memory, max_processes, max_open_files, max_file_bytes, disk_bytes)
+    if memory is None and node_memory:
+        reserve = default_reserve(node_memory) if memory_reserve is None else memory_reserve
+        memory = node_share(node_memory, devices_held, devices_total, reserve)
+    disk = disk_bytes or None
+    if disk is None and node_disk:
+        reserve = default_reserve(node_disk) if disk_reserve is None else disk_reserve
+        disk = node_share(node_disk, devices_held, devices_total, reserve)
+    return Limits(
+        memory, max_processes, max_open_files, max_file_bytes, disk or 1024**4,
+        cpu_share(device_type, devices_held, devices_total, node_cpus),
+    )
+
+
+def cpu_quota(cpus, period_us=100_000):
+    """cpu.max's "quota period" (microseconds) for cpus cores' worth."""
+    return max(1000, int(cpus * period_us)), period_us
 
 
 def keeps_network(asked, gang, nodes=1):
@@ -118,6 +176,64 @@ def rlimits(limits, *, per_user, hard=None):
         value = value if ceiling is None or ceiling < 0 else min(value, ceiling)
         out[name] = (value, value)
     return out
+
+
+@dataclass(frozen=True)
+class View:
+    """What a job sees in its sandbox, as plain data (sandbox_args turns it into bwrap's words).
+
+    system: (kind, source, destination) for the host's system folders: ("bind", path, path) read
+    only, or ("symlink", target, path) where the host has a link (/bin -> usr/bin). runtime: the
+    Python the job runs and the SDK, read-only. root: its folder, read-write, with read_only
+    inside it (staged data, models). devices: device nodes bound in (its GPUs)."""
+
+    root: str
+    cwd: str
+    system: tuple = ()
+    runtime: tuple = ()
+    read_only: tuple = ()
+    devices: tuple = ()
+    network: bool = False
+    env: tuple = ()  # (name, value) pairs: the job's whole environment
+
+
+def sandbox_args(view):
+    """bubblewrap's arguments for a view: new namespaces of every kind (the network kept only if
+    asked), killed with its parent, a session of its own (no terminal to push keys into), and a
+    file system built from nothing but what the view names."""
+    args = ["--unshare-all"]
+    if view.network:
+        args.append("--share-net")
+    # The host's name is kept (a UTS namespace of its own all the same): torchrun and gangs
+    # look their own name up, and /etc/hosts knows only the host's.
+    args += ["--die-with-parent", "--new-session"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+    for kind, source, dest in view.system:
+        args += ["--symlink", source, dest] if kind == "symlink" else ["--ro-bind", source, dest]
+    for path in view.runtime:
+        args += ["--ro-bind", path, path]
+    for device in view.devices:
+        args += ["--dev-bind", device, device]
+    if view.devices:
+        args += ["--ro-bind", "/sys", "/sys"]  # NVML reads the GPUs' PCI details there
+    args += ["--bind", view.root, view.root]
+    for path in view.read_only:
+        args += ["--ro-bind", path, path]
+    args += ["--chdir", view.cwd, "--clearenv"]
+    for name, value in view.env:
+        args += ["--setenv", name, value]
+    return args
+
+
+def gpu_device_nodes(devices, device_type, exists=os.path.exists):
+    """The device nodes a job on these GPUs needs: its own /dev/nvidiaN and the driver's shared
+    nodes, those that exist. None on a CPU node (a no-op there)."""
+    if device_type == "cpu" or not devices:
+        return ()
+    wanted = [f"/dev/nvidia{d}" for d in devices] + [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+    ]
+    return tuple(path for path in wanted if exists(path))
 
 
 def _under(path, top):
@@ -181,19 +297,35 @@ def oom_message(limits):
 class Cgroups:
     """The cgroups of the runner's jobs: v1 (one folder per controller) or v2 (one folder)."""
 
-    def __init__(self, runner_name, top="e31"):
-        """top: the folder (under each controller) that holds every runner's cgroups; a runner
-        kills what it finds under its own name there at start (a dead predecessor's jobs)."""
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in runner_name) or "runner"
-        top = "".join(c if c.isalnum() or c in "-_." else "_" for c in top) or "e31"
+    V1 = ("memory", "pids", "cpu", "cpuacct")
+
+    def __init__(self, node_key, top="e31"):
+        """node_key: the node's unique id (not its display name, which two systems on one machine
+        may share); top: the folder (under each controller) that holds every runner's cgroups."""
+        self.top = "".join(c if c.isalnum() or c in "-_." else "_" for c in top) or "e31"
         self.kind = None
         self.parents = {}
+        self.key = None
         if (CGROUP_ROOT / "cgroup.controllers").exists():  # a pure v2 hierarchy
             self.kind = "v2"
-            self.parents = {"unified": CGROUP_ROOT / top / safe}
         elif (CGROUP_ROOT / "memory" / "cgroup.procs").exists():
             self.kind = "v1"
-            self.parents = {c: CGROUP_ROOT / c / top / safe for c in ("memory", "pids") if (CGROUP_ROOT / c / "cgroup.procs").exists()}
+        if node_key:
+            self.use(node_key)
+
+    def use(self, node_key):
+        """Keep the cgroups under this node's folder."""
+        self.key = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(node_key)) or "runner"
+        if self.kind == "v2":
+            self.parents = {"unified": CGROUP_ROOT / self.top / self.key}
+        elif self.kind == "v1":
+            self.parents = {
+                c: CGROUP_ROOT / c / self.top / self.key for c in self.V1 if (CGROUP_ROOT / c / "cgroup.procs").exists()
+            }
+
+    @property
+    def limits_cpu(self):
+        return self.kind == "v2" or "cpu" in self.parents
 
     def folders(self, name):
         return [parent / name for parent in self.parents.values()]
@@ -208,24 +340,34 @@ class Cgroups:
                 folder = parent / name
                 folder.mkdir(parents=True, exist_ok=True)
                 made.append(folder)
-                if controller in ("memory", "unified") and limits.memory_bytes:
-                    limit_file = "memory.max" if self.kind == "v2" else "memory.limit_in_bytes"
-                    (folder / limit_file).write_text(str(limits.memory_bytes))
-                    if self.kind == "v2":
-                        _try_write(folder / "memory.swap.max", "0")
-                if controller in ("pids", "unified"):
-                    (folder / "pids.max").write_text(str(limits.processes))
+                self._limit(controller, folder, limits)
         except OSError:
             for folder in made:
                 _rmdir(folder)
             raise
         return made
 
+    def _limit(self, controller, folder, limits):
+        v2 = self.kind == "v2"
+        if controller in ("memory", "unified") and limits.memory_bytes:
+            (folder / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limits.memory_bytes))
+            # No swap: a job over its memory is stopped, not paged out onto its neighbours.
+            _try_write(folder / ("memory.swap.max" if v2 else "memory.memsw.limit_in_bytes"), "0" if v2 else str(limits.memory_bytes))
+        if controller in ("pids", "unified"):
+            (folder / "pids.max").write_text(str(limits.processes))
+        if controller in ("cpu", "unified") and limits.cpus:
+            quota, period = cpu_quota(limits.cpus)
+            if v2:
+                (folder / "cpu.max").write_text(f"{quota} {period}")
+            else:
+                (folder / "cpu.cfs_period_us").write_text(str(period))
+                (folder / "cpu.cfs_quota_us").write_text(str(quota))
+
     def _enable_v2(self):
         parent = self.parents["unified"]
         for folder in (CGROUP_ROOT, parent.parent, parent):
             folder.mkdir(exist_ok=True)
-            _try_write(folder / "cgroup.subtree_control", "+memory +pids")
+            _try_write(folder / "cgroup.subtree_control", "+memory +pids +cpu")
 
     def pids(self, name):
         found = set()
@@ -235,6 +377,42 @@ class Cgroups:
             except (OSError, ValueError):
                 pass
         return found
+
+    def cpu_seconds(self, name):
+        """CPU time the allocation's processes used (None where it is not counted)."""
+        for folder in self.folders(name):
+            try:
+                if self.kind == "v2":
+                    stats = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
+                    return int(stats["usage_usec"]) / 1e6
+                if folder.parent.parent.parent.name == "cpuacct":
+                    return int((folder / "cpuacct.usage").read_text()) / 1e9
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
+
+    def cpu_limit(self, name):
+        """The allocation's cpu.max in cores (None: no limit)."""
+        for folder in self.folders(name):
+            try:
+                if self.kind == "v2":
+                    quota, period = (folder / "cpu.max").read_text().split()
+                else:
+                    quota, period = (folder / "cpu.cfs_quota_us").read_text(), (folder / "cpu.cfs_period_us").read_text()
+                return None if quota.strip() in ("max", "-1") else int(quota) / int(period)
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def throttled(self, name):
+        """How many CPU periods the allocation was held back in for reaching its cpu.max."""
+        for folder in self.folders(name):
+            try:
+                stats = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
+                return int(stats["nr_throttled"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
 
     def oom_kills(self, name):
         """How many processes the kernel killed in the cgroup for want of memory."""
@@ -262,7 +440,7 @@ class Cgroups:
                 pass
 
     def leftovers(self):
-        """Cgroups a dead runner of this name left (their processes are killed at register)."""
+        """Cgroups a dead runner of this node left (their processes are killed at register)."""
         names = set()
         for parent in self.parents.values():
             try:
@@ -349,28 +527,9 @@ def reachable_by_others(path):
         return False
 
 
-def disk_used(root, skip_inodes=frozenset()):
-    """Bytes of disk the files under root take (each inode once; the staged files, shared with
-    the cache, not counted). Symlinks are not followed."""
-    seen = set()
-    total = 0
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            try:
-                st = os.lstat(os.path.join(folder, name))
-            except OSError:
-                continue
-            key = (st.st_dev, st.st_ino)
-            if key in seen or key in skip_inodes:
-                continue
-            seen.add(key)
-            total += st.st_blocks * 512
-    return total
-
-
 @dataclass
 class Sandbox:
-    """One allocation's isolation: its uid, cgroup, limits and namespaces."""
+    """One allocation's isolation: its uid, cgroup, limits and the view its sandbox gives it."""
 
     isolation: "Isolation"
     name: str  # the allocation's id: the cgroup's name
@@ -379,6 +538,7 @@ class Sandbox:
     uid: int | None = None
     slot: int | None = None
     network: bool = True
+    devices: tuple = ()  # device nodes bound in
     cgroups: list = field(default_factory=list)
     staged_inodes: frozenset = frozenset()
 
@@ -392,7 +552,7 @@ class Sandbox:
             try:
                 self.cgroups = self.isolation.cgroups.create(self.name, self.limits)
             except OSError as error:
-                log.warning("no cgroup for allocation %s (%s): its memory and processes are not limited", self.name, error)
+                log.warning("no cgroup for allocation %s (%s): its memory, CPU and processes are not limited", self.name, error)
                 self.cgroups = []
         staged = set()
         for folder, dirnames, files in os.walk(dirs.root):
@@ -408,19 +568,28 @@ class Sandbox:
             os.chown(dirs.root, self.uid, self.uid)
         os.chmod(dirs.root, 0o700)
 
-    def shim_spec(self, dirs):
-        """What the shim does before it runs the job's command (see jobshim.py)."""
+    def command(self, command, dirs, env):
+        """(argv, env, fds to pass) that start command in this sandbox: the shim, then bwrap.
+        The job's environment travels to bwrap through a memory file, never through the shim's
+        or bwrap's own environment (an LD_PRELOAD of the job's must not reach them)."""
         iso = self.isolation
         spec = {"cgroups": [str(c) for c in self.cgroups], "cwd": str(dirs.code)}
         if iso.enabled:
             spec["rlimits"] = rlimits(self.limits, per_user=self.uid is not None, hard=iso.hard)
-        if iso.netns_on and not self.network:
-            spec["netns"] = True
+        fds = ()
+        if iso.sandboxed:
+            view = iso.view(dirs, network=self.network, devices=self.devices, env=env)
+            fd = args_file(sandbox_args(view))
+            spec.update(bwrap=iso.bwrap, args_fd=fd)
+            fds = (fd,)
+            if self.uid is not None:
+                spec["covers"] = iso.covers([view.root, *view.runtime])
         if self.uid is not None:
             spec["uid"] = spec["gid"] = self.uid
-            if iso.mounts_on:
-                spec["mounts"] = iso.mounts_for(dirs.root)
-        return spec
+        outer = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "E31_JOB_ID": self.job_id, "E31_ALLOCATION_ID": self.name}
+        if not iso.sandboxed:
+            outer = env  # isolation is off: the job runs as the runner's user, its environment as given
+        return shim_command(command, spec), outer, fds
 
     def pids(self):
         found = set()
@@ -465,6 +634,26 @@ class Sandbox:
             self.isolation.claims.release(self.uid)
 
 
+def args_file(args):
+    """A memory file holding args NUL-separated (bwrap --args FD), read from the start."""
+    fd = os.memfd_create("e31-sandbox", 0)
+    os.write(fd, b"".join(a.encode() + b"\0" for a in args))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def system_folders(names=("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")):
+    """The host's system folders as View.system: links kept as links (a merged /usr), folders
+    bound read-only."""
+    out = []
+    for path in names:
+        if os.path.islink(path):
+            out.append(("symlink", os.readlink(path), path))
+        elif os.path.isdir(path):
+            out.append(("bind", path, path))
+    return tuple(out)
+
+
 class Isolation:
     """What this node can do to isolate jobs, probed once when the runner starts."""
 
@@ -474,8 +663,9 @@ class Isolation:
         self.cache_dir = Path(cache_dir).resolve()
         self.enabled = bool(getattr(settings, "E31_JOB_ISOLATION", True))
         self.root = is_root()
-        self.users_on = self.mounts_on = self.netns_on = self.cgroups_on = False
-        self.cgroups = Cgroups(runner_name, getattr(settings, "E31_JOB_CGROUP_PARENT", "e31"))
+        self.bwrap = shutil.which(getattr(settings, "E31_BWRAP", "") or "bwrap")
+        self.sandboxed = self.users_on = self.cgroups_on = False
+        self.cgroups = Cgroups(None, getattr(settings, "E31_JOB_CGROUP_PARENT", "e31"))
         self.slots = {}  # allocation id -> uid slot
         self.claims = UidClaims(getattr(settings, "E31_JOB_UID_LOCK_DIR", "/run/e31/job-uids"))
         self.last_slot = (os.getpid() * 7919) % settings.E31_JOB_UID_COUNT
@@ -483,85 +673,91 @@ class Isolation:
 
         self.hard = {name: resource.getrlimit(getattr(resource, name))[1] for name in ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_NPROC")}
         self.node_memory = _node_memory()
+        self.node_cpus = os.cpu_count()
+        self.system = system_folders()
 
     # Start-up ------------------------------------------------------------------------------
 
-    def probe(self):
-        """Find out which mechanisms work here; one log line for each that does not."""
+    def probe(self, node_key):
+        """Find out which mechanisms work here, one log line for what does not; raises
+        IsolationUnavailable where jobs were to be sandboxed and cannot be."""
+        self.cgroups.use(node_key)
         if not self.enabled:
-            log.info("job isolation is off (E31_JOB_ISOLATION): jobs run as the runner's user, with its network, and no cgroups or resource limits")
-            return
-        if not self.root:
-            log.info(
-                "job isolation: the runner is not root, so jobs run as its user, with the host's network, and "
-                "no memory or process limits (open files and file size are limited; leftovers found by their environment)"
+            log.warning(
+                "job isolation is OFF (E31_JOB_ISOLATION=0, for development only): jobs run as the runner's user, "
+                "see what it sees, keep its network, and have no cgroups or resource limits"
             )
             return
-        if self.cgroups.kind is None:
-            log.info("job isolation: no cgroup hierarchy here, so job memory and processes are not limited")
-        else:
-            try:
-                made = self.cgroups.create("probe", Limits(2**30, 64, 64, 2**20, 2**20))
-                self.cgroups.remove("probe")
-                self.cgroups_on = bool(made)
-            except OSError as error:
-                log.info("job isolation: cannot make cgroups (%s), so job memory and processes are not limited", error)
+        if not self.bwrap:
+            raise IsolationUnavailable(f"this runner cannot sandbox jobs: bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.work_dir, 0o711)  # a job passes through to its folder, and cannot list the others
-        ok, why = self._try({"netns": True})
-        self.netns_on = ok
+        if self.root:
+            os.chmod(self.work_dir, 0o711)  # a job passes through to its folder, and cannot list the others
+            self._probe_cgroups()
+            self.users_on = True
+        self.sandboxed = True
+        ok, why = self._try()
         if not ok:
-            log.info("job isolation: no network namespaces here (%s), so jobs keep the host's network", why)
-        uid = job_uid(self.settings.E31_JOB_UID_BASE, self.settings.E31_JOB_UID_COUNT - 1)
-        limits = rlimits(Limits(None, 64, 256, 2**20, 2**20), per_user=True, hard=self.hard)
-        ok, why = self._try({"uid": uid, "gid": uid, "mounts": True, "rlimits": limits}, uid=uid)
-        if ok:
-            self.users_on = self.mounts_on = True
-        else:
-            ok2, why2 = self._try({"uid": uid, "gid": uid, "rlimits": limits}, uid=uid)
-            self.users_on = ok2
-            if ok2:
-                log.info("job isolation: no mount namespaces here (%s); jobs run as users of their own without them", why)
-            else:
-                log.info("job isolation: jobs cannot run as a user of their own here (%s; %s), so they run as root", why, why2)
+            self.sandboxed = self.users_on = False
+            raise IsolationUnavailable(f"this runner cannot sandbox jobs: bubblewrap failed here ({why}); {INSTALL_HINT}")
+        if not self.root:
+            log.info("job isolation: the runner is not root, so jobs run in the sandbox as its user, without cgroups")
+        lost = []
+        if not self.cgroups_on:
+            lost.append("memory, CPU and process limits")
+        elif self.cgroups.kind == "v1":
+            lost.append("cgroup v1 only: no per-job pressure stall figures, and tmpfs is charged to the job's memory only as v1 does")
         log.info(
-            "job isolation: users %s, cgroups %s, network namespaces %s, mount namespaces %s",
-            *("on" if x else "off" for x in (self.users_on, self.cgroups_on, self.netns_on, self.mounts_on)),
+            "job isolation: bubblewrap %s, users %s, cgroups %s%s",
+            self.bwrap, "on" if self.users_on else "off", self.cgroups.kind if self.cgroups_on else "off",
+            f" (lost here: {'; '.join(lost)})" if lost else "",
         )
 
-    def _try(self, spec, uid=None):
-        """Run the shim with spec and a command that imports the e31 package and writes a file
-        in a folder like a job's."""
-        folder = self.work_dir / f".probe-{os.getpid()}"
-        folder.mkdir(exist_ok=True)
+    def _probe_cgroups(self):
+        if self.cgroups.kind is None:
+            log.info("job isolation: no cgroup hierarchy here, so job memory, CPU and processes are not limited")
+            return
         try:
-            if uid is not None:
-                os.chown(folder, uid, uid)
-            os.chmod(folder, 0o700)
-            spec = {**spec, "cwd": str(folder)}
-            if spec.get("mounts"):
-                spec["mounts"] = self.mounts_for(folder)
-            command = [sys.executable, "-c", "import e31; open('ok', 'w').write('ok')"]
+            made = self.cgroups.create("probe", Limits(2**30, 64, 64, 2**20, 2**20, 1.0))
+            self.cgroups.remove("probe")
+            self.cgroups_on = bool(made)
+        except OSError as error:
+            log.info("job isolation: cannot make cgroups (%s), so job memory, CPU and processes are not limited", error)
+            self.cgroups.remove("probe")
+
+    def _try(self):
+        """Start a job-like command in a sandbox: it imports the SDK and writes in its folder."""
+        from scheduler.launch import JobDirs
+
+        dirs = JobDirs(self.work_dir / f".probe-{os.getpid()}")
+        uid = job_uid(self.settings.E31_JOB_UID_BASE, self.settings.E31_JOB_UID_COUNT - 1) if self.users_on else None
+        try:
+            dirs.create()
+            sandbox = Sandbox(self, "probe", "probe", Limits(None, 256, 256, 2**20, 2**20), uid=uid, network=False)
+            sandbox.prepare(dirs)
+            env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": str(dirs.root)}
+            argv, outer, fds = sandbox.command([sys.executable, "-c", "import e31; open('ok', 'w').write('ok')"], dirs, env)
             try:
                 result = subprocess.run(
-                    shim_command(command, spec), cwd=folder, capture_output=True, timeout=60, stdin=subprocess.DEVNULL,
-                    env={"PATH": "/usr/bin:/bin", "HOME": str(folder)},
+                    argv, cwd="/", capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=outer, pass_fds=fds,
                 )
             except (OSError, subprocess.SubprocessError) as error:
                 return False, str(error)
-            if result.returncode == 0 and (folder / "ok").exists():
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if result.returncode == 0 and (dirs.code / "ok").exists():
                 return True, ""
             return False, (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
         finally:
-            import shutil
+            shutil.rmtree(dirs.root, ignore_errors=True)
 
-            shutil.rmtree(folder, ignore_errors=True)
-
-    def kill_leftovers(self):
-        """Processes in the cgroups of an earlier runner of this name (it died): killed."""
+    def kill_leftovers(self, own):
+        """Processes in the cgroups this node's earlier runner left (it died): killed, but only
+        for allocations the database says were this node's (own: their ids)."""
         if not self.cgroups_on:
             return
-        for name in self.cgroups.leftovers():
+        for name in self.cgroups.leftovers() & {str(a) for a in own}:
             pids = self.cgroups.pids(name)
             for pid in pids:
                 try:
@@ -574,30 +770,53 @@ class Isolation:
 
     # Per job --------------------------------------------------------------------------------
 
-    def mounts_for(self, job_root):
-        """The mount plan of a job whose folder is job_root."""
+    def runtime(self):
+        """The Python the jobs run and the SDK, as read-only paths: never the network's own
+        folders (the var folder, the storage, the cache, the jobs), nor a folder holding one."""
         from django.conf import settings
 
-        keep = {str(Path(job_root).resolve())}
-        for path in [*sys.path, sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), str(settings.BASE_DIR)]:
-            if path and os.path.isdir(path):
-                keep.add(os.path.realpath(path))
-        hidden = {"/tmp": 0o1777, "/dev/shm": 0o1777}
-        for folder in (settings.VAR_DIR, settings.STORAGE_DIR, settings.RUNNER_CACHE_DIR, self.cache_dir, self.work_dir):
-            path = os.path.realpath(folder)
-            if os.path.isdir(path) and path != "/":
-                hidden.setdefault(path, 0o711)
-        return [[folder, mode, paths] for folder, mode, paths in mount_plan(sorted(keep), hidden, reachable_by_others)]
+        import e31
+
+        hidden = [os.path.realpath(p) for p in (settings.VAR_DIR, settings.STORAGE_DIR, settings.RUNNER_CACHE_DIR, self.cache_dir, self.work_dir)]
+        wanted = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(e31.__file__)]
+        wanted += [p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)]
+        out = []
+        for path in wanted:
+            path = os.path.realpath(path)
+            if not os.path.isdir(path) or any(_under(path, h) or _under(h, path) for h in hidden):
+                continue
+            if not any(_under(path, kept) for kept in out):
+                out = [kept for kept in out if not _under(kept, path)] + [path]
+        return tuple(sorted(out))
+
+    def view(self, dirs, *, network, devices, env):
+        root = str(Path(dirs.root).resolve())
+        read_only = tuple(str(Path(p).resolve()) for p in (dirs.data, dirs.model) if Path(p).is_dir())
+        return View(
+            root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=self.runtime(), read_only=read_only,
+            devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()),
+        )
+
+    def covers(self, paths):
+        """Where the job's uid cannot pass on its way to a path bwrap binds (Python under /root,
+        a job folder under pytest's private /tmp folder): the shim covers that folder with an
+        empty tmpfs in a mount namespace of its own and binds the path back, so bwrap (already the
+        job's uid) can reach it. Nothing else of the host is changed."""
+        return [[folder, mode, kept] for folder, mode, kept in mount_plan(sorted(set(paths)), {}, reachable_by_others)]
 
     def sandbox(self, allocation, job, gang):
         s = self.settings
+        node_disk = _disk_size(self.work_dir)
         limits = job_limits(
             memory_bytes=s.E31_JOB_MEMORY_BYTES, max_processes=s.E31_JOB_MAX_PROCESSES, max_open_files=s.E31_JOB_MAX_OPEN_FILES,
             max_file_bytes=s.E31_JOB_MAX_FILE_BYTES, disk_bytes=s.E31_JOB_DISK_BYTES,
             devices_held=len(allocation.devices), devices_total=allocation.node.devices, node_memory=self.node_memory,
+            node_disk=node_disk, memory_reserve=s.E31_NODE_RESERVE_MEMORY_BYTES or None, disk_reserve=s.E31_NODE_RESERVE_DISK_BYTES or None,
+            device_type=allocation.device_type, node_cpus=self.node_cpus,
         )
         sandbox = Sandbox(
             self, str(allocation.pk), str(job.pk), limits, network=keeps_network(job.network, gang, allocation.gang_size),
+            devices=gpu_device_nodes(allocation.devices, allocation.device_type),
         )
         if self.users_on:
             base, span = s.E31_JOB_UID_BASE, s.E31_JOB_UID_COUNT
@@ -620,9 +839,30 @@ def is_root():
 
 
 def shim_command(command, spec, python=sys.executable):
-    """The command, started through the shim: the job's cgroup joined, its limits set, its
-    namespaces made, its user taken, and killed by the kernel if the runner dies (Linux)."""
+    """The command, started through the shim: the job's cgroup joined, its limits set, its user
+    taken, killed by the kernel if the runner dies (Linux), then bwrap (or, with isolation off,
+    the command itself)."""
     return [python, "-I", "-S", str(SHIM), str(os.getpid()), json.dumps(spec), *command]
+
+
+def sandbox_group(outer_pid):
+    """The process group of the job's processes, seen from the host: bwrap's child (the
+    sandbox's init) starts a session of its own, and the job's command runs in it. A signal
+    sent to that group from outside reaches the job; the init itself takes only SIGKILL from
+    outside its namespace. None until it exists."""
+    try:
+        children = Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()
+        return os.getpgid(int(children[0])) if children else None
+    except (OSError, ValueError):
+        return None
+
+
+def _disk_size(path):
+    try:
+        st = os.statvfs(path)
+        return st.f_blocks * st.f_frsize
+    except OSError:
+        return None
 
 
 def _node_memory():

@@ -1,12 +1,16 @@
-"""Started between the runner and a job's command, as `python -S jobshim.py <runner pid> <spec> command...`.
+"""Started between the runner and a job, as `python -I -S jobshim.py <runner pid> <spec> command...`.
 
-Runs with the runner's privileges, does what the spec (JSON, see scheduler/isolation.py) asks,
-in this order, then becomes the command: join the job's cgroups; set its resource limits; make
-new network and mount namespaces (bring the loopback up; cover folders with empty tmpfs and bind
-the kept paths back); drop to the job's uid and gid, with no supplementary groups; ask the
-kernel to kill it when the runner dies (after the uid change, which would clear that). Any step
-that fails ends it with code 126 and one line on stderr: a job never runs less isolated than
-the runner found it could be. The standard library only (no site packages, no Django).
+It does, with the runner's privileges, only what bubblewrap cannot, then becomes bwrap (or, with
+isolation off, the command): join the job's cgroups (before anything of the job runs, so nothing
+escapes them); set its resource limits; where the job's uid could not pass a folder on the way to
+what the sandbox binds (Python under /root), cover that folder with an empty tmpfs in a private
+mount namespace and bind those paths back; drop to the job's uid and gid with no supplementary
+groups; ask the kernel to kill it when the runner dies (after the uid change, which would clear
+that); exec `bwrap --args FD -- command`, the sandbox's whole description and the job's
+environment read from FD. Every value in the spec is the runner's own: paths it made, numbers it
+chose. The shim's environment is the runner's fixed minimum, never the job's. Any step that fails
+ends it with code 126 and one line on stderr: a job never runs less isolated than asked. The
+standard library only (no site packages, no Django).
 """
 
 import ctypes
@@ -15,9 +19,7 @@ import os
 import sys
 
 CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
 def fail(what, error):
@@ -48,14 +50,10 @@ def main(argv):
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             except (OSError, ValueError) as error:
                 fail(f"setting {name}", error)
-    flags = (CLONE_NEWNET if spec.get("netns") else 0) | (CLONE_NEWNS if spec.get("mounts") else 0)
-    if flags:
-        call(libc.unshare(flags), "unshare")
-    if spec.get("netns"):
-        loopback_up()
-    if spec.get("mounts"):
+    if spec.get("covers"):
+        call(libc.unshare(CLONE_NEWNS), "unshare")
         call(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
-        for folder, mode, keep in spec["mounts"]:
+        for folder, mode, keep in spec["covers"]:
             cover(libc, call, folder, mode, keep)
     uid = spec.get("uid")
     if uid is not None:
@@ -66,36 +64,23 @@ def main(argv):
             os.setresuid(uid, uid, uid)
         except OSError as error:
             fail(f"becoming uid {uid}", error)
-    if spec.get("cwd"):
-        try:
-            os.chdir(spec["cwd"])
-        except OSError as error:
-            fail("entering the job's folder", error)
+    try:
+        os.chdir(spec["cwd"] if not spec.get("bwrap") else "/")
+    except (OSError, KeyError) as error:
+        fail("entering the job's folder", error)
     try:
         libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     except Exception:  # noqa: BLE001
         pass
     if os.getppid() != parent:  # the runner died before the line above
         os._exit(137)
+    if spec.get("bwrap"):
+        os.set_inheritable(spec["args_fd"], True)
+        command = [spec["bwrap"], "--args", str(spec["args_fd"]), "--", *command]
     try:
         os.execv(command[0], command)
     except OSError as error:
         fail(f"running {command[0]}", error)
-
-
-def loopback_up():
-    """ip link set lo up, in the new network namespace."""
-    import fcntl
-    import socket
-    import struct
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            request = struct.pack("16sh14x", b"lo", 0)
-            flags = struct.unpack("16sh14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
-            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
-    except OSError as error:
-        fail("bringing the loopback up", error)
 
 
 def cover(libc, call, folder, mode, keep):
@@ -106,7 +91,7 @@ def cover(libc, call, folder, mode, keep):
             held.append((path, os.open(path, os.O_PATH)))
         except OSError as error:
             fail(f"opening {path}", error)
-    options = f"mode={mode:o}" + ("" if mode & 0o1000 else ",size=1m")
+    options = f"mode={mode:o},size=1m"
     call(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), f"covering {folder}")
     for path, fd in held:
         source = f"/proc/self/fd/{fd}"

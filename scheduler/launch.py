@@ -141,24 +141,6 @@ def sagemaker_environment(dirs, devices, device_type, config):
     return env
 
 
-# Started between the runner and the job's command: it asks the kernel to kill the job when
-# the runner dies (kill -9, a crash), so a lost runner leaves no training running unwatched.
-PARENT_DEATH_SHIM = (
-    "import ctypes,os,sys\n"
-    "try:\n ctypes.CDLL(None,use_errno=True).prctl(1,9)\n"  # PR_SET_PDEATHSIG, SIGKILL
-    "except Exception:\n pass\n"
-    "if os.getppid()!=int(sys.argv[1]):\n os._exit(137)\n"
-    "os.execv(sys.argv[2],sys.argv[2:])\n"
-)
-
-
-def with_parent_death(command, python=sys.executable):
-    """The command, killed by the kernel if the process that starts it dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return command
-    return [python, "-S", "-c", PARENT_DEATH_SHIM, str(os.getpid()), *command]
-
-
 @dataclass(frozen=True)
 class Gang:
     """A run across nodes, as one node's torchrun sees it: how many nodes, where node 0's
@@ -169,6 +151,7 @@ class Gang:
     endpoint: str
     run_id: str
     is_host: bool
+    rank: int = 0  # this node's rank in the gang
 
 
 # torchrun marks each line a worker prints with the worker's global rank.
@@ -209,7 +192,10 @@ def command_for(entrypoint, args, python=sys.executable, devices=1, gang=None, l
             f"--nnodes={gang.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={gang.endpoint}", f"--rdzv-id={gang.run_id}",
             f"--rdzv-conf=is_host={1 if gang.is_host else 0}",
         ]
-    return [*command, "--no-python", python, "-S", "-c", WORKER_SHIM, *target]
+    command = [*command, "--no-python", python, "-S", "-c", WORKER_SHIM, *target]
+    if gang is not None:
+        command = [python, "-S", "-c", GANG_SHIM, str(gang.rank), *command]
+    return command
 
 
 # torchrun starts each worker in a session of its own, out of reach of the signals sent to the
@@ -222,6 +208,29 @@ WORKER_SHIM = (
     "except Exception:\n pass\n"
     "if os.getppid()!=p:\n os._exit(137)\n"
     "os.execv(sys.argv[1],sys.argv[1:])\n"
+)
+
+
+# torchrun's c10d rendezvous tells its nodes apart by host name and pid. Each node's torchrun
+# starts in a PID namespace of its own, where it would always be pid 2: two nodes of a gang on one
+# machine (two runners there) would look like one node and wait for each other forever. This
+# starts torchrun as the sandbox's (3 + node rank)-th process, and waits for it. It passes on
+# torchrun's exit, and takes no part in signals (a group's SIGTERM reaches torchrun directly).
+GANG_SHIM = (
+    "import os,signal,sys\n"
+    "signal.signal(signal.SIGTERM,signal.SIG_IGN)\n"
+    "signal.signal(signal.SIGINT,signal.SIG_IGN)\n"
+    "for _ in range(int(sys.argv[1])):\n"
+    " p=os.fork()\n"
+    " if p==0: os._exit(0)\n"
+    " os.waitpid(p,0)\n"
+    "p=os.fork()\n"
+    "if p==0:\n"
+    " signal.signal(signal.SIGTERM,signal.SIG_DFL)\n"
+    " signal.signal(signal.SIGINT,signal.SIG_DFL)\n"
+    " os.execv(sys.argv[2],sys.argv[2:])\n"
+    "s=os.waitstatus_to_exitcode(os.waitpid(p,0)[1])\n"
+    "os._exit(128-s if s<0 else s)\n"
 )
 
 

@@ -13,11 +13,12 @@ import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,17 +29,19 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from e31 import unpack
 from e31web.storage import get_storage
 from jobs import archive, states
-from jobs.logs import log_key, stream_log
+from jobs.logs import log_key, stored_bytes, stream_log
 from jobs.models import Artifact, Job, JobEvent, Utilization
 from notifications import events as notifications
-from scheduler import checkpoints, sampling, stopping, utilization
+from scheduler import checkpoints, jobfiles, sampling, stopping, utilization
 from scheduler.launch import (
     RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun,
 )
-from scheduler.isolation import Isolation, disk_message, disk_used, oom_message, shim_command
+from scheduler.isolation import Isolation, disk_message, oom_message, sandbox_group
 from scheduler.cache import BlobCache
+from scheduler.logcap import LogBudget
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
 from scheduler.staging import StagingError, Throttle, job_manifest, manifest_digests, stage
@@ -92,6 +95,16 @@ def _release(sandbox):
         except Exception:  # noqa: BLE001 - the job's failure to start is what is reported
             log.exception("could not release the sandbox of allocation %s", sandbox.name)
 
+
+# Where a job's archive waits, linked read-only into its folder, until its sandbox unpacks it.
+WORK_ARCHIVES = ".work"
+UNPACKER = unpack.__file__  # standard library only: run with -I -S inside the sandbox
+UNPACK_SECONDS = 600
+
+UNISOLATED_NOTICE = (
+    "this node runs jobs WITHOUT isolation (E31_JOB_ISOLATION=0, for development only): the job runs as the runner's user, "
+    "with its network and without limits"
+)
 
 RANKED_LINE = re.compile(r"^\[rank(\d+)\]:")
 
@@ -185,6 +198,7 @@ def parse_metric_line(raw, now):
 class RunningJob:
     def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
         self.linked = set()  # digests of the cache's files hard-linked into its folder
+        self.group = None  # the process group of the job inside its sandbox (found when first signalled)
         self.allocation = allocation
         self.sandbox = sandbox
         self.disk_pool = disk_pool
@@ -205,6 +219,7 @@ class RunningJob:
         self.exited_monotonic = None
         self.last_tick = 0.0
         self.pending = []  # lines taken from the reader, not yet committed
+        self.log_budget = None  # what is left of the job's log cap: made by the first pump()
         limit = allocation.limit_seconds
         self.limit_at = allocation.started_at + timedelta(seconds=limit) if limit is not None else None
         self.sampler = self.recorder = None
@@ -220,25 +235,32 @@ class RunningJob:
         """Store what the process printed since the last call; True if there may be more.
 
         A batch stays pending until its write commits: if the database refuses it (locked, gone
-        for a moment), the same lines are written on the next try, not dropped."""
+        for a moment), the same lines are written on the next try, not dropped. Lines past the
+        job's log cap are counted as they are taken, never stored, and still read as fast: the
+        job must not block on a full pipe because its log is full."""
+        more = True  # a batch written again after a failure: more may be waiting behind it
+        if self.log_budget is None:
+            # It counts what the job's earlier runs stored: one query, made here rather than when
+            # the process is launched, so that if it fails the next step tries it again.
+            self.log_budget = LogBudget(settings.E31_JOB_LOG_MAX_BYTES, stored_bytes(self.job.pk), shares=self.allocation.gang_size)
         if not self.pending:
-            self.pending = self.reader.drain(PUMP_BATCH)
-        count = len(self.pending)
+            batch = self.reader.drain(PUMP_BATCH)
+            more = len(batch) == PUMP_BATCH
+            self.pending = self.log_budget.take(batch)
         JobEvent.append_lines(self.job.pk, self.pending)
         self.pending = []
-        return count == PUMP_BATCH
+        return more
 
     def read_metrics(self, limit=METRICS_READ_BYTES):
         """Store the metric points the job wrote since the last call, and stop the job if a
         point says so (early stopping, a NaN loss). True if there may be more to read."""
         try:
-            # Not through a link the job put there, and never blocking on a pipe it made.
-            fd = os.open(self.dirs.metrics, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            # Not through a link the job put in any part of the path (its .e31 folder swapped
+            # for a link to another job's), only a regular file, never blocking on a pipe.
+            fd = jobfiles.open_file(self.dirs.root, self.dirs.metrics.relative_to(self.dirs.root))
         except OSError:
             return False
         with open(fd, "rb") as source:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return False
             source.seek(self.metrics_pos)
             chunk = source.read(limit)
         if not chunk:
@@ -369,8 +391,19 @@ class RunningJob:
     # Stopping ---------------------------------------------------------------------------------
 
     def signal_group(self, sig):
+        """sig to the job's process group. In a sandbox that is the group of the job's own first
+        process (bwrap gave it a session of its own); bwrap itself is never sent a SIGTERM, which
+        would end the sandbox at once, with no grace."""
+        group = self.process.pid
+        if self.sandbox is not None and self.sandbox.isolation.sandboxed:
+            self.group = self.group or sandbox_group(self.process.pid)
+            if self.group is None:
+                if sig == signal.SIGKILL:
+                    self.sandbox.kill_all()
+                return
+            group = self.group
         try:
-            os.killpg(self.process.pid, sig)
+            os.killpg(group, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -450,7 +483,7 @@ class RunningJob:
                 return
         if self.disk_check is None and now_monotonic - self.disk_checked_at >= every:
             self.disk_checked_at = now_monotonic
-            self.disk_check = self.disk_pool.submit(disk_used, self.dirs.root, self.sandbox.staged_inodes)
+            self.disk_check = self.disk_pool.submit(jobfiles.disk_used, self.dirs.root, self.sandbox.staged_inodes)
 
     def poll(self):
         if self.exited_at is None and self.process.poll() is not None:
@@ -497,6 +530,8 @@ class RunningJob:
     def outcome(self):
         """(allocation end reason, job state, reason text) from how the process ended."""
         code = self.process.returncode
+        if code is not None and code > 128 and self.sandbox is not None and self.sandbox.isolation.sandboxed:
+            code = -(code - 128)  # bwrap reports a job killed by signal N as 128 + N, as a shell does
         if self.stop is not None:
             return self.stop.reason, self.stop.state, self.stop.message
         if code == 0:
@@ -523,20 +558,28 @@ class RunningJob:
         """Keep every file of the output folder; returns (kept, [skipped name: why])."""
         storage = get_storage()
         kept, skipped = 0, []
-        if self.dirs.output.is_symlink():  # the job swapped its output folder for a link: nothing there is its output
-            return kept, ["the output folder: it was replaced by a link"]
-        for path in sorted(self.dirs.output.rglob("*")):
-            if path.is_symlink() or not path.is_file():
-                continue
-            name = path.relative_to(self.dirs.output).as_posix()
-            problem = artifact_name_problem(name)
-            if problem:
-                skipped.append(f"{name!r}: {problem}")
-                continue
-            key = f"jobs/{self.job.pk}/artifacts/{name}"
-            size, sha256 = storage.save_file(key, path)
-            Artifact.objects.update_or_create(job=self.job, name=name, defaults={"key": key, "size": size, "sha256": sha256})
-            kept += 1
+        try:
+            output = jobfiles.open_dir(self.dirs.root, self.dirs.output.relative_to(self.dirs.root))
+        except OSError:
+            if self.dirs.output.is_symlink():  # the job swapped its output folder for a link: nothing there is its output
+                return kept, ["the output folder: it was replaced by a link"]
+            return kept, skipped  # gone, or not a folder: no output
+        try:
+            # Every file read through a descriptor reached from the output folder's, one component
+            # at a time: a subfolder swapped for a link (even after the look) is never entered,
+            # and nothing but a regular file is read. The runner may be root.
+            for name, fd in jobfiles.regular_files(output):
+                problem = artifact_name_problem(name)
+                if problem:
+                    skipped.append(f"{name!r}: {problem}")
+                    continue
+                key = f"jobs/{self.job.pk}/artifacts/{name}"
+                with open(fd, "rb", closefd=False) as source:
+                    size, sha256 = storage.save(key, source)
+                Artifact.objects.update_or_create(job=self.job, name=name, defaults={"key": key, "size": size, "sha256": sha256})
+                kept += 1
+        finally:
+            os.close(output)
         return kept, skipped
 
     def keep_last_checkpoints(self):
@@ -559,7 +602,14 @@ class RunningJob:
         name = max(found, key=lambda n: (found[n][1], checkpoints.step_of(n) or 0))
         artifact_name = f"checkpoints/{name}"
         key = f"jobs/{self.job.pk}/artifacts/{artifact_name}"
-        size, sha256 = get_storage().save_file(key, self.dirs.checkpoints / name)
+        try:
+            # Read from the job's folder one component at a time: the folder swapped for a link
+            # since the look (to another job's checkpoints, say) is not followed.
+            fd = jobfiles.open_file(self.dirs.root, self.dirs.checkpoints.relative_to(self.dirs.root) / name)
+        except OSError:
+            return None
+        with open(fd, "rb") as source:
+            size, sha256 = get_storage().save(key, source)
         Artifact.objects.update_or_create(job=self.job, name=artifact_name, defaults={"key": key, "size": size, "sha256": sha256})
         return artifact_name
 
@@ -569,6 +619,10 @@ class RunningJob:
         with the files, the compute is released and the job ends."""
         while self.pump():
             pass
+        # The run's last line: what the log cap kept out. Pending, so a failed write is tried
+        # again; given once, so a finish tried again does not repeat it.
+        self.pending = self.log_budget.summary(timezone.now())
+        self.pump()
         while self.read_metrics():
             pass
         if not self.over_disk:  # a job that filled its folder has nothing of it kept
@@ -644,6 +698,18 @@ def kill_leftover(pid, job_id):
     return True
 
 
+def own_allocations(node, names):
+    """Of the cgroup names a runner found under its node's folder, those the database says are
+    allocations of this node: the only leftovers it may kill."""
+    ids = []
+    for name in names:
+        try:
+            ids.append(uuid.UUID(name))
+        except ValueError:
+            continue
+    return {str(pk) for pk in Allocation.objects.filter(node=node, pk__in=ids).values_list("pk", flat=True)}
+
+
 def archive_log(job_id):
     """Keep a finished job's whole log as a file in storage, so downloads need not read the
     database (and can be ranged or presigned). Until it is there, downloads stream from the
@@ -701,22 +767,26 @@ class Runner:
             age = (now - node.last_heartbeat).total_seconds()
             raise RuntimeError(f"a runner named {self.name!r} is already running (heartbeat {age:.0f} s ago)")
         last_seen = node.last_heartbeat if node is not None else now
+        # The node's unique id keys its cgroups (two systems on one machine may both name their
+        # runner "local"). Checked before the node is offered: a runner that cannot sandbox its
+        # jobs refuses to start rather than take any.
+        key = node.pk if node is not None else uuid.uuid4()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.isolation.probe(key)
         if node is not None:
             for pid, job_id in Allocation.objects.filter(node=node, ended_at__isnull=True, pid__isnull=False).values_list("pid", "job_id"):
                 kill_leftover(pid, job_id)
-        node, _ = Node.objects.update_or_create(
-            name=self.name,
-            defaults={
-                "hostname": socket.gethostname(),
-                "address": self.address,
-                "device_type": self.device_type,
-                "devices": self.devices,
-                "registered_at": now,
-                "last_heartbeat": now,
-                "lost_at": None,
-                "stopped_at": None,
-            },
-        )
+        fields = {
+            "hostname": socket.gethostname(),
+            "address": self.address,
+            "device_type": self.device_type,
+            "devices": self.devices,
+            "registered_at": now,
+            "last_heartbeat": now,
+            "lost_at": None,
+            "stopped_at": None,
+        }
+        node, _ = Node.objects.update_or_create(name=self.name, defaults=fields, create_defaults={**fields, "id": key})
         self.node = node
         # Allocations left open by an earlier runner of this node died with it: they end when it
         # was last heard from, and their jobs go back to the queue.
@@ -728,9 +798,7 @@ class Runner:
         CachedBlob.objects.bulk_create(
             [CachedBlob(node=node, sha256=sha, size=size) for sha, size in self.cache.sizes.items()], batch_size=500
         )
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.isolation.probe()
-        self.isolation.kill_leftovers()
+        self.isolation.kill_leftovers(own_allocations(node, self.isolation.cgroups.leftovers()))
         return node
 
     def heartbeat(self):
@@ -795,6 +863,7 @@ class Runner:
             gang = self.gang_of(allocation)
             sandbox = self.isolation.sandbox(allocation, job, gang)
             sandbox.prepare(dirs)  # the folder handed to the job's user, its cgroup made
+            self.unpack_work(sandbox, dirs)
             torchrun = uses_torchrun(len(allocation.devices), gang)
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
@@ -805,18 +874,26 @@ class Runner:
                 env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
                 if allocation.device_type == "cpu":
                     env["OMP_NUM_THREADS"] = "1"  # one process per CPU slot
-            process = subprocess.Popen(
-                shim_command(
-                    command_for(job.entrypoint, job.args, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun"),
-                    sandbox.shim_spec(dirs),
-                ),
-                cwd=dirs.code,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: signals reach all of it, and only it
+            if not self.isolation.enabled:
+                job.record("notice", data={"text": UNISOLATED_NOTICE, "isolation": "off"})
+            argv, outer_env, fds = sandbox.command(
+                command_for(job.entrypoint, job.args, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun"),
+                dirs, env,
             )
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=dirs.code,
+                    env=outer_env,
+                    pass_fds=fds,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own process group: signals reach all of it, and only it
+                )
+            finally:
+                for fd in fds:
+                    os.close(fd)
             # Running only if the allocation is still ours: the node may have been declared
             # lost (and the job requeued) while we staged.
             with transaction.atomic():
@@ -845,6 +922,32 @@ class Runner:
         self.running[allocation.pk] = running
         return running
 
+    def unpack_work(self, sandbox, dirs):
+        """Unpack the job's archive into its code folder, in its sandbox, as its uid, under its
+        limits: a zip bomb fills only its own folder, and stops at the archive limit."""
+        folder = dirs.root / WORK_ARCHIVES
+        if not folder.is_dir():
+            return
+        max_bytes, max_entries = archive.limits()
+        max_bytes = min(max_bytes, sandbox.limits.disk_bytes)
+        for path in sorted(folder.iterdir()):
+            command = [sys.executable, "-I", "-S", UNPACKER, str(path), path.name, str(dirs.code), str(max_bytes), str(max_entries)]
+            argv, env, fds = sandbox.command(command, dirs, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            try:
+                result = subprocess.run(
+                    argv, env=env, pass_fds=fds, cwd=dirs.root, stdin=subprocess.DEVNULL, capture_output=True, timeout=UNPACK_SECONDS,
+                )
+            except subprocess.TimeoutExpired:
+                raise archive.ArchiveError(f"unpacking the work took longer than {UNPACK_SECONDS} s") from None
+            finally:
+                for fd in fds:
+                    os.close(fd)
+                sandbox.kill_all()
+            if result.returncode != 0:
+                why = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
+                raise archive.ArchiveError(f"the work could not be unpacked: {why.removeprefix('e31: ')}")
+        shutil.rmtree(folder)
+
     def gang_of(self, allocation):
         """The torchrun view of an allocation's gang (None for a run on one node). Node 0's
         runner opens the rendezvous: a free port on its address, told to the other nodes."""
@@ -858,7 +961,10 @@ class Runner:
             Allocation.objects.filter(gang=allocation.gang).update(rendezvous=endpoint)
         else:
             endpoint = allocation.rendezvous
-        return Gang(nodes=allocation.gang_size, endpoint=endpoint, run_id=str(allocation.gang), is_host=allocation.node_rank == 0)
+        return Gang(
+            nodes=allocation.gang_size, endpoint=endpoint, run_id=str(allocation.gang), is_host=allocation.node_rank == 0,
+            rank=allocation.node_rank,
+        )
 
     def stage(self, job, dirs):
         """Put the work, the config and the data in the job's folder, from the cache. Data the
@@ -878,8 +984,13 @@ class Runner:
         dirs.config.write_text(json.dumps(job.config, indent=2))
         linked = set()
         for item in items:
-            if item.role == "code":
-                archive.extract(self.cache.path(item.sha256), PurePosixPath(item.dest).name, dirs.code)
+            if item.role == "code" and archive.kind_of(item.dest) == "script":
+                shutil.copyfile(self.cache.path(item.sha256), dirs.code / PurePosixPath(item.dest).name)
+            elif item.role == "code":
+                # An archive is unpacked later, in the job's sandbox as its uid (unpack_work),
+                # never by the runner: here it is only linked in, read-only, as staged data is.
+                self.cache.link_into(item.sha256, dirs.root / WORK_ARCHIVES / PurePosixPath(item.dest).name)
+                linked.add(item.sha256)
             else:
                 self.cache.link_into(item.sha256, dirs.root / item.dest)
                 linked.add(item.sha256)

@@ -3,6 +3,7 @@ job processes (the runner is driven step by step, in this process)."""
 
 import json
 import os
+import shutil
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -266,40 +267,39 @@ print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
     assert env["E31_METRICS_FILE"].endswith("/.e31/metrics.jsonl") and env["E31_STOP_FILE"].endswith("/.e31/stop")
 
 
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")
 def test_a_job_whose_runner_dies_is_killed_with_it(tmp_path):
-    """The kernel kills a job whose runner died (no training left running unwatched)."""
+    """The kernel kills a job whose runner died (no training left running unwatched): the
+    runner's own launch path, the shim then bwrap, from a process that is then SIGKILLed."""
     import subprocess
     import sys
 
-    marker = tmp_path / "pid"
-    job = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    from tests.test_isolation import host_pids_with
+
+    marker = f"e31-orphan-{os.urandom(8).hex()}"
+    folder = tmp_path / "job"
+    folder.mkdir()
     runner_code = (
-        "import subprocess, sys, time\n"
-        "from scheduler.launch import with_parent_death\n"
-        f"subprocess.Popen(with_parent_death([sys.executable, '-c', {job!r}]))\n"
+        "import json, os, subprocess, sys, time\n"
+        "from scheduler.isolation import View, args_file, sandbox_args, shim_command, system_folders\n"
+        f"view = View(root={str(folder)!r}, cwd={str(folder)!r}, system=system_folders(), runtime=(sys.base_prefix, sys.prefix))\n"
+        "fd = args_file(sandbox_args(view))\n"
+        f"spec = {{'cwd': {str(folder)!r}, 'bwrap': {shutil.which('bwrap')!r}, 'args_fd': fd}}\n"
+        f"subprocess.Popen(shim_command([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}], spec), pass_fds=(fd,))\n"
         "time.sleep(600)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", runner_code], cwd=ROOT)
     try:
         deadline = time.monotonic() + 20
-        while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+        while not host_pids_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        child_pid = int(marker.read_text())
-        os.kill(child_pid, 0)
+        assert host_pids_with(marker), "the job started"
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(child_pid, 0)
-                with open(f"/proc/{child_pid}/stat") as stat:
-                    if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        break
-            except (ProcessLookupError, FileNotFoundError):
-                break
+        while host_pids_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        else:
-            pytest.fail("the job outlived its runner")
+        assert not host_pids_with(marker), "the job outlived its runner"
     finally:
         parent.kill()
 

@@ -9,12 +9,14 @@ import json
 import os
 import stat
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from scheduler.isolation import (
-    Limits, disk_message, job_limits, job_uid, keeps_network, mount_plan, oom_message, pick_slot, rlimits,
+    Limits, View, cpu_quota, cpu_share, disk_message, gpu_device_nodes, job_limits, job_uid, keeps_network, mount_plan, oom_message,
+    pick_slot, rlimits, sandbox_args,
 )
 
 ROOT = os.geteuid() == 0
@@ -40,12 +42,19 @@ def test_uid_slots_cycle_and_never_collide():
 
 
 @pytest.mark.nodb
-def test_limits_come_from_the_settings_or_the_job_s_share_of_the_node():
+def test_limits_come_from_the_settings_or_the_job_s_share_of_the_node_less_a_reserve():
     share = job_limits(
-        memory_bytes=0, max_processes=100, max_open_files=1000, max_file_bytes=10, disk_bytes=20,
-        devices_held=2, devices_total=8, node_memory=64 * 2**30,
+        memory_bytes=0, max_processes=100, max_open_files=1000, max_file_bytes=10, disk_bytes=0,
+        devices_held=2, devices_total=8, node_memory=64 * 2**30, node_disk=1000 * 2**30, memory_reserve=4 * 2**30,
     )
-    assert share == Limits(16 * 2**30, 100, 1000, 10, 20)
+    # (64 - 4) GiB x 2/8; the disk's reserve is a tenth: 900 GiB x 2/8.
+    assert share == Limits(15 * 2**30, 100, 1000, 10, 225 * 2**30, 2.0)
+    # Two 1-slot jobs on a 2-slot node of 24 GiB leave the system its reserve (2.4 GiB), not nothing.
+    half = job_limits(
+        memory_bytes=0, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=2,
+        node_memory=24 * 2**30,
+    )
+    assert 2 * half.memory_bytes <= 24 * 2**30 - 2**30 and half.cpus == 1.0 and half.disk_bytes == 1
     fixed = job_limits(
         memory_bytes=2**30, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=8,
         node_memory=None,
@@ -56,6 +65,53 @@ def test_limits_come_from_the_settings_or_the_job_s_share_of_the_node():
     ).memory_bytes is None
     assert oom_message(fixed) == "ran out of memory (limit 1024 MB)"
     assert disk_message(5 * 10**9) == "used more than 5 GB of disk in its folder"
+
+
+@pytest.mark.nodb
+def test_cpu_follows_the_slots_held_or_the_gpus_share_of_the_node():
+    assert cpu_share("cpu", 1, 2, node_cpus=64) == 1.0  # one slot, one core's worth, whatever it forks
+    assert cpu_share("cpu", 3, 4, node_cpus=2) == 3.0
+    assert cpu_share("h100", 2, 8, node_cpus=64) == 16.0
+    assert cpu_share("h100", 1, 8, node_cpus=4) == 1.0  # never below one core
+    assert cpu_share("h100", 1, 8, node_cpus=None) is None
+    assert cpu_quota(1.0) == (100_000, 100_000)
+    assert cpu_quota(2.5) == (250_000, 100_000)
+
+
+@pytest.mark.nodb
+def test_the_sandbox_binds_only_what_the_view_names_and_cuts_the_network():
+    view = View(
+        root="/srv/e31/runs/7-ab", cwd="/srv/e31/runs/7-ab/code",
+        system=(("bind", "/usr", "/usr"), ("symlink", "usr/bin", "/bin"), ("bind", "/etc", "/etc")),
+        runtime=("/opt/venv",), read_only=("/srv/e31/runs/7-ab/data",), env=(("LD_PRELOAD", "./evil.so"), ("A", "1")),
+    )
+    args = sandbox_args(view)
+    assert args[0] == "--unshare-all" and "--share-net" not in args
+    for flag in ("--die-with-parent", "--new-session", "--clearenv"):
+        assert flag in args
+    binds = [(args[i], args[i + 1], args[i + 2]) for i in range(len(args) - 2) if args[i] in ("--bind", "--ro-bind", "--dev-bind", "--symlink")]
+    assert binds == [
+        ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"), ("--ro-bind", "/etc", "/etc"), ("--ro-bind", "/opt/venv", "/opt/venv"),
+        ("--bind", "/srv/e31/runs/7-ab", "/srv/e31/runs/7-ab"), ("--ro-bind", "/srv/e31/runs/7-ab/data", "/srv/e31/runs/7-ab/data"),
+    ]
+    # Private /tmp, /var/tmp and /run come before anything is bound (a runtime under /tmp stays).
+    assert args.index("/var/tmp") < args.index("/opt/venv")
+    # The job's environment is set inside only, after --clearenv.
+    assert args[args.index("--clearenv"):] == ["--clearenv", "--setenv", "LD_PRELOAD", "./evil.so", "--setenv", "A", "1"]
+    assert "--share-net" in sandbox_args(View(root="/r", cwd="/r", network=True))
+
+
+@pytest.mark.nodb
+def test_a_gpu_job_gets_only_its_own_device_nodes_and_a_cpu_job_none():
+    present = {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert gpu_device_nodes([1, 2], "h100", exists=present.__contains__) == (
+        "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm",
+    )
+    assert gpu_device_nodes([0, 1], "cpu", exists=present.__contains__) == ()
+    view = View(root="/r", cwd="/r", devices=("/dev/nvidia1", "/dev/nvidiactl"))
+    args = sandbox_args(view)
+    assert ["--dev-bind", "/dev/nvidia1", "/dev/nvidia1"] == args[args.index("--dev-bind"):args.index("--dev-bind") + 3]
+    assert "/dev/nvidia0" not in args
 
 
 @pytest.mark.nodb
@@ -122,6 +178,20 @@ def run(node, job, until=None, timeout=30):
 
 def lines(job):
     return [t for _, t in job.events.filter(kind="log").order_by("seq").values_list("stream", "text")]
+
+
+def host_pids_with(marker):
+    """Live processes of this machine with marker in their arguments (a job's own pids are those
+    of its PID namespace, so the job cannot tell them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
 
 
 def alive(pid):
@@ -283,23 +353,22 @@ def test_a_daemon_the_job_left_does_not_survive_it(db, alice, rate, settings, tm
         monkeypatch.setattr(isolation, "is_root", lambda: False)  # a runner that is not root finds it by its environment
     node = Runner(name="daemon-node", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
     node.register()
-    script = b"""
-import os, time
+    marker = f"e31-daemon-{uuid.uuid4().hex}"
+    script = f"""
+import os, sys, time
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        print(f"daemon {os.getpid()}", flush=True)
         os.close(1); os.close(2)
-        time.sleep(600)
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
     os._exit(0)
-time.sleep(0.5)
+time.sleep(1.0)
 print("done")
-"""
+""".encode()
     try:
         job = run(node, make_job(alice, script=script))
         assert job.state == "succeeded", (job.reason, lines(job))
-        daemon = int(next(t for t in lines(job) if t.startswith("daemon ")).split()[1])
-        assert not alive(daemon), "the daemon outlived its job"
+        assert not host_pids_with(marker), "the daemon outlived its job"
     finally:
         node.stop_all()
 
@@ -309,21 +378,22 @@ print("done")
 def test_a_cancelled_job_that_ignores_sigterm_leaves_nothing(node, alice, rate):
     from tests.conftest import make_job
 
-    script = b"""
+    marker = f"e31-stubborn-{uuid.uuid4().hex}"
+    script = f"""
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-print(f"pids {os.getpid()} {child.pid}", flush=True)
+child = subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)", "{marker}"])
+print("up", flush=True)
 while True:
     time.sleep(0.1)
-"""
+""".encode()
     job = make_job(alice, script=script)
-    run(node, job, until=lambda: any(t.startswith("pids") for t in lines(job)))
+    run(node, job, until=lambda: "up" in lines(job))
+    assert host_pids_with(marker), "the job's child is running"
     job.request_cancel()
     job = run(node, job)
     assert job.state == "cancelled"
-    pids = [int(p) for p in next(t for t in lines(job) if t.startswith("pids")).split()[1:]]
-    assert not any(alive(p) for p in pids), "a process of the cancelled job survived"
+    assert not host_pids_with(marker), "a process of the cancelled job survived"
 
 
 # The whole system as processes ----------------------------------------------------------------
@@ -475,3 +545,31 @@ def test_a_uid_claimed_by_one_runner_is_not_given_out_by_another(tmp_path):
         holder.kill()
         holder.wait()
     assert mine.claim(200005)  # the other runner died: its uids are free
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+@needs_root
+@pytest.mark.django_db(transaction=True)
+def test_two_systems_on_one_machine_never_touch_each_other_s_jobs(live, tmp_path):
+    """Seen: two `bin/up` in different folders; the second runner's start-up cleanup SIGKILLed
+    the first one's running job (cgroups were keyed by the runner's display name, which both
+    share). Now they are keyed by the node's unique id, and a runner kills only leftovers of
+    allocations its own database says were its node's."""
+    from scheduler.runner import Runner
+
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text(
+        "import os, time\nprint('up', flush=True)\ntime.sleep(8)\n"
+        "open(os.path.join(os.environ['E31_OUTPUT_DIR'], 'done'), 'w').write('ok')\n"
+    )
+    job = live.submit({"name": "neighbour", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25}, sleeper)
+    live.wait_for_state(job["id"], "running", timeout=60)
+    # The other system: its own database (this test's), a runner of the same name on this machine.
+    other = Runner(name="e2e-runner", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
+    other.register()
+    other.stop_all()
+    other.register()  # and once more, as after a crash
+    other.stop_all()
+    done = live.wait_for_state(job["id"], timeout=60)
+    assert done["state"] == "succeeded", done

@@ -1,0 +1,249 @@
+"""Unpack a job's work (a .py script, a .zip or a .tar.gz) into a folder, within limits.
+
+Standard library only, and no import from this package or the project: the runner runs this
+file by itself, as the job's unprivileged user inside its sandbox, with `python -I -S`:
+
+    python -I -S e31/unpack.py ARCHIVE FILENAME DEST MAX_BYTES MAX_ENTRIES
+
+It exits 0 once the work is in DEST, or 2 with one line on stderr naming why it was refused.
+
+A zip bomb is small on the wire and huge on disk, so two checks stand in its way. Before a byte
+is written, the sizes and the count the archive's own headers declare are totalled (`check`),
+and a tar's headers are read one at a time so a bomb is refused after little decompression.
+Then, while writing, the bytes actually written are counted (`extract_limited`): headers can lie,
+the count cannot. Entries with '..', an absolute path, links, devices and pipes are refused, so
+nothing lands outside DEST.
+"""
+
+import os
+import stat
+import sys
+import tarfile
+import zipfile
+import zlib
+from functools import partial
+from pathlib import Path, PurePosixPath
+
+CHUNK = 1024 * 1024
+
+
+class ArchiveError(ValueError):
+    pass
+
+
+def kind_of(filename):
+    name = filename.lower()
+    if name.endswith(".py"):
+        return "script"
+    if name.endswith(".zip"):
+        return "zip"
+    if name.endswith((".tar.gz", ".tgz")):
+        return "tar"
+    return None
+
+
+def check_name(name):
+    """The entry's path, relative and inside the archive; raises ArchiveError otherwise."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise ArchiveError(f"the archive entry {name!r} has an absolute path")
+    if ".." in path.parts:
+        raise ArchiveError(f"the archive entry {name!r} points outside the archive ('..')")
+    return str(path)
+
+
+def size_text(count):
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count:,} bytes"
+
+
+def too_big(total, limit, at_least=False):
+    shown, allowed = size_text(total), size_text(limit)
+    if shown == allowed:  # 1.0 MB against 1.0 MB says nothing: show the bytes
+        shown, allowed = f"{total:,} bytes", f"{limit:,} bytes"
+    more = "at least " if at_least else ""
+    return ArchiveError(f"the archive unpacks to {more}{shown}, more than the {allowed} a job's folder may hold")
+
+
+def too_many(count, limit, at_least=False):
+    more = "at least " if at_least else ""
+    return ArchiveError(f"the archive has {more}{count:,} entries, more than {limit:,}")
+
+
+# One entry as both formats describe it: (name, kind, size) with kind "file", "dir" or refused.
+
+
+def _zip_entry(info):
+    name = check_name(info.filename)
+    if stat.S_ISLNK(info.external_attr >> 16):
+        raise ArchiveError(f"the archive entry {info.filename!r} is a symbolic link")
+    return name, "dir" if info.is_dir() else "file", info.file_size
+
+
+def _tar_entry(member):
+    name = check_name(member.name)
+    if member.issym() or member.islnk():
+        raise ArchiveError(f"the archive entry {member.name!r} is a link")
+    if member.isdev() or member.isfifo():
+        raise ArchiveError(f"the archive entry {member.name!r} is a device or pipe")
+    if not (member.isfile() or member.isdir()):
+        raise ArchiveError(f"the archive entry {member.name!r} is neither a file nor a folder")
+    return name, "dir" if member.isdir() else "file", member.size
+
+
+def check(path, filename, max_bytes, max_entries):
+    """The files in the work (relative paths), from the archive's headers; raises ArchiveError
+    for anything unsafe or for declared totals over the limits, before anything is unpacked."""
+    kind = kind_of(filename)
+    if kind == "script":
+        size = os.path.getsize(path)
+        if size > max_bytes:
+            raise too_big(size, max_bytes)
+        return [PurePosixPath(filename).name]
+    if kind is None:
+        raise ArchiveError("the work must be a .py script or a .zip or .tar.gz archive")
+    with _reading():
+        if kind == "zip":
+            with zipfile.ZipFile(path) as archive:
+                return _check_zip(archive.infolist(), max_bytes, max_entries)
+        with tarfile.open(path, "r:gz") as archive:
+            return _check_tar(archive, max_bytes, max_entries)
+
+
+def _check_zip(infos, max_bytes, max_entries):
+    # The central directory is already in memory: exact totals cost nothing more.
+    if len(infos) > max_entries:
+        raise too_many(len(infos), max_entries)
+    total = sum(info.file_size for info in infos)
+    if total > max_bytes:
+        raise too_big(total, max_bytes)
+    entries = [_zip_entry(info) for info in infos]
+    return [name for name, kind, _ in entries if kind == "file"]
+
+
+def _check_tar(archive, max_bytes, max_entries):
+    # Iterating reads one header at a time (getmembers() would read them all first), so a tar
+    # bomb is refused as soon as its running totals pass a limit, not after it was all inflated.
+    files, total, count = [], 0, 0
+    for member in archive:
+        count += 1
+        if count > max_entries:
+            raise too_many(count, max_entries, at_least=True)
+        name, kind, size = _tar_entry(member)
+        total += size
+        if total > max_bytes:
+            raise too_big(total, max_bytes, at_least=True)
+        if kind == "file":
+            files.append(name)
+    return files
+
+
+class _reading:
+    """Turns a corrupt archive's many exceptions into one ArchiveError with the reason."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError, zlib.error, OSError)):
+            raise ArchiveError(f"the archive cannot be read: {error}") from None
+        return False
+
+
+class _Budget:
+    """What may still be written: bytes actually written and entries made, against the limits."""
+
+    def __init__(self, max_bytes, max_entries):
+        self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.written, self.entries = 0, 0
+
+    def entry(self):
+        self.entries += 1
+        if self.entries > self.max_entries:
+            raise too_many(self.entries, self.max_entries, at_least=True)
+
+    def copy(self, source, target, name):
+        while chunk := source.read(CHUNK):
+            if self.written + len(chunk) > self.max_bytes:
+                raise too_big(self.written + len(chunk), self.max_bytes, at_least=True)
+            try:
+                target.write(chunk)
+            except OSError as error:  # a full disk, say: not the archive's fault, but it stops here
+                raise ArchiveError(f"the archive entry {name!r} cannot be written: {error.strerror}") from None
+            self.written += len(chunk)
+
+
+def extract_limited(path, filename, dest, max_bytes, max_entries):
+    """Unpack the work into dest (which must exist), checking the headers first, then counting
+    what is written; raises ArchiveError once a limit is passed (what was written stays: dest
+    is the caller's to remove)."""
+    check(path, filename, max_bytes, max_entries)  # refuses what it can before a byte is written
+    dest, budget = Path(dest), _Budget(max_bytes, max_entries)
+    kind = kind_of(filename)
+    with _reading():
+        if kind == "script":
+            with open(path, "rb") as source:
+                _write(budget, dest, PurePosixPath(filename).name, source, 0o644)
+        elif kind == "zip":
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    _unpack(budget, dest, _zip_entry(info), partial(archive.open, info), info.external_attr >> 16)
+        else:
+            with tarfile.open(path, "r:gz") as archive:
+                for member in archive:
+                    _unpack(budget, dest, _tar_entry(member), partial(archive.extractfile, member), member.mode)
+
+
+def _unpack(budget, dest, entry, opener, mode):
+    name, kind, _ = entry  # the declared size is not trusted here
+    budget.entry()
+    if name == ".":
+        return  # the archive's own top folder
+    if kind == "dir":
+        _make_folder(dest / name, name)
+        return
+    _make_folder((dest / name).parent, name)
+    with opener() as source:
+        _write(budget, dest, name, source, 0o755 if mode & 0o111 else 0o644)
+
+
+def _make_folder(folder, name):
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ArchiveError(f"the archive entry {name!r} clashes with a file of the same name") from None
+    except OSError as error:  # no room, say: not the archive's fault, but it stops here
+        raise ArchiveError(f"the archive entry {name!r} cannot be written: {error.strerror}") from None
+
+
+def _write(budget, dest, name, source, mode):
+    # O_EXCL: never follows a link, never overwrites; an archive naming a file twice is refused.
+    try:
+        fd = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError):
+        raise ArchiveError(f"the archive entry {name!r} clashes with another entry of the same name") from None
+    except OSError as error:
+        raise ArchiveError(f"the archive entry {name!r} cannot be written: {error.strerror}") from None
+    with os.fdopen(fd, "wb") as target:
+        os.fchmod(fd, mode)  # the umask may have taken bits the job needs
+        budget.copy(source, target, name)
+
+
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 5 or not (args[3].isdigit() and args[4].isdigit()):
+        print("usage: unpack.py ARCHIVE FILENAME DEST MAX_BYTES MAX_ENTRIES", file=sys.stderr)
+        return 1
+    archive, filename, dest, max_bytes, max_entries = args
+    try:
+        extract_limited(archive, filename, dest, int(max_bytes), int(max_entries))
+    except ArchiveError as error:
+        print(f"{filename}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

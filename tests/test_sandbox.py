@@ -1,0 +1,224 @@
+"""Hostile jobs against the sandbox: each escape seen on a default install (a root runner,
+isolation on), written as the job that tried it. Each is contained, and a neighbour is not touched.
+
+Needs a root runner with cgroups and bubblewrap, as CI has; skipped elsewhere.
+"""
+
+import io
+import shutil
+import subprocess
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.test_isolation import CGROUPS, ROOT, lines, run
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not (ROOT and CGROUPS and shutil.which("bwrap")), reason="needs a root runner with cgroups and bubblewrap"),
+]
+
+
+@pytest.fixture
+def node(db, settings, tmp_path):
+    from scheduler.runner import Runner
+
+    settings.E31_STOP_GRACE_SECONDS = 1.0
+    runner = Runner(name="sandbox-node", devices=2, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
+    runner.register()
+    yield runner
+    runner.stop_all()
+
+
+def zip_job(user, files, entrypoint="train.py", **fields):
+    """A queued job whose work is a zip of files {name: bytes}."""
+    from jobs.models import Job, Upload
+    from tests.conftest import upload
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+    team = user.membership.team
+    job = Job.objects.create(team=team, created_by=user, name="hostile", entrypoint=entrypoint, gpus=1, span_hours=1, **fields)
+    code = upload(team, user, Upload.CODE, "work.zip", buffer.getvalue())
+    code.job = job
+    code.save()
+    job.record("state", data={"state": "queued", "from": None, "reason": "submitted"})
+    return job
+
+
+def wait_for_line(node, job, text, timeout=30):
+    return run(node, job, until=lambda: any(text in line for line in lines(job)), timeout=timeout)
+
+
+def test_an_ld_preload_set_by_the_job_loads_only_into_the_job_never_as_root(node, alice, rate, tmp_path):
+    """Seen: `env: {LD_PRELOAD: ./evil.so}` with the library in the job's zip was loaded into
+    the root shim, which copied var/secret_key out."""
+    witness = tmp_path / "ran-as"
+    source = tmp_path / "evil.c"
+    source.write_text(
+        "#include <stdio.h>\n#include <unistd.h>\n"
+        "__attribute__((constructor)) static void evil(void) {\n"
+        f'  FILE *f = fopen("{witness}", "a"); if (f) {{ fprintf(f, "%d\\n", (int)getuid()); fclose(f); }}\n'
+        '  fprintf(stderr, "evil loaded as uid %d\\n", (int)getuid());\n}\n'
+    )
+    library = tmp_path / "evil.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    job = zip_job(
+        alice, {"train.py": b"print('trained', flush=True)\n", "evil.so": library.read_bytes()}, env={"LD_PRELOAD": "./evil.so"},
+    )
+    job = run(node, job)
+    assert job.state == "succeeded", (job.reason, lines(job))
+    loaded = [line for line in lines(job) if line.startswith("evil loaded as uid")]
+    assert loaded and all(int(line.split()[-1]) >= 200000 for line in loaded), loaded  # the job's own processes only
+    assert not witness.exists(), f"the library ran outside the sandbox as uid {witness.read_text().split()}"
+
+
+def test_a_job_sees_only_its_own_processes_not_a_neighbour_s_arguments(node, alice, rate):
+    """Seen: without a PID namespace a job read /proc/*/cmdline of other teams' jobs (their
+    --api-key=... arguments) and of the runner."""
+    from tests.conftest import make_job
+
+    secret = f"--api-key={uuid.uuid4().hex}"
+    neighbour = make_job(alice, script=b"import time\nprint('up', flush=True)\ntime.sleep(60)\n", args=[secret])
+    wait_for_line(node, neighbour, "up")
+    snoop = b"""
+import os
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+for pid in pids:
+    try:
+        print('proc', pid, open(f'/proc/{pid}/cmdline', 'rb').read().replace(b'\\0', b' ').decode(), flush=True)
+    except OSError:
+        pass
+"""
+    job = run(node, make_job(alice, script=snoop), until=None)
+    neighbour.request_cancel()
+    run(node, neighbour)
+    assert job.state == "succeeded", (job.reason, lines(job))
+    seen = [line for line in lines(job) if line.startswith("proc ")]
+    assert seen, lines(job)
+    assert not any(secret in line for line in seen), seen
+    assert not any("manage.py" in line or "pytest" in line for line in seen), seen
+    assert len(seen) <= 3, seen  # the sandbox's init and the job itself (and a process it started)
+
+
+def test_busy_processes_in_new_sessions_get_one_core_s_worth_for_one_slot(node, alice, rate):
+    """Seen: a 1-slot job starting 8 busy processes, each in a new session, made a neighbour's
+    1-slot job 3x slower. Checked through the cgroups' own CPU counters, not wall time."""
+    from tests.conftest import make_job
+
+    hog = b"""
+import subprocess, sys, time
+for _ in range(8):
+    subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+print("busy", flush=True)
+time.sleep(60)
+"""
+    busy = make_job(alice, script=hog)
+    neighbour = make_job(alice, script=b"import time\nprint('busy', flush=True)\nwhile True: pass\n")
+    wait_for_line(node, busy, "busy")
+    wait_for_line(node, neighbour, "busy")
+    cgroups = node.isolation.cgroups
+    names = {str(r.job.pk): r.sandbox.name for r in node.running.values()}
+    hog_name, neighbour_name = names[str(busy.pk)], names[str(neighbour.pk)]
+    time.sleep(1.0)  # every hog running
+    start = time.monotonic(), cgroups.cpu_seconds(hog_name), cgroups.cpu_seconds(neighbour_name)
+    time.sleep(3.0)
+    end = time.monotonic(), cgroups.cpu_seconds(hog_name), cgroups.cpu_seconds(neighbour_name)
+    wall = end[0] - start[0]
+    hog_cores, neighbour_cores = (end[1] - start[1]) / wall, (end[2] - start[2]) / wall
+    throttled, limit = cgroups.throttled(hog_name), cgroups.cpu_limit(hog_name)
+    for job in (busy, neighbour):
+        job.request_cancel()
+    run(node, busy)
+    run(node, neighbour)
+    assert limit == 1.0, f"a 1-slot job's cpu.max is {limit} cores"
+    assert hog_cores <= 1.25, f"a 1-slot job used {hog_cores:.2f} cores"
+    # On a machine busy with other work the hog may not reach its cap; when it ran near it, the
+    # kernel must have held it back.
+    assert hog_cores < 0.9 or throttled > 0, "the hog was never held back by its cpu.max"
+    # Loose on purpose (CI runs two test passes on two cores): 8 unlimited hogs left it a ninth.
+    assert neighbour_cores >= 0.15, f"the neighbour got {neighbour_cores:.2f} of a core"
+
+
+def test_nothing_the_job_writes_outside_its_folder_outlives_it(node, alice, rate):
+    """Seen: /var/tmp and /run/lock were writable, and what was written there outlived the job
+    and escaped its disk limit."""
+    from tests.conftest import make_job
+
+    marker = f"e31-left-{uuid.uuid4().hex}"
+    places = ["/var/tmp", "/run/lock", "/tmp", "/dev/shm", "/run"]
+    script = f"""
+import os
+for folder in {places!r}:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "{marker}"), "w") as out:
+            out.write("left behind")
+        print("wrote", folder, flush=True)
+    except OSError as error:
+        print("refused", folder, error, flush=True)
+""".encode()
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    left = [folder for folder in places if Path(folder, marker).exists()]
+    for folder in left:
+        Path(folder, marker).unlink()
+    assert not left, f"the job left files in {left}"
+
+
+def test_a_runner_without_bubblewrap_refuses_to_start_and_says_how_to_install_it(db, settings, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    from scheduler.isolation import IsolationUnavailable
+    from scheduler.models import Node
+    from scheduler.runner import Runner
+
+    settings.E31_BWRAP = str(tmp_path / "no-bwrap-here")
+    runner = Runner(name="bare-node", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
+    with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap"):
+        runner.register()
+    assert not Node.objects.filter(name="bare-node").exists(), "a node that cannot sandbox is never offered"
+    with pytest.raises(CommandError, match="E31_JOB_ISOLATION=0"):
+        call_command("runner", "--devices", "1", "--name", "bare-node", "--work-dir", str(tmp_path / "runs2"))
+
+
+def test_with_isolation_off_the_job_page_says_so(db, alice, rate, settings, tmp_path, client):
+    from scheduler.runner import UNISOLATED_NOTICE, Runner
+    from tests.conftest import make_job
+
+    settings.E31_JOB_ISOLATION = False
+    runner = Runner(name="dev-node", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
+    runner.register()
+    try:
+        job = run(runner, make_job(alice))
+    finally:
+        runner.stop_all()
+    assert job.state == "succeeded", job.reason
+    assert any(UNISOLATED_NOTICE == (data or {}).get("text") for data in job.events.filter(kind="notice").values_list("data", flat=True))
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/")
+    assert page.status_code == 200
+    assert "WITHOUT isolation" in page.content.decode()
+
+
+def test_an_archive_is_unpacked_in_the_sandbox_as_the_job_s_uid_and_a_bomb_stops_at_the_limit(node, alice, rate, settings):
+    """Seen: a 1.5 MB zip expanding to 1.5 GiB was unpacked by the root runner before any limit
+    applied. An archive that got past the upload check (an older upload, a lowered limit) is
+    still unpacked only in the job's sandbox, as its uid, counting the bytes written."""
+    check = b"import os\nprint('owner', os.stat('train.py').st_uid, 'me', os.getuid(), flush=True)\n"
+    job = run(node, zip_job(alice, {"train.py": check, "lib/helper.py": b"x = 1\n"}))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    owner, me = (int(w) for w in next(line for line in lines(job) if line.startswith("owner")).split()[1::2])
+    assert owner == me >= 200000, "unpacked by the job's uid, not root"
+
+    settings.E31_ARCHIVE_MAX_BYTES = 5 * 10**6
+    bomb = zip_job(alice, {"train.py": b"print('never')\n", "zeros.bin": bytes(50 * 10**6)})
+    bomb = run(node, bomb)
+    assert bomb.state == "failed"
+    assert "could not be unpacked" in bomb.reason and "more than" in bomb.reason, bomb.reason
+    assert "never" not in lines(bomb)
