@@ -140,6 +140,31 @@ def _check_tar(archive, max_bytes, max_entries):
     return files
 
 
+def read_file(path, filename, name, max_bytes):
+    """The bytes of one file in an archive (a checked one: see `check`), None if it has no
+    file of that name; raises ArchiveError if it holds more than max_bytes (its header can lie:
+    at most max_bytes + 1 bytes are read)."""
+    kind = kind_of(filename)
+    with _reading():
+        if kind == "zip":
+            with zipfile.ZipFile(path) as archive:
+                found = next((i for i in archive.infolist() if not i.is_dir() and check_name(i.filename) == name), None)
+                return None if found is None else _read_limited(partial(archive.open, found), name, max_bytes)
+        if kind == "tar":
+            with tarfile.open(path, "r:gz") as archive:
+                found = next((m for m in archive if m.isfile() and check_name(m.name) == name), None)
+                return None if found is None else _read_limited(partial(archive.extractfile, found), name, max_bytes)
+    return None
+
+
+def _read_limited(opener, name, max_bytes):
+    with opener() as source:
+        data = source.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ArchiveError(f"{name} is larger than {max_bytes // 1024} KB")
+    return data
+
+
 class _reading:
     """Turns a corrupt archive's many exceptions into one ArchiveError with the reason."""
 

@@ -111,6 +111,7 @@ class Job(s.Serializer):
     created_at = s.DateTimeField()
     finished_at = s.DateTimeField(allow_null=True)
     entrypoint = s.CharField(allow_blank=True, allow_null=True)
+    packages = s.ListField(child=s.CharField(), help_text="The Python packages the job brings: requirements, as in requirements.txt.")
     train_dataset = nullable_str(help_text="name@version")
     heldout_dataset = nullable_str(help_text="name@version")
     gpus = s.IntegerField()
@@ -326,9 +327,9 @@ Comparison = inline_serializer(
 
 SPEC_HELP = (
     "The job's spec: a spec file's text (YAML or JSON), or (JSON body) an object of the API's fields: "
-    "name, kind, recipe, entrypoint, args, config, env, train_dataset, heldout_dataset, gpus, gpu_type, mode, "
-    "span_hours, ceiling_kind, ceiling, not_before, deadline, by, preemptible, keep_checkpoints, max_restarts, "
-    "early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
+    "name, kind, recipe, entrypoint, args, config, env, packages (a list of requirements, or text with one a line), "
+    "train_dataset, heldout_dataset, gpus, gpu_type, mode, span_hours, ceiling_kind, ceiling, not_before, deadline, by, "
+    "preemptible, keep_checkpoints, max_restarts, early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
 )
 
 JobSubmitForm = inline_serializer(

@@ -296,6 +296,15 @@ E31_NODE_RESERVE_MEMORY_BYTES = env_int("E31_NODE_RESERVE_MEMORY_BYTES", 0, mini
 E31_NODE_RESERVE_DISK_BYTES = env_int("E31_NODE_RESERVE_DISK_BYTES", 0, minimum=0)
 # The bubblewrap binary every job runs under (found on PATH when empty).
 E31_BWRAP = env_str("E31_BWRAP", "")
+# Job environments (scheduler/environments.py): the packages a job names, built with uv on the
+# node while it waits, from wheels only, cached per node within a size budget. The index: uv's
+# default (PyPI) unless an index URL is set; FIND_LINKS: folders of wheels (comma-separated);
+# NO_INDEX: only those folders (an offline node).
+E31_ENV_CACHE_BYTES = env_int("E31_ENV_CACHE_BYTES", 20 * 1024**3, minimum=0)
+E31_ENV_INDEX_URL = env_str("E31_ENV_INDEX_URL", "")
+E31_ENV_FIND_LINKS = env_str("E31_ENV_FIND_LINKS", "")
+E31_ENV_NO_INDEX = env_bool("E31_ENV_NO_INDEX", False)
+E31_ENV_BUILD_SECONDS = env_int("E31_ENV_BUILD_SECONDS", 1800, minimum=10)
 E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimum=0.1)
 # A code archive's unpacked size and entry count, from its headers at upload and counted again as
 # it is unpacked (jobs/archive.py): a zip bomb is refused, not unpacked. The bytes never exceed

@@ -34,6 +34,7 @@ SPEC_FIELDS = {
     "args",
     "config",
     "env",
+    "packages",
     "train_dataset",
     "heldout_dataset",
     "gpus",
@@ -67,7 +68,7 @@ def spec_to_form_data(spec, team):
     unknown = sorted(set(spec) - SPEC_FIELDS)
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
-    structured = {"args": (list, str), "config": (dict, str), "env": (dict, str), "evaluate_jobs": (list,)}
+    structured = {"args": (list, str), "config": (dict, str), "env": (dict, str), "packages": (list, str), "evaluate_jobs": (list,)}
     for field, value in spec.items():
         if field in BOOLEAN_FIELDS:
             if value is not None and not isinstance(value, bool):
@@ -87,9 +88,19 @@ def spec_to_form_data(spec, team):
         data["config"] = json.dumps(data["config"])
     if isinstance(data.get("env"), dict):
         data["env"] = format_env(data["env"])
+    if isinstance(data.get("packages"), list):
+        data["packages"] = packages_text(data["packages"])
     if "mode" not in data:
         data["mode"] = "until_done" if data.get("ceiling") is not None and data.get("span_hours") is None else "span"
     return data
+
+
+def packages_text(items):
+    """A list of requirements as the form's text, one a line; an item that is not one line of
+    text would become another requirement, or none."""
+    if not all(isinstance(item, str) and "\n" not in item and "\r" not in item for item in items):
+        raise ValidationError({"packages": ["packages must be a list of requirements, each a string of one line (numpy>=1.26)."]})
+    return "\n".join(items)
 
 
 def _kinds(types):
@@ -153,6 +164,7 @@ def job_json(job, request):
         "entrypoint": job.entrypoint,
         "args": job.args,
         "config": job.config,
+        "packages": job.packages.splitlines(),
         # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
         "train_dataset": job.train_label or None,
         "heldout_dataset": job.heldout_label or None,

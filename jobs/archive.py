@@ -12,9 +12,23 @@ from django.conf import settings
 from e31 import unpack
 from e31.unpack import ArchiveError, kind_of
 
-__all__ = ["ArchiveError", "RUNNABLE", "check_entrypoint", "extract", "extract_limited", "kind_of", "list_entries", "limits"]
+__all__ = [
+    "REQUIREMENTS",
+    "RUNNABLE",
+    "ArchiveError",
+    "check_entrypoint",
+    "extract",
+    "extract_limited",
+    "kind_of",
+    "limits",
+    "list_entries",
+    "read_requirements",
+]
 
 RUNNABLE = (".py", ".sh")
+# The packages a job brings may come in its archive, as pip reads them, at the archive's root.
+REQUIREMENTS = "requirements.txt"
+REQUIREMENTS_MAX_BYTES = 64 * 1024
 extract_limited = unpack.extract_limited
 
 
@@ -50,3 +64,15 @@ def extract(path, filename, dest):
     """Unpack the work into dest (which must exist), re-checking every entry and counting what
     is written against the settings' limits."""
     unpack.extract_limited(path, filename, dest, *limits())
+
+
+def read_requirements(path, filename, entries):
+    """The text of the requirements.txt at the root of an archive (checked: `entries` is what
+    list_entries found), or None if it has none; ArchiveError if it is too large or not UTF-8."""
+    if kind_of(filename) == "script" or REQUIREMENTS not in entries:
+        return None
+    data = unpack.read_file(path, filename, REQUIREMENTS, REQUIREMENTS_MAX_BYTES)
+    try:
+        return None if data is None else data.decode("utf-8-sig")  # an editor's byte-order mark is no requirement
+    except UnicodeDecodeError:
+        raise ArchiveError(f"{REQUIREMENTS} is not UTF-8 text") from None

@@ -17,7 +17,7 @@ from django.utils import timezone
 from billing import meter
 from billing.models import NoRateInForce, Rate
 from e31web.storage import get_storage
-from jobs import archive, lineage, spec, states, windows
+from jobs import archive, lineage, packages, spec, states, windows
 from jobs.models import Dataset, DatasetVersion, Job, Upload
 from scheduler.models import Node
 
@@ -244,6 +244,11 @@ class JobForm(RequestForm):
     env = forms.CharField(
         required=False, label="Environment", widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value, one per line."
     )
+    packages = forms.CharField(
+        required=False, label="Python packages", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
+        help_text="One requirement a line, as in requirements.txt (numpy>=1.26, einops==0.8.0). Installed from wheels into an "
+        "environment built on the node while the job waits, not billed; a requirements.txt at the root of an archive is read too.",
+    )
 
     # Data
     train_dataset = forms.ModelChoiceField(
@@ -368,6 +373,12 @@ class JobForm(RequestForm):
         except spec.SpecError as error:
             raise forms.ValidationError(str(error)) from None
 
+    def clean_packages(self):
+        try:
+            return packages.merge(self.cleaned_data["packages"])
+        except packages.PackagesError as error:
+            raise forms.ValidationError(str(error)) from None
+
     def clean(self):
         cleaned = super().clean()  # the request, and its estimate
         for field, errors in self.upload_errors.items():
@@ -400,11 +411,14 @@ class JobForm(RequestForm):
         try:
             with get_storage().local_copy(upload.key) as path:
                 self.entries = archive.list_entries(path, upload.name)
+                requirements = archive.read_requirements(path, upload.name, self.entries)
         except archive.ArchiveError as error:
             # An unusable file is not worth keeping: the user has to send a new one.
             self.add_error("code", f"{upload.name}: {error}")
             cleaned["kept_code"] = None
             return
+        if requirements is not None:
+            self._add_requirements(cleaned, upload, requirements)
         entrypoint = cleaned.get("entrypoint") or ""
         if archive.kind_of(upload.name) == "script" and not entrypoint:
             entrypoint = upload.name
@@ -412,6 +426,21 @@ class JobForm(RequestForm):
             cleaned["entrypoint"] = archive.check_entrypoint(self.entries, entrypoint)
         except archive.ArchiveError as error:
             self.add_error("entrypoint", str(error))
+
+    def _add_requirements(self, cleaned, upload, requirements):
+        """The archive's requirements.txt after the packages given on the form (each named once)."""
+        try:
+            packages.parse(requirements)
+        except packages.PackagesError as error:
+            where = f"{upload.name}: {archive.REQUIREMENTS}" + (" " if error.line else ": ")
+            self.add_error("code", f"{where}{error}")
+            return
+        if "packages" in self.errors:
+            return  # the field's own error is shown; merging would hide which lines are at fault
+        try:
+            cleaned["packages"] = packages.merge(cleaned.get("packages") or "", requirements)
+        except packages.PackagesError as error:
+            self.add_error("packages", f"With the archive's {archive.REQUIREMENTS}: {error}")
 
     def _clean_recipe(self, cleaned):
         from e31.recipes import validate
@@ -529,6 +558,7 @@ class JobForm(RequestForm):
             args=cleaned["args"],
             config=cleaned["config"],
             env=cleaned["env"],
+            packages=cleaned.get("packages") or "",
             train_version=cleaned.get("train_version"),
             heldout_version=cleaned.get("heldout_version"),
             gpus=cleaned["gpus"],

@@ -55,8 +55,8 @@ def copy_job(job, user, **changes):
     fields = {
         name: getattr(job, name)
         for name in (
-            "team_id", "entrypoint", "args", "config", "env", "train_version", "heldout_version", "gpus", "gpu_type", "span_hours",
-            "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
+            "team_id", "entrypoint", "args", "config", "env", "packages", "train_version", "heldout_version", "gpus", "gpu_type",
+            "span_hours", "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
             "early_stop_mode", "early_stop_patience", "stop_on_nan", "network",
         )
     }

@@ -164,6 +164,9 @@ class Job(models.Model):
     args = models.JSONField(default=list, blank=True)
     config = models.JSONField(default=dict, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    # The Python packages the job brings: requirements (jobs.packages), one a line. The node
+    # builds an environment with them while the job waits, off the meter.
+    packages = models.TextField(blank=True, default="", help_text="requirements, one a line (checked by jobs.packages)")
 
     # Data: dataset versions are pinned when the job is submitted.
     # The labels ("digits@2") stay when the dataset is deleted later (the version becomes None).

@@ -3,7 +3,7 @@ with the line of every field, so a refusal names the line to fix. Pure functions
 
     name: digits-mlp
     kind: train                     # train | finetune | evaluate
-    work:     {code: train.py, entrypoint, args, config, env, recipe, smoke_first}
+    work:     {code: train.py, entrypoint, args, config, env, packages: [numpy>=1.26], recipe, smoke_first}
     data:     {train: digits@2, heldout, train_files, heldout_files, start_job, base_model, evaluate_jobs}
     request:  {gpus, gpu_type, mode, span_hours, ceiling, ceiling_kind, not_before, by, deadline, preemptible, network,
                idle_minutes, stop_if_idle}
@@ -27,7 +27,7 @@ import yaml
 PARTS = {
     "work": {
         "recipe": "recipe", "code": None, "entrypoint": "entrypoint", "args": "args", "config": "config", "env": "env",
-        "smoke_first": "smoke_first",
+        "packages": "packages", "smoke_first": "smoke_first",
     },
     "data": {
         "train": "train_dataset", "heldout": "heldout_dataset", "train_files": None, "heldout_files": None,
@@ -332,7 +332,9 @@ def job_spec(job, now=None):
             work["code"] = named(Upload.CODE)[0]
         work["entrypoint"] = job.entrypoint
     config = {k: v for k, v in (job.config or {}).items() if not (job.recipe and k == "mode" and v == "evaluate")}
-    work.update({k: v for k, v in (("args", list(job.args or [])), ("config", config), ("env", dict(job.env or {}))) if v})
+    work.update(
+        {k: v for k, v in (("args", list(job.args or [])), ("config", config), ("env", dict(job.env or {})), ("packages", job.packages.splitlines())) if v}
+    )
     if job.smoke_run_id:
         work["smoke_first"] = True
     spec["work"] = work

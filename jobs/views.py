@@ -229,6 +229,8 @@ def job_detail(request, job_id):
         "job": job,
         "timeline": job.timeline().filter(seq__lte=job.last_seq),
         "unisolated": job.events.filter(kind="notice", data__isolation="off").first(),
+        # Its environment: being built, or ready (how, and the versions chosen).
+        "environment": job.events.filter(kind="notice", data__has_key="environment").order_by("-seq").first() if job.packages else None,
         "lines": lines,
         "earlier_lines": lines and lines[0].seq > 1 and job.events.filter(kind="log", seq__lt=lines[0].seq).exists(),
         "meter": job.meter_event(),

@@ -539,6 +539,7 @@ class Sandbox:
     slot: int | None = None
     network: bool = True
     devices: tuple = ()  # device nodes bound in
+    runtime: tuple = ()  # more read-only paths: the job's environment
     cgroups: list = field(default_factory=list)
     staged_inodes: frozenset = frozenset()
 
@@ -578,7 +579,7 @@ class Sandbox:
             spec["rlimits"] = rlimits(self.limits, per_user=self.uid is not None, hard=iso.hard)
         fds = ()
         if iso.sandboxed:
-            view = iso.view(dirs, network=self.network, devices=self.devices, env=env)
+            view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime)
             fd = args_file(sandbox_args(view))
             spec.update(bwrap=iso.bwrap, args_fd=fd)
             fds = (fd,)
@@ -789,11 +790,11 @@ class Isolation:
                 out = [kept for kept in out if not _under(kept, path)] + [path]
         return tuple(sorted(out))
 
-    def view(self, dirs, *, network, devices, env):
+    def view(self, dirs, *, network, devices, env, extra=()):
         root = str(Path(dirs.root).resolve())
         read_only = tuple(str(Path(p).resolve()) for p in (dirs.data, dirs.model) if Path(p).is_dir())
         return View(
-            root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=self.runtime(), read_only=read_only,
+            root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=(*self.runtime(), *extra), read_only=read_only,
             devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()),
         )
 

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -41,6 +42,7 @@ from scheduler.launch import (
 )
 from scheduler.isolation import Isolation, disk_message, oom_message, sandbox_group
 from scheduler.cache import BlobCache
+from scheduler.environments import EnvironmentCache, EnvironmentError_, index_arguments, requirements_of
 from scheduler.logcap import LogBudget
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
@@ -756,7 +758,56 @@ class Runner:
         # What this node can do to keep jobs apart (a user each, limits, no network): probed at
         # registration; each mechanism a no-op, with a log line, where it cannot work.
         self.isolation = Isolation(name, self.work_dir, self.cache.root, settings)
+        self.env_root = self.cache.root.with_name(self.cache.root.name + ".envs")
+        self._published_envs = set()
         self.disk_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disk")
+
+    @cached_property
+    def envs(self):
+        """The node's job environments (made when a job first asks for packages)."""
+        import site
+
+        from uv import find_uv_bin
+
+        return EnvironmentCache(
+            self.env_root, settings.E31_ENV_CACHE_BYTES, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
+            index=index_arguments(settings), timeout=settings.E31_ENV_BUILD_SECONDS,
+        )
+
+    def prepare_environment(self, job, announce_cached=True):
+        """The job's environment on this node, built now if it is not here (None: it asked for
+        no packages). Raises EnvironmentError_ with the resolver's message. announce_cached:
+        say so on the job page when it was here already (at launch it was said when staged)."""
+        requirements = requirements_of(job)
+        if not requirements:
+            return None
+        in_use = {r.env_key for r in self.running.values() if getattr(r, "env_key", None)}
+        started = time.monotonic()
+        if not self.envs.ready(self.envs.key(requirements)):
+            job.record("notice", data={"text": f"building on {self.name}: {len(requirements)} requirement(s)", "environment": ""})
+        key, built = self.envs.ensure(requirements, keep=in_use)
+        if built:
+            self.publish_environments()
+        resolved = self.envs.resolved(key)
+        if not built and not announce_cached:
+            return key
+        how = f"built in {time.monotonic() - started:.1f} s" if built else "from this node's cache"
+        job.record("notice", data={"text": f"ready ({how}): {' '.join(resolved) or 'nothing beyond the runtime'}", "environment": key})
+        return key
+
+    def publish_environments(self):
+        """Tell the scheduler which environments this node holds (as cached blobs under their
+        packages digest), so it lines jobs that ask the same up here; and which it no longer does."""
+        if not self.env_root.is_dir():
+            return
+        held = self.envs.held()
+        with self._cache_lock:
+            gone = self._published_envs - set(held)
+            if gone:
+                CachedBlob.objects.filter(node=self.node, sha256__in=gone).delete()
+            for digest, size in held.items():
+                CachedBlob.objects.update_or_create(node=self.node, sha256=digest, defaults={"size": size})
+            self._published_envs = set(held)
 
     # Registration and heartbeats ----------------------------------------------------------------
 
@@ -799,6 +850,7 @@ class Runner:
             [CachedBlob(node=node, sha256=sha, size=size) for sha, size in self.cache.sizes.items()], batch_size=500
         )
         self.isolation.kill_leftovers(own_allocations(node, self.isolation.cgroups.leftovers()))
+        self.publish_environments()
         return node
 
     def heartbeat(self):
@@ -865,9 +917,14 @@ class Runner:
             sandbox.prepare(dirs)  # the folder handed to the job's user, its cgroup made
             self.unpack_work(sandbox, dirs)
             torchrun = uses_torchrun(len(allocation.devices), gang)
+            env_key = self.prepare_environment(job, announce_cached=False)  # ready here already, unless not staged here
+            python = str(self.envs.python_of(env_key)) if env_key else sys.executable
+            if env_key:
+                self.envs.touch(env_key)
+                sandbox.runtime = (str(self.envs.path(env_key)),)
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
-                config=job.config, restart=job.restarts,
+                config=job.config, restart=job.restarts, python=python,
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if torchrun:
@@ -877,7 +934,7 @@ class Runner:
             if not self.isolation.enabled:
                 job.record("notice", data={"text": UNISOLATED_NOTICE, "isolation": "off"})
             argv, outer_env, fds = sandbox.command(
-                command_for(job.entrypoint, job.args, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun"),
+                command_for(job.entrypoint, job.args, python=python, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun"),
                 dirs, env,
             )
             try:
@@ -919,6 +976,7 @@ class Runner:
             disk_pool=self.disk_pool,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
+        running.env_key = env_key  # its environment: never evicted while it runs
         self.running[allocation.pk] = running
         return running
 
@@ -1048,6 +1106,10 @@ class Runner:
                 items, self.cache, datasets, workers=settings.E31_STAGING_WORKERS, on_progress=on_progress,
                 should_stop=lambda: self.shutdown or bool(gone),
             )
+            try:
+                self.prepare_environment(job)  # while it waits: not billed
+            except EnvironmentError_ as error:
+                raise StagingError(f"its environment could not be built: {error}") from None
         except StagingError as error:
             if self.shutdown:
                 Staging.objects.filter(pk=pk).update(state=Staging.WAITING)  # the next runner here starts again

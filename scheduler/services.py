@@ -22,6 +22,7 @@ from notifications import policy as notify_policy
 from notifications.models import Notification
 from scheduler import policy
 from scheduler.models import Allocation, CachedBlob, Node, Staging
+from scheduler.environments import packages_digest, requirements_of
 from scheduler.staging import job_manifest, manifest_digests
 
 log = logging.getLogger(__name__)
@@ -212,8 +213,10 @@ def line_up(now=None):
         staging_on.setdefault(job.pk, set()).add(node_id)
         created.append(Staging.objects.create(job=job, node_id=node_id, files_total=len(items), bytes_total=sum(item.size for item in items)))
 
-    def cached_bytes(items):
-        digests = manifest_digests(items)
+    def cached_bytes(items, job):
+        # Its data, and its environment where it asks for packages: a node holding either
+        # saves the job that much waiting.
+        digests = manifest_digests(items) | environment_digests(job)
         return {
             str(row["node_id"]): row["total"]
             for row in CachedBlob.objects.filter(sha256__in=digests, node_id__in=live_ids).values("node_id").annotate(total=Sum("size"))
@@ -232,7 +235,7 @@ def line_up(now=None):
             if not any(spare[n.id] >= job.gpus for n in nodes if n.id not in already):
                 continue  # nowhere else is free either: no need to read its manifest
             items = job_manifest(job)
-            node_id = policy.choose_another_staging_node(wanted, nodes, frozenset(already), spare, cached_bytes(items), lined_up)
+            node_id = policy.choose_another_staging_node(wanted, nodes, frozenset(already), spare, cached_bytes(items, job), lined_up)
             if node_id is not None:
                 spare[node_id] -= job.gpus
                 stage_on(job, items, node_id)
@@ -242,11 +245,16 @@ def line_up(now=None):
         if not policy.choose_staging_nodes(wanted, nodes, {}, lined_up, exclude=already):
             continue  # the live nodes could not run it: no need to read its manifest every cycle
         items = job_manifest(job)
-        for node_id in policy.choose_staging_nodes(wanted, nodes, cached_bytes(items), lined_up, exclude=already):
+        for node_id in policy.choose_staging_nodes(wanted, nodes, cached_bytes(items, job), lined_up, exclude=already):
             if spare.get(node_id, 0) >= job.gpus:
                 spare[node_id] -= job.gpus
             stage_on(job, items, node_id)
     return created
+
+
+def environment_digests(job):
+    requirements = requirements_of(job)
+    return {packages_digest(requirements)} if requirements else set()
 
 
 def node_states(now=None):

@@ -174,3 +174,26 @@ def schedule_now(now=None):
     services.line_up(now)
     Staging.objects.filter(state=Staging.WAITING).update(state=Staging.STAGED)
     return services.schedule(now)
+
+
+@pytest.fixture
+def make_runner(db, settings, tmp_path):
+    """Runners in this process, registered, each with folders of its own (named after it), and
+    stopped when the test ends. A second runner of a name reuses its folders (a restart)."""
+    from scheduler.runner import Runner
+
+    settings.E31_STOP_GRACE_SECONDS = 1.0
+    runners = []
+
+    def make(name="node-a", devices=1, cache_bytes=None):
+        runner = Runner(
+            name=name, devices=devices, work_dir=tmp_path / "runs" / name, device_type="cpu",
+            cache_dir=tmp_path / "cache" / name, cache_bytes=cache_bytes,
+        )
+        runner.register()
+        runners.append(runner)
+        return runner
+
+    yield make
+    for runner in runners:
+        runner.stop_all()

@@ -168,6 +168,10 @@ class LiveSystem:
         seed = {"var_dir": Path(tempfile.mkdtemp(prefix="e31-seed-")), "pg_name": None}
         atexit.register(_drop_seed, seed)
         env = {**self.env, "E31_VAR_DIR": str(seed["var_dir"])}
+        if env.get("DATABASE_URL", "").startswith("sqlite"):
+            # A system told its SQLite file by name (as production is): the seed's goes in the
+            # seed's folder, under the default name, or a second system would copy no database.
+            del env["DATABASE_URL"]
         if self.pg_name:
             seed["pg_name"] = f"e31_seed_{secrets.token_hex(4)}"
             self._postgres(f'CREATE DATABASE "{seed["pg_name"]}"')

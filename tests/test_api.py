@@ -184,6 +184,9 @@ def test_the_whole_log_downloads_through_the_api(api, alice):
         ({"gpus": 1, "span_hours": {"h": 1}}, "span_hours", "not dict"),
         ({"gpus": 1, "span_hours": 1, "config": 5}, "config", "config must be an object or a string, not int"),
         ({"gpus": 1, "span_hours": 1, "name": ["x"]}, "name", "not list"),
+        ({"gpus": 1, "span_hours": 1, "packages": {"numpy": ">=1.26"}}, "packages", "packages must be a list or a string, not dict"),
+        ({"gpus": 1, "span_hours": 1, "packages": ["numpy", 2]}, "packages", "packages must be a list of requirements, each a string of one line"),
+        ({"gpus": 1, "span_hours": 1, "packages": ["numpy\n-e ."]}, "packages", "each a string of one line"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_refused(api, spec, field, message):
@@ -245,3 +248,36 @@ def test_checkpoint_and_stopping_fields_through_the_api(api):
     assert response.status_code == 400 and response.json()["errors"]["preemptible"] == ["preemptible must be true or false, not str."]
     response = submit(api, {"gpus": 1, "span_hours": 1, "early_stop_mode": "sideways", "early_stop_metric": "a", "early_stop_patience": 1})
     assert response.status_code == 400 and "early_stop_mode" in response.json()["errors"]
+
+
+@pytest.mark.parametrize("given", [["numpy>=1.26", "einops==0.8.0"], "numpy>=1.26\n# pinned:\neinops==0.8.0\n"])
+def test_packages_are_submitted_as_a_list_or_as_text_and_come_back_as_a_list(api, given):
+    response = submit(api, {"gpus": 1, "span_hours": 1, "packages": given})
+    assert response.status_code == 201, response.json()
+    assert response.json()["packages"] == ["numpy>=1.26", "einops==0.8.0"]
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.packages == "numpy>=1.26\neinops==0.8.0"
+    assert api.get(reverse("api:job", args=[job.pk])).json()["packages"] == ["numpy>=1.26", "einops==0.8.0"]
+
+
+def test_a_job_without_packages_has_an_empty_list(api):
+    assert submit(api, {"gpus": 1, "span_hours": 1}).json()["packages"] == []
+
+
+def test_a_package_that_is_not_a_plain_requirement_is_a_400_naming_its_line(api):
+    response = submit(api, {"gpus": 1, "span_hours": 1, "packages": ["numpy", "git+https://github.com/org/pkg.git"]})
+    assert response.status_code == 400 and not Job.objects.exists()
+    [message] = response.json()["errors"]["packages"]
+    assert message.startswith("work.packages: line 2 (git+https://github.com/org/pkg.git): a URL is not taken")
+
+
+def test_an_archive_s_requirements_txt_is_read_through_the_api_too(api):
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("train.py", "print(1)\n")
+        z.writestr("requirements.txt", "scipy\neinops==0.8.0\n")
+    response = submit(api, {"gpus": 1, "span_hours": 1, "entrypoint": "train.py", "packages": ["einops==0.8.0"]}, code=buffer.getvalue(), code_name="work.zip")
+    assert response.status_code == 201, response.json()
+    assert response.json()["packages"] == ["einops==0.8.0", "scipy"]

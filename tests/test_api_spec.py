@@ -163,6 +163,31 @@ def test_a_job_downloads_as_a_spec_that_submits_the_same_job(api, alice, dataset
     assert api.get(reverse("api:job-spec", args=[created["id"]]) + "?format=json").json() == spec
 
 
+PACKAGED = SPEC.replace('  env: {SEED: "7"}\n', '  env: {SEED: "7"}\n  packages:\n    - numpy>=1.26\n    - einops==0.8.0\n')
+
+
+def test_a_spec_file_s_packages_are_kept_and_written_back_to_submit_again(api, alice, dataset):
+    assert PACKAGED != SPEC
+    created = post_spec(api, PACKAGED, code=("train.py", b"print(1)\n"), data=("extra.csv", b"1\n"))
+    assert created.status_code == 201, created.json()
+    assert Job.objects.get(pk=created.json()["id"]).packages == "numpy>=1.26\neinops==0.8.0"
+    text = api.get(reverse("api:job-spec", args=[created.json()["id"]])).content.decode()
+    assert yaml.safe_load(text)["work"]["packages"] == ["numpy>=1.26", "einops==0.8.0"]
+    again = post_spec(api, text, code=("train.py", b"print(1)\n"), data=("extra.csv", b"1\n"))
+    assert again.status_code == 201, again.json()
+    assert Job.objects.get(pk=again.json()["id"]).packages == "numpy>=1.26\neinops==0.8.0"
+    # A job without packages writes none.
+    assert "packages" not in api.get(reverse("api:job-spec", args=[make_job(alice).pk]) + "?format=json").json()["work"]
+
+
+def test_a_bad_package_in_a_spec_file_is_refused_at_its_line(api, dataset):
+    text = PACKAGED.replace("    - einops==0.8.0\n", "    - --extra-index-url https://mirror.example/simple\n")
+    response = post_spec(api, text, code=("train.py", b"print(1)\n"), data=("extra.csv", b"1\n"))
+    assert response.status_code == 400 and not Job.objects.exists()
+    [message] = response.json()["errors"]["packages"]
+    assert message.startswith("job.yaml line 10: work.packages: line 2 (--extra-index-url https://mirror.example/simple): options such as")
+
+
 def test_a_past_deadline_is_left_out_of_the_spec(api, alice):
     job = make_job(alice, deadline=timezone.now() - timezone.timedelta(hours=1), not_before=timezone.now() + timezone.timedelta(hours=2))
     spec = api.get(reverse("api:job-spec", args=[job.pk]) + "?format=json").json()

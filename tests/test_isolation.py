@@ -156,15 +156,10 @@ def test_mount_plan_hides_the_network_s_folders_and_binds_back_what_the_job_need
 
 
 @pytest.fixture
-def node(db, settings, tmp_path):
-    from scheduler.runner import Runner
-
-    settings.E31_STOP_GRACE_SECONDS = 1.0
+def node(make_runner, settings):
     settings.E31_JOB_DISK_CHECK_SECONDS = 0.3
-    runner = Runner(name="iso-node", devices=2, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
-    runner.register()
-    yield runner
-    runner.stop_all()
+    return make_runner("iso-node", devices=2)
+
 
 
 def run(node, job, until=None, timeout=30):

@@ -1,4 +1,5 @@
 import io
+import tarfile
 import zipfile
 from decimal import Decimal
 
@@ -96,6 +97,8 @@ def test_the_name_defaults_to_the_entrypoint(client_a):
             "The deadline must be after the not-before time.",
         ),
         ({"deadline": "2001-01-01T08:00"}, "deadline", "The deadline is already past."),
+        ({"packages": "numpy>=1.26\n-e ./mypkg"}, "packages", "line 2 (-e ./mypkg): options such as -e, -r and --index-url are not taken"),
+        ({"packages": "pkg @ https://example.com/pkg.whl"}, "packages", "line 1 (pkg @ https://example.com/pkg.whl): a direct reference"),
     ],
 )
 def test_bad_input_is_refused_next_to_its_field_and_the_upload_is_kept(client_a, fields, field, message):
@@ -253,3 +256,101 @@ def test_the_estimate_uses_the_preemptible_rate(client_a):
     assert "USD 0.80" in body
     body = client_a.post(url, {"gpus": "1", "mode": "span", "span_hours": "1"}).content.decode()
     assert "USD 2.40" in body
+
+
+# The packages a job brings ---------------------------------------------------------------------
+
+
+def tarred(entries, name="work.tar.gz"):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as t:
+        for entry, content in entries.items():
+            info = tarfile.TarInfo(entry)
+            info.size = len(content)
+            t.addfile(info, io.BytesIO(content))
+    return SimpleUploadedFile(name, buffer.getvalue(), content_type="application/gzip")
+
+
+def test_the_packages_given_are_kept_on_the_job_one_a_line(client_a):
+    response = post(client_a, code=script(), data=data_file(), packages="# what it needs\n\n numpy>=1.26 \neinops==0.8.0  # pinned\n")
+    assert response.status_code == 302, errors_of(response)
+    assert Job.objects.get().packages == "numpy>=1.26\neinops==0.8.0"
+
+
+def test_the_form_shows_the_packages_field_with_the_work(client_a):
+    page = client_a.get(URL).content.decode()
+    assert 'name="packages"' in page and "Python packages" in page and "a requirements.txt at the root of an archive is read too" in page
+
+
+def test_an_archive_s_requirements_txt_is_read_after_the_packages_given(client_a):
+    work = zipped({"train.py": "x", "requirements.txt": "# the archive's\nnumpy >= 1.26\nscipy\n"})
+    response = post(client_a, code=work, data=data_file(), entrypoint="train.py", packages="numpy>=1.26\neinops")
+    assert response.status_code == 302, errors_of(response)
+    assert Job.objects.get().packages == "numpy>=1.26\neinops\nscipy"
+
+
+def test_a_tar_archive_s_requirements_txt_is_read_too(client_a):
+    work = tarred({"./train.py": b"x", "./requirements.txt": b"\xef\xbb\xbfeinops==0.8.0\r\n"})  # a byte-order mark, Windows lines
+    response = post(client_a, code=work, data=data_file(), entrypoint="train.py")
+    assert response.status_code == 302, errors_of(response)
+    assert Job.objects.get().packages == "einops==0.8.0"
+
+
+def test_only_a_requirements_txt_at_the_archive_s_root_is_read(client_a):
+    work = zipped({"train.py": "x", "vendor/requirements.txt": "-e .\n"})
+    response = post(client_a, code=work, data=data_file(), entrypoint="train.py")
+    assert response.status_code == 302, errors_of(response)
+    assert Job.objects.get().packages == ""
+
+
+def test_a_bad_line_in_the_archive_s_requirements_txt_is_refused_on_the_code_naming_its_line(client_a):
+    work = zipped({"train.py": "x", "requirements.txt": "numpy\n--index-url https://mirror.example/simple\n"})
+    response = post(client_a, code=work, data=data_file(), entrypoint="train.py")
+    assert response.status_code == 200 and not Job.objects.exists()
+    [error] = errors_of(response)["code"]
+    assert error.startswith("work.zip: requirements.txt line 2 (--index-url https://mirror.example/simple): options such as")
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"numpy\n" + b"# padding\n" * 7000, "work.zip: requirements.txt is larger than 64 KB"),
+        (b"numpy\xff\n", "work.zip: requirements.txt is not UTF-8 text"),
+    ],
+)
+def test_an_unreadable_requirements_txt_is_refused_on_the_code(client_a, content, message):
+    work = zipped({"train.py": "x", "requirements.txt": content})
+    response = post(client_a, code=work, data=data_file(), entrypoint="train.py")
+    assert response.status_code == 200 and not Job.objects.exists()
+    assert errors_of(response)["code"] == [message]
+
+
+def test_the_packages_given_and_the_archive_s_together_hold_the_limit(client_a):
+    given = "\n".join(f"a{i}" for i in range(150))
+    work = zipped({"train.py": "x", "requirements.txt": "\n".join(f"b{i}" for i in range(60))})
+    response = post(client_a, code=work, data=data_file(), entrypoint="train.py", packages=given)
+    assert response.status_code == 200 and not Job.objects.exists()
+    assert errors_of(response)["packages"] == [
+        "With the archive's requirements.txt: 210 requirements in all: a job may name at most 200"
+    ]
+
+
+def test_the_job_page_shows_the_packages_of_a_job_that_has_some(client_a):
+    post(client_a, code=script(), data=data_file(), packages="numpy>=1.26\neinops==0.8.0", name="with")
+    post(client_a, code=script(), data=data_file(), name="without")
+    page = client_a.get(reverse("jobs:detail", args=[Job.objects.get(name="with").pk])).content.decode()
+    assert '<pre class="mono small" id="packages">numpy&gt;=1.26\neinops==0.8.0</pre>' in page
+    page = client_a.get(reverse("jobs:detail", args=[Job.objects.get(name="without").pk])).content.decode()
+    assert 'id="packages"' not in page and "Python packages" not in page
+
+
+def test_a_retraining_brings_the_same_packages(client_a, alice):
+    from jobs import lineage, states
+    from jobs.models import Artifact
+
+    post(client_a, code=script(), data=data_file(), packages="einops==0.8.0")
+    job = Job.objects.get()
+    Job.objects.filter(pk=job.pk).update(state=states.SUCCEEDED)
+    Artifact.objects.create(job=job, name="model.pt", key="k", size=1, sha256="0" * 64)
+    job.refresh_from_db()
+    assert lineage.retrain(job, alice).packages == "einops==0.8.0"

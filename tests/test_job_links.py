@@ -55,23 +55,15 @@ def swap_for_link(path, target):
 # Hostile jobs, run by a runner in this process --------------------------------------------------
 
 @pytest.fixture
-def node(db, settings, tmp_path):
-    from scheduler.runner import Runner
+def node(make_runner):
+    return make_runner("links-node", devices=2)
 
-    settings.E31_STOP_GRACE_SECONDS = 1.0
-    runner = Runner(name="links-node", devices=2, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
-    runner.register()
-    yield runner
-    runner.stop_all()
 
 
 def run(node, job, timeout=60):
-    from jobs.models import Job
-    from tests.test_runner import run_until
+    from tests.test_isolation import run as run_job
 
-    run_until(node, lambda: Job.objects.get(pk=job.pk).is_terminal, timeout)
-    job.refresh_from_db()
-    return job
+    return run_job(node, job, timeout=timeout)
 
 
 def lines(job):

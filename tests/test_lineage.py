@@ -12,7 +12,7 @@ from jobs import datasets, evaluation, lineage
 from jobs.models import Job, JobModel, Upload
 from scheduler.staging import job_manifest
 from tests.conftest import make_job, upload
-from tests.test_staging import make_runner, run  # noqa: F401 - the fixture
+from tests.test_staging import run
 
 pytestmark = [pytest.mark.runs_jobs, pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
 
@@ -61,7 +61,7 @@ def first_job(alice, team_a, runner, **fields):
     return job
 
 
-def test_a_retraining_starts_from_the_weights_and_stages_only_the_new_files(make_runner, alice, rate, team_a):  # noqa: F811
+def test_a_retraining_starts_from_the_weights_and_stages_only_the_new_files(make_runner, alice, rate, team_a):
     runner = make_runner()
     base = first_job(alice, team_a, runner)
     new_files = [upload(team_a, alice, Upload.TRAIN, "new-0.bin", b"n" * 12_345), upload(team_a, alice, Upload.TRAIN, "new-1.bin", b"m" * 6_789)]
@@ -97,7 +97,7 @@ def open_artifact(job, name):
         yield stream.read()
 
 
-def test_compare_with_previous_evaluates_both_models_and_gives_the_verdict(make_runner, alice, rate, team_a, client):  # noqa: F811
+def test_compare_with_previous_evaluates_both_models_and_gives_the_verdict(make_runner, alice, rate, team_a, client):
     runner = make_runner()
     base = first_job(alice, team_a, runner)
     Upload.objects.filter(pk=upload(team_a, alice, Upload.HELDOUT, "rows.txt", " ".join(str(i % 20) for i in range(200)).encode()).pk).update(job=base)
@@ -126,7 +126,7 @@ def test_compare_with_previous_evaluates_both_models_and_gives_the_verdict(make_
     assert 'id="compare-form"' not in page and 'id="retrain-link"' in page
 
 
-def test_the_retrain_form_is_prefilled_and_submits_a_fine_tuning(make_runner, alice, rate, team_a, client, charlie):  # noqa: F811
+def test_the_retrain_form_is_prefilled_and_submits_a_fine_tuning(make_runner, alice, rate, team_a, client, charlie):
     runner = make_runner()
     base = first_job(alice, team_a, runner, span_hours=2)
     client.force_login(alice)

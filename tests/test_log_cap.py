@@ -139,15 +139,9 @@ def test_the_stored_log_is_counted_in_utf8_bytes_as_the_budget_counts_it(alice):
 
 
 @pytest.fixture
-def runner(db, settings, tmp_path):
-    from scheduler.runner import Runner
-
-    settings.E31_STOP_GRACE_SECONDS = 1.0
+def runner(make_runner, settings):
     settings.E31_JOB_LOG_MAX_BYTES = 50_000
-    runner = Runner(name="log-cap-node", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
-    runner.register()
-    yield runner
-    runner.stop_all()
+    return make_runner("log-cap-node")
 
 
 def run_job(runner, job):

@@ -10,7 +10,7 @@ import pytest
 from jobs import datasets, lineage
 from jobs.models import Job, Upload
 from tests.conftest import make_job, upload
-from tests.test_staging import make_runner, run  # noqa: F401 - the fixture
+from tests.test_staging import run
 
 # Real runners and recipe runs: with the end-to-end tests (the SQLite pass).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
@@ -55,7 +55,7 @@ def data(team_a, alice):
 BASE = {"max_steps": 3, "eval_every": 1, "batch_size": 16, "hidden": 16, "lr": 0.01, "seed": 0}
 
 
-def test_a_fine_tuning_starts_from_its_starting_weights(make_runner, alice, rate, team_a, data):  # noqa: F811
+def test_a_fine_tuning_starts_from_its_starting_weights(make_runner, alice, rate, team_a, data):
     runner = make_runner()
     train, heldout = data
     base = run([runner], recipe_job(alice, team_a, "weak", BASE, train_version=train, heldout_version=heldout))
@@ -76,7 +76,7 @@ def read(job, name):
         yield stream.read()
 
 
-def test_compare_tells_a_clearly_better_and_a_clearly_worse_fine_tuning(make_runner, alice, rate, team_a, data, client):  # noqa: F811
+def test_compare_tells_a_clearly_better_and_a_clearly_worse_fine_tuning(make_runner, alice, rate, team_a, data, client):
     runner = make_runner()
     train, heldout = data
     weak = run([runner], recipe_job(alice, team_a, "weak", {**BASE, "max_steps": 1, "lr": 0.0005}, train_version=train, heldout_version=heldout))
@@ -111,7 +111,7 @@ def compared(runner, job, client, user):
     return client.get(f"/jobs/{done.pk}/comparison.json").json()["verdict"]
 
 
-def test_an_uploaded_model_is_staged_for_a_fine_tuning(make_runner, alice, rate, team_a, data):  # noqa: F811
+def test_an_uploaded_model_is_staged_for_a_fine_tuning(make_runner, alice, rate, team_a, data):
     runner = make_runner()
     train, heldout = data
     base = run([runner], recipe_job(alice, team_a, "weak", BASE, train_version=train, heldout_version=heldout))
@@ -126,7 +126,7 @@ def test_an_uploaded_model_is_staged_for_a_fine_tuning(make_runner, alice, rate,
     assert metric_points(tuned, "val_accuracy")[0][1] == pytest.approx(final["val_accuracy"], abs=1e-6)
 
 
-def test_a_recipe_given_two_devices_trains_data_parallel_to_the_same_weights(make_runner, alice, rate, team_a, data):  # noqa: F811
+def test_a_recipe_given_two_devices_trains_data_parallel_to_the_same_weights(make_runner, alice, rate, team_a, data):
     import torch
     from safetensors.torch import load
 

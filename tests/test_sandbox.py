@@ -23,14 +23,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def node(db, settings, tmp_path):
-    from scheduler.runner import Runner
+def node(make_runner):
+    return make_runner("sandbox-node", devices=2)
 
-    settings.E31_STOP_GRACE_SECONDS = 1.0
-    runner = Runner(name="sandbox-node", devices=2, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
-    runner.register()
-    yield runner
-    runner.stop_all()
 
 
 def zip_job(user, files, entrypoint="train.py", **fields):

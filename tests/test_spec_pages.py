@@ -57,6 +57,13 @@ def test_the_form_is_filled_from_an_uploaded_spec(signed_in, dataset):
     assert "14.40" in page
 
 
+def test_a_spec_s_packages_fill_the_packages_field_one_a_line(signed_in):
+    text = "work:\n  code: train.py\n  packages: [numpy>=1.26, einops==0.8.0]\nrequest: {gpus: 1, span_hours: 1}\n"
+    response = signed_in.post(reverse("jobs:new"), {"spec_file": spec_upload(text)})
+    assert response.context["form"].initial["packages"] == "numpy>=1.26\neinops==0.8.0"
+    assert "numpy&gt;=1.26\neinops==0.8.0</textarea>" in response.content.decode()
+
+
 def test_a_recipe_spec_fills_the_recipe_fields(signed_in):
     text = "work:\n  recipe: classifier\n  config: {lr: 0.01, max_steps: 50, extra: 1}\nrequest: {gpus: 1, span_hours: 1}\n"
     initial = signed_in.post(reverse("jobs:new"), {"spec_file": spec_upload(text)}).context["form"].initial

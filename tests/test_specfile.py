@@ -90,3 +90,21 @@ def test_a_dumped_spec_reads_back_the_same():
     assert text.startswith("# An E31 Network job spec")
     again = specfile.read(text, "n.yaml")
     assert again.fields["span_hours"] == 1.5 and again.fields["early_stop_mode"] == "max" and again.files["code"][0][0] == "t.py"
+
+
+def test_work_packages_are_read_as_a_list_with_their_line():
+    spec = specfile.read("work:\n  code: train.py\n  packages:\n    - numpy>=1.26\n    - einops==0.8.0\n", "job.yaml")
+    assert spec.fields["packages"] == ["numpy>=1.26", "einops==0.8.0"] and spec.lines["packages"] == 3
+    assert spec.message("packages", "line 2 (-e .): refused") == "job.yaml line 3: work.packages: line 2 (-e .): refused"
+
+
+def test_a_dumped_spec_with_packages_reads_back_the_same():
+    spec = {"name": "n", "kind": "train", "work": {"code": "t.py", "entrypoint": "t.py", "packages": ["numpy>=1.26", "einops==0.8.0"]},
+            "request": {"gpus": 1, "span_hours": 1}}
+    again = specfile.read(specfile.dump(spec), "n.yaml")
+    assert again.fields["packages"] == ["numpy>=1.26", "einops==0.8.0"]
+
+
+def test_the_flat_layout_takes_packages_too():
+    spec = specfile.read('{"gpus": 1, "packages": ["numpy"]}', "job.json")
+    assert spec.fields == {"gpus": 1, "packages": ["numpy"]}

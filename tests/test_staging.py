@@ -16,7 +16,6 @@ from jobs.models import Job
 from scheduler import policy, services
 from scheduler.cache import BlobCache
 from scheduler.models import Allocation, CachedBlob, Node, Staging
-from scheduler.runner import Runner
 from tests.conftest import make_job
 
 pytestmark = [pytest.mark.runs_jobs, pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
@@ -28,25 +27,6 @@ print(json.dumps(sorted((os.path.relpath(os.path.join(d, f), root), os.path.gets
                         for d, _, files in os.walk(root) for f in files)))
 print(json.dumps(dict(os.environ)))
 """
-
-
-@pytest.fixture
-def make_runner(settings, tmp_path):
-    settings.E31_STOP_GRACE_SECONDS = 1.0
-    runners = []
-
-    def make(name="node-a", devices=1, cache_bytes=None):
-        runner = Runner(
-            name=name, devices=devices, work_dir=tmp_path / "runs" / name, device_type="cpu",
-            cache_dir=tmp_path / "cache" / name, cache_bytes=cache_bytes,
-        )
-        runner.register()
-        runners.append(runner)
-        return runner
-
-    yield make
-    for runner in runners:
-        runner.stop_all()
 
 
 def drive(runners, done, timeout=60):
