@@ -570,11 +570,19 @@ class RunningJob:
             # Every file read through a descriptor reached from the output folder's, one component
             # at a time: a subfolder swapped for a link (even after the look) is never entered,
             # and nothing but a regular file is read. The runner may be root.
+            # What the outputs may add up to, by their length (not the disk they take: a sparse
+            # file of 50 GB takes nothing on the job's disk and 50 GB in storage).
+            room = self.sandbox.limits.disk_bytes if self.sandbox is not None else None
             for name, fd in jobfiles.regular_files(output):
                 problem = artifact_name_problem(name)
+                length = os.fstat(fd).st_size
+                if problem is None and room is not None and length > room:
+                    problem = f"the outputs pass the job's disk limit ({self.sandbox.limits.disk_bytes / 1e9:.3g} GB) by their length"
                 if problem:
                     skipped.append(f"{name!r}: {problem}")
                     continue
+                if room is not None:
+                    room -= length
                 key = f"jobs/{self.job.pk}/artifacts/{name}"
                 with open(fd, "rb", closefd=False) as source:
                     size, sha256 = storage.save(key, source)

@@ -217,3 +217,26 @@ def test_an_archive_is_unpacked_in_the_sandbox_as_the_job_s_uid_and_a_bomb_stops
     assert bomb.state == "failed"
     assert "could not be unpacked" in bomb.reason and "more than" in bomb.reason, bomb.reason
     assert "never" not in lines(bomb)
+
+
+def test_sparse_outputs_are_kept_only_up_to_the_disk_limit_by_their_length(node, alice, rate, settings):
+    """Found by attacking the sandbox: four sparse 50 MB files take no disk in the job's folder
+    (so its disk limit never sees them) and were copied to storage in full, 200 MB from a job
+    with a 1 MB limit."""
+    from tests.conftest import make_job
+
+    settings.E31_JOB_DISK_BYTES = 10**6
+    script = b"""
+import os
+out = os.environ["E31_OUTPUT_DIR"]
+open(os.path.join(out, "model.pt"), "wb").write(b"w" * 1000)
+for i in range(4):
+    with open(os.path.join(out, f"sparse-{i}.bin"), "wb") as f:
+        f.truncate(50 * 10**6)
+print("blocks", sum(os.stat(os.path.join(out, n)).st_blocks for n in os.listdir(out)), flush=True)
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    assert list(job.artifacts.values_list("name", flat=True)) == ["model.pt"]
+    texts = [(d or {}).get("text", "") for d in job.events.filter(kind="notice").values_list("data", flat=True)]
+    assert sum("pass the job's disk limit" in t for t in texts) == 4, texts
