@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SHIM = Path(__file__).with_name("jobshim.py")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+SLIRP_DNS = "10.0.2.3"  # slirp4netns's DNS forwarder, inside the job's network
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; bin/setup does it when run as root), "
     "or set E31_JOB_ISOLATION=0 to run jobs unisolated (for development only)"
@@ -189,12 +190,14 @@ class View:
 
     root: str
     cwd: str
+    extra: tuple = ()  # more bwrap arguments, put first (the uplink's --info-fd and --block-fd)
     system: tuple = ()
     runtime: tuple = ()
     read_only: tuple = ()
     devices: tuple = ()
     network: bool = False
     env: tuple = ()  # (name, value) pairs: the job's whole environment
+    files: tuple = ()  # (fd, path): a file made from fd's bytes, read-only (resolv.conf)
 
 
 def sandbox_args(view):
@@ -204,6 +207,7 @@ def sandbox_args(view):
     args = ["--unshare-all"]
     if view.network:
         args.append("--share-net")
+    args += list(view.extra)
     # The host's name is kept (a UTS namespace of its own all the same): torchrun and gangs
     # look their own name up, and /etc/hosts knows only the host's.
     args += ["--die-with-parent", "--new-session"]
@@ -212,6 +216,8 @@ def sandbox_args(view):
         args += ["--symlink", source, dest] if kind == "symlink" else ["--ro-bind", source, dest]
     for path in view.runtime:
         args += ["--ro-bind", path, path]
+    for fd, path in view.files:
+        args += ["--ro-bind-data", str(fd), path]
     for device in view.devices:
         args += ["--dev-bind", device, device]
     if view.devices:
@@ -520,6 +526,29 @@ def pids_with_env(marker):
     return found
 
 
+def unlinked_open_bytes(pids, device):
+    """Disk taken by files on device that the processes hold open after unlinking them (each
+    once): a job's folder measured by walking it misses them, and they can be as large as the
+    job likes."""
+    seen = set()
+    total = 0
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if st.st_nlink == 0 and st.st_dev == device and stat.S_ISREG(st.st_mode) and key not in seen:
+                seen.add(key)
+                total += st.st_blocks * 512
+    return total
+
+
 def reachable_by_others(path):
     try:
         return bool(os.stat(path).st_mode & stat.S_IXOTH)
@@ -540,7 +569,10 @@ class Sandbox:
     network: bool = True
     devices: tuple = ()  # device nodes bound in
     runtime: tuple = ()  # more read-only paths: the job's environment
+    uplink: bool = False  # a network of its own, with slirp4netns to the outside
     cgroups: list = field(default_factory=list)
+    _ends: dict = field(default_factory=dict)  # the runner's ends of the uplink's pipes
+    _slirp: object = None
     staged_inodes: frozenset = frozenset()
 
     @property
@@ -579,10 +611,22 @@ class Sandbox:
             spec["rlimits"] = rlimits(self.limits, per_user=self.uid is not None, hard=iso.hard)
         fds = ()
         if iso.sandboxed:
-            view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime)
+            extra, files, passed = (), (), []
+            if self.uplink:
+                info_r, info_w = os.pipe()
+                block_r, block_w = os.pipe()
+                resolv = args_file([])
+                os.write(resolv, f"nameserver {SLIRP_DNS}\n".encode())
+                os.lseek(resolv, 0, os.SEEK_SET)
+                self._ends = {"info": info_r, "block": block_w}
+                extra = ("--info-fd", str(info_w), "--block-fd", str(block_r))
+                files = ((resolv, "/etc/resolv.conf"),) if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf") else ()
+                passed = [info_w, block_r, resolv]
+                spec.update(netns=True, pass_fds=passed)
+            view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime, args=extra, files=files)
             fd = args_file(sandbox_args(view))
             spec.update(bwrap=iso.bwrap, args_fd=fd)
-            fds = (fd,)
+            fds = (fd, *passed)
             if self.uid is not None:
                 spec["covers"] = iso.covers([view.root, *view.runtime])
         if self.uid is not None:
@@ -591,6 +635,52 @@ class Sandbox:
         if not iso.sandboxed:
             outer = env  # isolation is off: the job runs as the runner's user, its environment as given
         return shim_command(command, spec), outer, fds
+
+    def connect(self, outer_pid, timeout=30.0):
+        """Give a started sandbox that asked for the network its uplink: slirp4netns joins its
+        network from outside (NAT to the world, the node's own loopback refused), then the job
+        is let go (bwrap waits on --block-fd until then). outer_pid: bwrap's own process, in the
+        network the shim made (owned by the node's user namespace, so root may join it; the
+        sandbox's processes are in bwrap's user namespace, where root is nobody). A no-op for
+        other sandboxes."""
+        if not self._ends:
+            return
+        import select
+
+        info_r, block_w = self._ends["info"], self._ends["block"]
+        try:
+            buffer, deadline = b"", time.monotonic() + timeout
+            while True:
+                if not select.select([info_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                    raise RuntimeError("the sandbox did not start in time")
+                chunk = os.read(info_r, 4096)
+                buffer += chunk
+                try:
+                    json.loads(buffer)["child-pid"]  # bwrap is set up, and waits on --block-fd
+                    break
+                except ValueError:
+                    if not chunk:
+                        raise RuntimeError("the sandbox ended before it started") from None
+            ready_r, ready_w = os.pipe()
+            try:
+                self._slirp = subprocess.Popen(
+                    [self.isolation.slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd", str(ready_w), str(outer_pid), "tap0"],
+                    pass_fds=(ready_w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    env={"PATH": "/usr/bin:/bin"}, start_new_session=True,
+                )
+            finally:
+                os.close(ready_w)
+            try:
+                if not select.select([ready_r], [], [], timeout)[0] or os.read(ready_r, 1) != b"1":
+                    why = self._slirp.stderr.read1(2000).decode(errors="replace").strip() if self._slirp.poll() is not None else "no answer"
+                    raise RuntimeError(f"its network could not be connected: {why}")
+            finally:
+                os.close(ready_r)
+            os.write(block_w, b"go")
+        finally:
+            for fd in self._ends.values():
+                os.close(fd)
+            self._ends = {}
 
     def pids(self):
         found = set()
@@ -627,6 +717,13 @@ class Sandbox:
     def release(self):
         """After the job: nothing of it left running, its cgroup removed, its uid free again."""
         self.kill_all()
+        for fd in self._ends.values():
+            os.close(fd)
+        self._ends = {}
+        if self._slirp is not None:
+            self._slirp.kill()
+            self._slirp.wait()
+            self._slirp = None
         if self.cgroups:
             self.isolation.cgroups.remove(self.name)
             self.cgroups = []
@@ -665,7 +762,8 @@ class Isolation:
         self.enabled = bool(getattr(settings, "E31_JOB_ISOLATION", True))
         self.root = is_root()
         self.bwrap = shutil.which(getattr(settings, "E31_BWRAP", "") or "bwrap")
-        self.sandboxed = self.users_on = self.cgroups_on = False
+        self.slirp = shutil.which("slirp4netns")
+        self.sandboxed = self.users_on = self.cgroups_on = self.uplinks = False
         self.cgroups = Cgroups(None, getattr(settings, "E31_JOB_CGROUP_PARENT", "e31"))
         self.slots = {}  # allocation id -> uid slot
         self.claims = UidClaims(getattr(settings, "E31_JOB_UID_LOCK_DIR", "/run/e31/job-uids"))
@@ -703,6 +801,14 @@ class Isolation:
             raise IsolationUnavailable(f"this runner cannot sandbox jobs: bubblewrap failed here ({why}); {INSTALL_HINT}")
         if not self.root:
             log.info("job isolation: the runner is not root, so jobs run in the sandbox as its user, without cgroups")
+        # A job given the network gets a network of its own with an uplink (slirp4netns), not
+        # the node's: where that cannot be, it shares the node's, loopback services included.
+        self.uplinks = self.root and bool(self.slirp)
+        if not self.uplinks:
+            log.warning(
+                "job isolation: jobs given the network share this node's network, its loopback included "
+                "(%s): install slirp4netns (apt-get install slirp4netns)", "slirp4netns is missing" if self.root else "the runner is not root",
+            )
         lost = []
         if not self.cgroups_on:
             lost.append("memory, CPU and process limits")
@@ -790,12 +896,13 @@ class Isolation:
                 out = [kept for kept in out if not _under(kept, path)] + [path]
         return tuple(sorted(out))
 
-    def view(self, dirs, *, network, devices, env, extra=()):
+    def view(self, dirs, *, network, devices, env, extra=(), args=(), files=()):
         root = str(Path(dirs.root).resolve())
         read_only = tuple(str(Path(p).resolve()) for p in (dirs.data, dirs.model) if Path(p).is_dir())
         return View(
             root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=(*self.runtime(), *extra), read_only=read_only,
-            devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()),
+            devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()), extra=tuple(args),
+            files=tuple(files),
         )
 
     def covers(self, paths):
@@ -815,9 +922,12 @@ class Isolation:
             node_disk=node_disk, memory_reserve=s.E31_NODE_RESERVE_MEMORY_BYTES or None, disk_reserve=s.E31_NODE_RESERVE_DISK_BYTES or None,
             device_type=allocation.device_type, node_cpus=self.node_cpus,
         )
+        network = keeps_network(job.network, gang, allocation.gang_size)
         sandbox = Sandbox(
-            self, str(allocation.pk), str(job.pk), limits, network=keeps_network(job.network, gang, allocation.gang_size),
+            self, str(allocation.pk), str(job.pk), limits, network=network,
             devices=gpu_device_nodes(allocation.devices, allocation.device_type),
+            # A gang's processes are reached by their peers: they keep the node's network.
+            uplink=network and gang is None and allocation.gang_size == 1 and self.uplinks,
         )
         if self.users_on:
             base, span = s.E31_JOB_UID_BASE, s.E31_JOB_UID_COUNT

@@ -19,6 +19,8 @@ import os
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 
 
@@ -50,6 +52,12 @@ def main(argv):
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             except (OSError, ValueError) as error:
                 fail(f"setting {name}", error)
+    if spec.get("netns"):
+        # A network of its own for a job that asked for the network: its own loopback, and an
+        # uplink the runner adds from outside (slirp4netns), so the node's own services on
+        # 127.0.0.1 are never its neighbours. Made here, by root, so the runner can join it.
+        call(libc.unshare(CLONE_NEWNET), "unshare")
+        loopback_up()
     if spec.get("covers"):
         call(libc.unshare(CLONE_NEWNS), "unshare")
         call(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
@@ -75,12 +83,29 @@ def main(argv):
     if os.getppid() != parent:  # the runner died before the line above
         os._exit(137)
     if spec.get("bwrap"):
+        for fd in spec.get("pass_fds", ()):
+            os.set_inheritable(fd, True)
         os.set_inheritable(spec["args_fd"], True)
         command = [spec["bwrap"], "--args", str(spec["args_fd"]), "--", *command]
     try:
         os.execv(command[0], command)
     except OSError as error:
         fail(f"running {command[0]}", error)
+
+
+def loopback_up():
+    """ip link set lo up, in the new network namespace."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            request = struct.pack("16sh14x", b"lo", 0)
+            flags = struct.unpack("16sh14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
+    except OSError as error:
+        fail("bringing the loopback up", error)
 
 
 def cover(libc, call, folder, mode, keep):

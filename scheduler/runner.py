@@ -40,7 +40,7 @@ from scheduler import checkpoints, jobfiles, sampling, stopping, utilization
 from scheduler.launch import (
     RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun,
 )
-from scheduler.isolation import Isolation, disk_message, oom_message, sandbox_group
+from scheduler.isolation import Isolation, disk_message, oom_message, sandbox_group, unlinked_open_bytes
 from scheduler.cache import BlobCache
 from scheduler.environments import EnvironmentCache, EnvironmentError_, index_arguments, requirements_of
 from scheduler.logcap import LogBudget
@@ -485,7 +485,12 @@ class RunningJob:
                 return
         if self.disk_check is None and now_monotonic - self.disk_checked_at >= every:
             self.disk_checked_at = now_monotonic
-            self.disk_check = self.disk_pool.submit(jobfiles.disk_used, self.dirs.root, self.sandbox.staged_inodes)
+            self.disk_check = self.disk_pool.submit(self.disk_taken)
+
+    def disk_taken(self):
+        """What the job takes of the disk: its folder, and the files it unlinked but holds open."""
+        used = jobfiles.disk_used(self.dirs.root, self.sandbox.staged_inodes)
+        return used + unlinked_open_bytes(self.sandbox.pids(), os.stat(self.dirs.root).st_dev)
 
     def poll(self):
         if self.exited_at is None and self.process.poll() is not None:
@@ -959,6 +964,7 @@ class Runner:
             finally:
                 for fd in fds:
                     os.close(fd)
+            sandbox.connect(process.pid)  # a job given the network: its uplink, before it runs
             # Running only if the allocation is still ours: the node may have been declared
             # lost (and the job requeued) while we staged.
             with transaction.atomic():

@@ -240,3 +240,67 @@ print("blocks", sum(os.stat(os.path.join(out, n)).st_blocks for n in os.listdir(
     assert list(job.artifacts.values_list("name", flat=True)) == ["model.pt"]
     texts = [(d or {}).get("text", "") for d in job.events.filter(kind="notice").values_list("data", flat=True)]
     assert sum("pass the job's disk limit" in t for t in texts) == 4, texts
+
+
+@pytest.mark.skipif(not shutil.which("slirp4netns"), reason="needs slirp4netns")
+def test_a_job_given_the_network_never_reaches_the_node_s_own_services(node, alice, rate):
+    """Found by attacking the sandbox: a job given the network shared the node's, so 127.0.0.1
+    was the node itself: it talked to the host's Redis and PostgreSQL (trust authentication) and,
+    through the cache's pickles in Redis, could run code in the web server. Now it has a network
+    of its own (its own loopback) with an uplink to the outside that refuses the node's loopback."""
+    import socket
+
+    from tests.conftest import make_job
+
+    service = socket.socket()
+    service.bind(("127.0.0.1", 0))
+    service.listen()
+    port = service.getsockname()[1]
+    script = f"""
+import socket, threading
+def reach(host, port):
+    s = socket.socket(); s.settimeout(3)
+    try:
+        s.connect((host, port)); return "reached"
+    except OSError as error:
+        return f"refused ({{error.__class__.__name__}})"
+print("node", reach("127.0.0.1", {port}), flush=True)
+print("gateway", reach("10.0.2.2", {port}), flush=True)
+own = socket.socket(); own.bind(("127.0.0.1", 0)); own.listen()
+print("own", reach("127.0.0.1", own.getsockname()[1]), flush=True)
+print("interfaces", sorted(name for _, name in socket.if_nameindex()), flush=True)
+print("unix", len(open("/proc/net/unix").read().splitlines()) - 1, flush=True)
+""".encode()
+    try:
+        job = run(node, make_job(alice, script=script, network=True))
+    finally:
+        service.close()
+    assert job.state == "succeeded", (job.reason, lines(job))
+    said = dict(line.split(" ", 1) for line in lines(job) if line.split(" ", 1)[0] in ("node", "gateway", "own", "interfaces", "unix"))
+    assert said["node"].startswith("refused") and said["gateway"].startswith("refused"), said
+    assert said["own"] == "reached", said  # its own loopback works (torchrun on one node uses it)
+    assert said["interfaces"] == "['lo', 'tap0']", said  # the uplink
+    assert said["unix"] == "0", said  # no abstract socket of the node's is in its network
+
+
+def test_files_unlinked_but_held_open_count_against_the_disk_limit(node, alice, rate, settings):
+    """Found by attacking the sandbox: the folder's size was measured by walking it, so files the
+    job unlinked and kept open (60 MB against a 10 MB limit) were never counted."""
+    from tests.conftest import make_job
+
+    settings.E31_JOB_DISK_BYTES = 10 * 10**6
+    settings.E31_JOB_DISK_CHECK_SECONDS = 0.3
+    script = b"""
+import os, tempfile, time
+held = []
+for i in range(3):
+    f = tempfile.TemporaryFile(dir=os.environ["E31_OUTPUT_DIR"])  # unlinked at once, held open
+    f.write(os.urandom(6 * 10**6)); f.flush(); os.fsync(f.fileno())
+    held.append(f)
+print("holding", flush=True)
+time.sleep(30)
+print("still here", flush=True)
+"""
+    job = run(node, make_job(alice, script=script), timeout=60)
+    assert job.state == "failed" and "disk" in job.reason, (job.reason, lines(job))
+    assert "still here" not in lines(job)
