@@ -94,6 +94,9 @@ class CheckpointKeeper:
         self.futures = []
         self.last_scan = 0.0
         self.lock = threading.Lock()
+        # The longest checkpoint kept, by its length: a sparse file takes nothing on the job's
+        # disk and all of its length in storage (the runner sets the job's disk limit here).
+        self.max_bytes = None
 
     def ignore_existing(self):
         """What is in the folder before the job starts (a restored checkpoint) is not new."""
@@ -145,6 +148,10 @@ class CheckpointKeeper:
             copy.unlink()  # a link or a pipe the job put there: not a checkpoint
             return
         self.taken[name] = signature
+        if self.max_bytes is not None and os.lstat(copy).st_size > self.max_bytes:
+            copy.unlink()
+            self.job.record("notice", data={"text": f"checkpoint {name} not kept: it is longer than the job's disk limit ({self.max_bytes / 1e9:.3g} GB)"})
+            return
         written_at = datetime.fromtimestamp(signature[1] / 1e9, tz=dt_timezone.utc)
         self.futures.append(self.pool.submit(self._upload, name, copy, written_at))
 

@@ -270,15 +270,31 @@ class EnvironmentCache:
             ],
             "installing the packages",
         )
-        frozen = self._run([self.uv, "pip", "freeze", "--python", str(folder / "bin" / "python")], "listing the packages").stdout
-        base = {normalize(n) for n, _ in self.base}
-        resolved = [line for line in frozen.split() if "==" in line and normalize(line.split("==")[0]) not in base]
-        (folder / RESOLVED).write_text("".join(line + "\n" for line in resolved))
+        # What uv chose, read from the installed metadata: never by starting the environment's
+        # Python as root once packages are in it (a wheel's .pth file runs at every start).
+        (folder / RESOLVED).write_text("".join(line + "\n" for line in installed_packages(site)))
         for path in (folder, *folder.rglob("*")):  # read-only for everyone, jobs included
             if not path.is_symlink():
                 path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         (folder / USED).touch()
         (folder / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def installed_packages(site):
+    """name==version of what was installed into site-packages, the base's stubs left out."""
+    out = []
+    for info in sorted(Path(site).glob("*.dist-info")):
+        try:
+            if (info / "INSTALLER").read_text().strip() == STUB_INSTALLER:
+                continue
+            fields = dict(
+                line.split(": ", 1) for line in (info / "METADATA").read_text(errors="replace").splitlines()[:20] if ": " in line
+            )
+        except OSError:
+            continue
+        if fields.get("Name") and fields.get("Version"):
+            out.append(f"{normalize(fields['Name'])}=={fields['Version']}")
+    return sorted(out)
 
 
 def index_arguments(settings):

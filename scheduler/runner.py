@@ -928,6 +928,7 @@ class Runner:
             gang = self.gang_of(allocation)
             sandbox = self.isolation.sandbox(allocation, job, gang)
             sandbox.prepare(dirs)  # the folder handed to the job's user, its cgroup made
+            keeper.max_bytes = sandbox.limits.disk_bytes
             self.unpack_work(sandbox, dirs)
             torchrun = uses_torchrun(len(allocation.devices), gang)
             env_key = self.prepare_environment(job, announce_cached=False)  # ready here already, unless not staged here

@@ -179,3 +179,30 @@ def test_a_node_tells_the_scheduler_which_environments_it_holds_even_after_a_res
     node.stop_all()
     again = make_runner("env-node", devices=2)  # its folders, its environments: a restart
     assert CachedBlob.objects.filter(node=again.node, sha256=digest).exists()
+
+
+@pytest.mark.nodb
+def test_building_never_runs_a_package_s_code_as_the_runner(tmp_path):
+    """A wheel may carry a .pth file, which Python runs at every start of the environment's
+    interpreter: the build (as root) must not start it once packages are in."""
+    import site
+    import sys
+    import zipfile as zf
+
+    from uv import find_uv_bin
+
+    from scheduler.environments import EnvironmentCache
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    marker = tmp_path / "ran-as-the-runner"
+    path = make_wheel(wheels, "sneaky", "1.0", "X = 1\n")
+    with zf.ZipFile(path, "a") as wheel:  # RECORD need not list it for uv to install it
+        wheel.writestr("sneaky_hook.pth", f"import os; open({str(marker)!r}, 'w').write(str(os.getuid()))\n")
+    cache = EnvironmentCache(
+        tmp_path / "envs", 10**10, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
+        index=["--find-links", str(wheels), "--no-index"],
+    )
+    key, built = cache.ensure(["sneaky==1.0"])
+    assert built and cache.resolved(key) == ["sneaky==1.0"]
+    assert not marker.exists(), "a package's code ran during the build"

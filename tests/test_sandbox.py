@@ -304,3 +304,21 @@ print("still here", flush=True)
     job = run(node, make_job(alice, script=script), timeout=60)
     assert job.state == "failed" and "disk" in job.reason, (job.reason, lines(job))
     assert "still here" not in lines(job)
+
+
+def test_a_sparse_checkpoint_longer_than_the_disk_limit_is_not_uploaded(node, alice, rate, settings):
+    from jobs.models import Checkpoint
+    from tests.conftest import make_job
+
+    settings.E31_JOB_DISK_BYTES = 10**6
+    script = b"""
+import os, time
+folder = os.environ["E31_CHECKPOINT_DIR"]
+with open(os.path.join(folder, "step-1.pt"), "wb") as f:
+    f.truncate(200 * 10**6)
+open(os.path.join(folder, "step-2.pt"), "wb").write(b"c" * 1000)
+time.sleep(2)
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    assert list(Checkpoint.objects.filter(job=job).values_list("name", flat=True)) == ["step-2.pt"]
