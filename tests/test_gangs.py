@@ -223,8 +223,16 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
         assert len({a["started_at"] for a in job["allocations"]}) == 1
         assert_close(job_weights(system, two_nodes), reference.weights())
         assert log_ranks(system, two_nodes) == {0, 1}
-        # Its meter: both nodes' held time, one usage record each.
-        records = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == two_nodes]
+        # Its meter: both nodes' held time, one usage record each. The job ends with its first
+        # node's release; the other node's record is final a moment later, when its own runner
+        # sees its processes gone.
+        deadline = time.monotonic() + 30
+        while True:
+            records = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == two_nodes]
+            if len(records) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        job = system.job(two_nodes)
         assert len(records) == 2 and job["held_seconds"] == sum(r["held_seconds"] for r in records)
     finally:
         system.stop()
