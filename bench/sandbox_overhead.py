@@ -68,7 +68,7 @@ def run_once(iso, work, config, train_csv, sandboxed, index):
     else:
         spec = {"cgroups": [str(c) for c in sandbox.cgroups], "cwd": str(dirs.code), "rlimits": rlimits(limits, per_user=uid is not None, hard=iso.hard)}
         if uid is not None:
-            spec.update(uid=uid, gid=uid, covers=iso.covers([str(dirs.root), *iso.runtime()]))
+            spec.update(uid=uid, gid=uid, covers=iso.covers([str(dirs.root), *iso.runtime]))
         argv, outer, fds = shim_command(command, spec), env, ()
     started = time.perf_counter()
     process = subprocess.Popen(argv, env=outer, pass_fds=fds, cwd=dirs.code, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -35,7 +35,7 @@ RESOLVED = "resolved.txt"
 USED = ".used"  # its mtime: when a job last used the environment
 
 
-class EnvironmentError_(RuntimeError):
+class BuildError(RuntimeError):
     """The environment could not be built: the message is the resolver's (or ours)."""
 
 
@@ -218,10 +218,10 @@ class EnvironmentCache:
 
     def ensure(self, requirements, keep=frozenset()):
         """(key, built): the environment for these requirements, built if this node lacks it.
-        Raises EnvironmentError_ with uv's own message when it cannot be built."""
+        Raises BuildError with uv's own message when it cannot be built."""
         problem = torch_problem(requirements, self.base_torch)
         if problem:
-            raise EnvironmentError_(problem)
+            raise BuildError(problem)
         key = self.key(requirements)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
@@ -243,10 +243,10 @@ class EnvironmentCache:
         try:
             result = subprocess.run(args, capture_output=True, text=True, timeout=self.timeout, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise EnvironmentError_(f"{what} took longer than {self.timeout} s") from None
+            raise BuildError(f"{what} took longer than {self.timeout} s") from None
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip()
-            raise EnvironmentError_(message[-4000:] or f"{what} failed (exit {result.returncode})")
+            raise BuildError(message[-4000:] or f"{what} failed (exit {result.returncode})")
         return result
 
     def _build(self, key, requirements):

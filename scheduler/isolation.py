@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -328,10 +329,6 @@ class Cgroups:
             self.parents = {
                 c: CGROUP_ROOT / c / self.top / self.key for c in self.V1 if (CGROUP_ROOT / c / "cgroup.procs").exists()
             }
-
-    @property
-    def limits_cpu(self):
-        return self.kind == "v2" or "cpu" in self.parents
 
     def folders(self, name):
         return [parent / name for parent in self.parents.values()]
@@ -813,7 +810,7 @@ class Isolation:
         if not self.cgroups_on:
             lost.append("memory, CPU and process limits")
         elif self.cgroups.kind == "v1":
-            lost.append("cgroup v1 only: no per-job pressure stall figures, and tmpfs is charged to the job's memory only as v1 does")
+            lost.append("cgroup v1 only: no swap limit unless memsw accounting is on, no pressure figures")
         log.info(
             "job isolation: bubblewrap %s, users %s, cgroups %s%s",
             self.bwrap, "on" if self.users_on else "off", self.cgroups.kind if self.cgroups_on else "off",
@@ -877,9 +874,11 @@ class Isolation:
 
     # Per job --------------------------------------------------------------------------------
 
+    @cached_property
     def runtime(self):
         """The Python the jobs run and the SDK, as read-only paths: never the network's own
-        folders (the var folder, the storage, the cache, the jobs), nor a folder holding one."""
+        folders (the var folder, the storage, the cache, the jobs), nor a folder holding one.
+        The same for every job of this runner: worked out once."""
         from django.conf import settings
 
         import e31
@@ -900,7 +899,7 @@ class Isolation:
         root = str(Path(dirs.root).resolve())
         read_only = tuple(str(Path(p).resolve()) for p in (dirs.data, dirs.model) if Path(p).is_dir())
         return View(
-            root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=(*self.runtime(), *extra), read_only=read_only,
+            root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=(*self.runtime, *extra), read_only=read_only,
             devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()), extra=tuple(args),
             files=tuple(files),
         )

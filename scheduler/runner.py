@@ -42,7 +42,7 @@ from scheduler.launch import (
 )
 from scheduler.isolation import Isolation, disk_message, oom_message, sandbox_group, unlinked_open_bytes
 from scheduler.cache import BlobCache
-from scheduler.environments import EnvironmentCache, EnvironmentError_, index_arguments, requirements_of
+from scheduler.environments import EnvironmentCache, BuildError, index_arguments, requirements_of
 from scheduler.logcap import LogBudget
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
@@ -201,6 +201,7 @@ class RunningJob:
     def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
         self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.group = None  # the process group of the job inside its sandbox (found when first signalled)
+        self.env_key = None  # its environment (scheduler/environments.py): never evicted while it runs
         self.allocation = allocation
         self.sandbox = sandbox
         self.disk_pool = disk_pool
@@ -789,12 +790,12 @@ class Runner:
 
     def prepare_environment(self, job, announce_cached=True):
         """The job's environment on this node, built now if it is not here (None: it asked for
-        no packages). Raises EnvironmentError_ with the resolver's message. announce_cached:
+        no packages). Raises BuildError with the resolver's message. announce_cached:
         say so on the job page when it was here already (at launch it was said when staged)."""
         requirements = requirements_of(job)
         if not requirements:
             return None
-        in_use = {r.env_key for r in self.running.values() if getattr(r, "env_key", None)}
+        in_use = {r.env_key for r in self.running.values() if r.env_key}
         started = time.monotonic()
         if not self.envs.ready(self.envs.key(requirements)):
             job.record("notice", data={"text": f"building on {self.name}: {len(requirements)} requirement(s)", "environment": ""})
@@ -991,7 +992,7 @@ class Runner:
             disk_pool=self.disk_pool,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
-        running.env_key = env_key  # its environment: never evicted while it runs
+        running.env_key = env_key
         self.running[allocation.pk] = running
         return running
 
@@ -1123,7 +1124,7 @@ class Runner:
             )
             try:
                 self.prepare_environment(job)  # while it waits: not billed
-            except EnvironmentError_ as error:
+            except BuildError as error:
                 raise StagingError(f"its environment could not be built: {error}") from None
         except StagingError as error:
             if self.shutdown:
