@@ -38,11 +38,17 @@ TARGET = 1.10
 POLL_SECONDS = 0.5
 
 
-def staged_dataset_file(system, name):
-    """The CSV file the system keeps for a demo dataset (what its runner copies into a job)."""
-    found = sorted((system.var_dir / "storage" / "datasets").glob(f"*/{name}"))
-    assert len(found) == 1, f"expected one stored {name}, found {found}"
-    return found[0]
+def staged_dataset_file(system, name, work):
+    """The CSV file the system keeps for a demo dataset (what its runner copies into a job),
+    copied under its own name: datasets are kept as blobs named by their SHA-256."""
+    import sqlite3
+
+    with sqlite3.connect(system.var_dir / "e31.sqlite3") as db:
+        rows = db.execute("SELECT key FROM jobs_datasetfile WHERE path = ?", (name,)).fetchall()
+    assert len(rows) == 1, f"expected one stored {name}, found {rows}"
+    copy = Path(work) / name
+    shutil.copy(system.var_dir / "storage" / rows[0][0], copy)
+    return copy
 
 
 def run_direct(work, config, train_csv, heldout_csv):
@@ -120,8 +126,8 @@ def main():
           f"{' + redis' if args.redis else ''}", flush=True)
     try:
         with LiveSystem(database=args.database, redis=args.redis) as system:
-            train_csv = staged_dataset_file(system, "digits-train.csv")
-            heldout_csv = staged_dataset_file(system, "digits-heldout.csv")
+            train_csv = staged_dataset_file(system, "digits-train.csv", work)
+            heldout_csv = staged_dataset_file(system, "digits-heldout.csv", work)
             if not args.no_warmup:
                 # Page cache warm for python, torch and sklearn, and the system's first-request costs paid.
                 run_direct(work, {**config, "epochs": 1}, train_csv, heldout_csv)
