@@ -294,6 +294,14 @@ E31_JOB_DISK_BYTES = env_int("E31_JOB_DISK_BYTES", 0, minimum=0)
 # and disk among the jobs by the devices they hold. 0: a tenth, at least 1 GiB.
 E31_NODE_RESERVE_MEMORY_BYTES = env_int("E31_NODE_RESERVE_MEMORY_BYTES", 0, minimum=0)
 E31_NODE_RESERVE_DISK_BYTES = env_int("E31_NODE_RESERVE_DISK_BYTES", 0, minimum=0)
+# Where a job given the network (its own network, with a slirp4netns uplink) may not connect:
+# these networks, and every address of the node itself, are unreachable routes in its network
+# (private ranges, link-local with the clouds' metadata service at 169.254.169.254, shared NAT).
+# Comma- or space-separated CIDRs; an operator whose jobs must reach an internal mirror removes
+# its range here.
+E31_JOB_NETWORK_DENY = env_str(
+    "E31_JOB_NETWORK_DENY", "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10, 0.0.0.0/8"
+)
 # The bubblewrap binary every job runs under (found on PATH when empty).
 E31_BWRAP = env_str("E31_BWRAP", "")
 # Job environments (scheduler/environments.py): the packages a job names, built with uv on the

@@ -18,6 +18,7 @@ The pure decisions (which uid, which limits, what the sandbox binds) are the fun
 the rest touches the node.
 """
 
+import ipaddress
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 SHIM = Path(__file__).with_name("jobshim.py")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SLIRP_DNS = "10.0.2.3"  # slirp4netns's DNS forwarder, inside the job's network
+SLIRP_ADDRESSES = ("10.0.2.2", SLIRP_DNS, "10.0.2.100")  # its gateway, DNS and the job's own address
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; bin/setup does it when run as root), "
     "or set E31_JOB_ISOLATION=0 to run jobs unisolated (for development only)"
@@ -165,6 +167,44 @@ def keeps_network(asked, gang, nodes=1):
     return bool(asked) or gang is not None or nodes > 1
 
 
+def local_addresses(fib_trie):
+    """The node's own IPv4 addresses, from the text of /proc/net/fib_trie (its "/32 host LOCAL"
+    entries, each under the line naming the address)."""
+    found, last = set(), None
+    for line in fib_trie.splitlines():
+        text = line.strip()
+        if text.startswith("|-- "):
+            last = text[4:]
+        elif text.startswith("/32 host LOCAL") and last:
+            found.add(last)
+    return sorted(found, key=ipaddress.IPv4Address)
+
+
+def parse_networks(text, setting="E31_JOB_NETWORK_DENY"):
+    """CIDRs separated by commas or spaces, as IPv4 networks; a ValueError naming the setting and
+    the word that is not one."""
+    out = []
+    for word in text.replace(",", " ").split():
+        try:
+            network = ipaddress.ip_network(word, strict=False)
+        except ValueError:
+            raise ValueError(f"{setting}: {word!r} is not a network (write it as 10.0.0.0/8)") from None
+        if network.version != 4:
+            raise ValueError(f"{setting}: {word!r} is IPv6; a job's uplink carries IPv4 only")
+        out.append(network)
+    return out
+
+
+def denied_networks(deny, node_addresses):
+    """The unreachable routes in a job's own network (pure): the operator's networks and each of
+    the node's own addresses but loopback (the job's loopback is its own), as sorted CIDR text. A
+    route that would take in the uplink's own gateway, DNS or the job's address more narrowly than
+    the uplink's /24 is left out (a node that is itself a 10.0.2.x guest), so the uplink works."""
+    wanted = set(deny) | {ipaddress.ip_network(f"{a}/32") for a in node_addresses if not ipaddress.ip_address(a).is_loopback}
+    kept = [n for n in wanted if not (n.prefixlen > 24 and any(ipaddress.ip_address(a) in n for a in SLIRP_ADDRESSES))]
+    return [str(n) for n in sorted(kept)]
+
+
 def rlimits(limits, *, per_user, hard=None):
     """The resource limits set in the job's process: {name: (soft, hard)}. The process limit is
     per uid, so it is set only where the job has a uid of its own. hard: {name: the runner's own
@@ -205,7 +245,10 @@ def sandbox_args(view):
     """bubblewrap's arguments for a view: new namespaces of every kind (the network kept only if
     asked), killed with its parent, a session of its own (no terminal to push keys into), and a
     file system built from nothing but what the view names."""
-    args = ["--unshare-all"]
+    # --unshare-all only tries a user namespace; it is asked for outright so that further ones can
+    # be refused inside (--disable-userns): a nested one, root there, is where most namespace
+    # exploits of the kernel begin.
+    args = ["--unshare-all", "--unshare-user", "--disable-userns"]
     if view.network:
         args.append("--share-net")
     args += list(view.extra)
@@ -619,7 +662,7 @@ class Sandbox:
                 extra = ("--info-fd", str(info_w), "--block-fd", str(block_r))
                 files = ((resolv, "/etc/resolv.conf"),) if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf") else ()
                 passed = [info_w, block_r, resolv]
-                spec.update(netns=True, pass_fds=passed)
+                spec.update(netns=True, deny=iso.denied(), pass_fds=passed)
             view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime, args=extra, files=files)
             fd = args_file(sandbox_args(view))
             spec.update(bwrap=iso.bwrap, args_fd=fd)
@@ -771,6 +814,7 @@ class Isolation:
         self.node_memory = _node_memory()
         self.node_cpus = os.cpu_count()
         self.system = system_folders()
+        self.deny = parse_networks(getattr(settings, "E31_JOB_NETWORK_DENY", ""))  # a bad setting stops the runner here
 
     # Start-up ------------------------------------------------------------------------------
 
@@ -903,6 +947,16 @@ class Isolation:
             devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()), extra=tuple(args),
             files=tuple(files),
         )
+
+    def denied(self):
+        """The networks a job's own network refuses, read when each job starts (the node's
+        addresses can change)."""
+        try:
+            with open("/proc/net/fib_trie") as trie:
+                addresses = local_addresses(trie.read())
+        except OSError:
+            addresses = []
+        return denied_networks(self.deny, addresses)
 
     def covers(self, paths):
         """Where the job's uid cannot pass on its way to a path bwrap binds (Python under /root,

@@ -2,15 +2,17 @@
 
 It does, with the runner's privileges, only what bubblewrap cannot, then becomes bwrap (or, with
 isolation off, the command): join the job's cgroups (before anything of the job runs, so nothing
-escapes them); set its resource limits; where the job's uid could not pass a folder on the way to
-what the sandbox binds (Python under /root), cover that folder with an empty tmpfs in a private
-mount namespace and bind those paths back; drop to the job's uid and gid with no supplementary
-groups; ask the kernel to kill it when the runner dies (after the uid change, which would clear
-that); exec `bwrap --args FD -- command`, the sandbox's whole description and the job's
-environment read from FD. Every value in the spec is the runner's own: paths it made, numbers it
-chose. The shim's environment is the runner's fixed minimum, never the job's. Any step that fails
-ends it with code 126 and one line on stderr: a job never runs less isolated than asked. The
-standard library only (no site packages, no Django).
+escapes them); set its resource limits; for a job given the network, make it a network namespace
+of its own, loopback up, with unreachable routes to the node's own addresses and the networks the
+operator denies; where the job's uid could not pass a folder on the way to what the sandbox binds
+(Python under /root), cover that folder with an empty tmpfs in a private mount namespace and bind
+those paths back; drop to the job's uid and gid with no supplementary groups; ask the kernel to
+kill it when the runner dies (after the uid change, which would clear that); exec
+`bwrap --args FD -- command`, the sandbox's whole description and the job's environment read from
+FD. Every value in the spec is the runner's own: paths it made, numbers it chose. The shim's
+environment is the runner's fixed minimum, never the job's. Any step that fails ends it with code
+126 and one line on stderr: a job never runs less isolated than asked. The standard library only
+(no site packages, no Django).
 """
 
 import ctypes
@@ -58,6 +60,12 @@ def main(argv):
         # 127.0.0.1 are never its neighbours. Made here, by root, so the runner can join it.
         call(libc.unshare(CLONE_NEWNET), "unshare")
         loopback_up()
+        # The node's own addresses and the networks the operator keeps from jobs (the clouds'
+        # metadata service among them) are unreachable routes: the uplink connects as root on
+        # the node, so it must never be handed a packet for them. The namespace is the node's
+        # user namespace's, so the job (root only in its own) cannot remove them.
+        for network in spec.get("deny", ()):
+            refuse_route(network)
     if spec.get("covers"):
         call(libc.unshare(CLONE_NEWNS), "unshare")
         call(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
@@ -106,6 +114,31 @@ def loopback_up():
             fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
     except OSError as error:
         fail("bringing the loopback up", error)
+
+
+def refuse_route(network):
+    """ip route add unreachable NETWORK, through rtnetlink (RTM_NEWROUTE)."""
+    import socket
+    import struct
+
+    address, length = network.split("/")
+    # struct rtmsg: family, dst_len, src_len, tos, table (main), protocol (static), scope
+    # (universe), type (unreachable), flags; then the destination attribute (RTA_DST).
+    body = struct.pack("=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, 254, 4, 0, 7, 0)
+    body += struct.pack("=HH", 8, 1) + socket.inet_aton(address)
+    flags = 0x1 | 0x4 | 0x200 | 0x400  # NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE
+    header = struct.pack("=IHHII", 16 + len(body), 24, flags, 1, 0)  # RTM_NEWROUTE
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
+            s.bind((0, 0))
+            s.send(header + body)
+            reply = s.recv(4096)
+    except OSError as error:
+        fail(f"refusing {network}", error)
+    kind = struct.unpack("=IH", reply[:6])[1]
+    error = struct.unpack("=i", reply[16:20])[0] if kind == 2 else 0  # NLMSG_ERROR: 0 is the ack
+    if error:
+        fail(f"refusing {network}", os.strerror(-error))
 
 
 def cover(libc, call, folder, mode, keep):

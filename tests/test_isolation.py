@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.isolation import (
-    Limits, View, cpu_quota, cpu_share, disk_message, gpu_device_nodes, job_limits, job_uid, keeps_network, mount_plan, oom_message,
-    pick_slot, rlimits, sandbox_args,
+    Limits, View, cpu_quota, cpu_share, denied_networks, disk_message, gpu_device_nodes, job_limits, job_uid, keeps_network,
+    local_addresses, mount_plan, oom_message, parse_networks, pick_slot, rlimits, sandbox_args,
 )
 
 ROOT = os.geteuid() == 0
@@ -86,7 +86,7 @@ def test_the_sandbox_binds_only_what_the_view_names_and_cuts_the_network():
         runtime=("/opt/venv",), read_only=("/srv/e31/runs/7-ab/data",), env=(("LD_PRELOAD", "./evil.so"), ("A", "1")),
     )
     args = sandbox_args(view)
-    assert args[0] == "--unshare-all" and "--share-net" not in args
+    assert args[:3] == ["--unshare-all", "--unshare-user", "--disable-userns"] and "--share-net" not in args
     for flag in ("--die-with-parent", "--new-session", "--clearenv"):
         assert flag in args
     binds = [(args[i], args[i + 1], args[i + 2]) for i in range(len(args) - 2) if args[i] in ("--bind", "--ro-bind", "--dev-bind", "--symlink")]
@@ -129,6 +129,46 @@ def test_the_network_is_cut_unless_asked_for_or_the_run_spans_nodes():
     assert keeps_network(True, None) is True
     assert keeps_network(False, gang=object()) is True
     assert keeps_network(False, None, nodes=2) is True
+
+
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 127.0.0.0/8 2 0 2
+           |-- 127.0.0.1
+              /32 host LOCAL
+     +-- 192.0.2.0/24 2 0 2
+           |-- 192.0.2.0
+              /24 link UNICAST
+           |-- 192.0.2.7
+              /32 host LOCAL
+        |-- 192.0.2.255
+           /32 link BROADCAST
+Local:
+           |-- 203.0.113.9
+              /32 host LOCAL
+           |-- 192.0.2.7
+              /32 host LOCAL
+"""
+
+
+@pytest.mark.nodb
+def test_a_job_s_own_network_refuses_the_node_s_addresses_and_the_operator_s_networks():
+    assert local_addresses(FIB_TRIE) == ["127.0.0.1", "192.0.2.7", "203.0.113.9"]
+    deny = parse_networks("10.0.0.0/8, 169.254.0.0/16 100.64.0.0/10")
+    assert denied_networks(deny, local_addresses(FIB_TRIE)) == [
+        "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "192.0.2.7/32", "203.0.113.9/32",
+    ]  # never the job's own loopback
+    # A node that is itself a slirp guest (10.0.2.15): its address is refused, the uplink's
+    # gateway, DNS and the job's own address never are (the broad 10/8 route loses to the uplink's
+    # own /24 in the job's network).
+    assert denied_networks([], ["10.0.2.15", "10.0.2.2"]) == ["10.0.2.15/32"]
+    assert denied_networks(parse_networks(""), []) == []
+    with pytest.raises(ValueError, match="E31_JOB_NETWORK_DENY: 'intranet'"):
+        parse_networks("10.0.0.0/8 intranet")
+    with pytest.raises(ValueError, match="IPv6"):
+        parse_networks("fd00::/8")
 
 
 @pytest.mark.nodb

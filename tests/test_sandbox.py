@@ -101,6 +101,24 @@ for pid in pids:
     assert len(seen) <= 3, seen  # the sandbox's init and the job itself (and a process it started)
 
 
+def test_a_job_cannot_make_namespaces_of_its_own_inside_the_sandbox(node, alice, rate):
+    """Hardening found missing by attacking the sandbox: a job could make a nested user namespace
+    (and in it mount, network and PID namespaces, root there), which is how most kernel exploits
+    against namespaces begin. Further user namespaces are refused inside the sandbox."""
+    from tests.conftest import make_job
+
+    script = b"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+result = libc.unshare(0x10000000)  # CLONE_NEWUSER
+print("nested", result, os.strerror(ctypes.get_errno()) if result else "made", flush=True)
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    said = [line for line in lines(job) if line.startswith("nested ")]
+    assert said and said[0].startswith("nested -1"), lines(job)
+
+
 def test_busy_processes_in_new_sessions_get_one_core_s_worth_for_one_slot(node, alice, rate):
     """Seen: a 1-slot job starting 8 busy processes, each in a new session, made a neighbour's
     1-slot job 3x slower. Checked through the cgroups' own CPU counters, not wall time."""
@@ -252,10 +270,13 @@ def test_a_job_given_the_network_never_reaches_the_node_s_own_services(node, ali
 
     from tests.conftest import make_job
 
+    from scheduler.isolation import local_addresses
+
     service = socket.socket()
-    service.bind(("127.0.0.1", 0))
+    service.bind(("0.0.0.0", 0))  # the node's loopback and its other addresses
     service.listen()
     port = service.getsockname()[1]
+    outside = [a for a in local_addresses(Path("/proc/net/fib_trie").read_text()) if not a.startswith("127.")]
     script = f"""
 import socket, threading
 def reach(host, port):
@@ -266,6 +287,12 @@ def reach(host, port):
         return f"refused ({{error.__class__.__name__}})"
 print("node", reach("127.0.0.1", {port}), flush=True)
 print("gateway", reach("10.0.2.2", {port}), flush=True)
+for address in {outside!r}:
+    print("address", address, reach(address, {port}), flush=True)
+import subprocess
+removed = subprocess.run(["ip", "route", "del", "169.254.0.0/16"], capture_output=True, text=True)
+print("remove", removed.returncode, removed.stderr.strip(), flush=True)
+print("metadata", reach("169.254.169.254", 80), flush=True)
 own = socket.socket(); own.bind(("127.0.0.1", 0)); own.listen()
 print("own", reach("127.0.0.1", own.getsockname()[1]), flush=True)
 print("interfaces", sorted(name for _, name in socket.if_nameindex()), flush=True)
@@ -276,8 +303,15 @@ print("unix", len(open("/proc/net/unix").read().splitlines()) - 1, flush=True)
     finally:
         service.close()
     assert job.state == "succeeded", (job.reason, lines(job))
-    said = dict(line.split(" ", 1) for line in lines(job) if line.split(" ", 1)[0] in ("node", "gateway", "own", "interfaces", "unix"))
+    said = dict(line.split(" ", 1) for line in lines(job) if line.split(" ", 1)[0] in ("node", "gateway", "own", "interfaces", "unix", "metadata", "remove"))
     assert said["node"].startswith("refused") and said["gateway"].startswith("refused"), said
+    # Found by attacking it again: slirp4netns connects as root on the node, so the node's other
+    # addresses (and the clouds' metadata service) were reachable through the uplink. They are
+    # unreachable routes in the job's network now: refused at once, never handed to the uplink.
+    tried = [line for line in lines(job) if line.startswith("address ")]
+    assert len(tried) == len(outside) and all("refused (OSError)" in line for line in tried), tried
+    assert said["metadata"] == "refused (OSError)", said
+    assert not said["remove"].startswith("0"), said  # root only in its own user namespace: the routes stay
     assert said["own"] == "reached", said  # its own loopback works (torchrun on one node uses it)
     assert said["interfaces"] == "['lo', 'tap0']", said  # the uplink
     assert said["unix"] == "0", said  # no abstract socket of the node's is in its network
