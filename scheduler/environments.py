@@ -5,13 +5,18 @@ base's site-packages are added behind the environment's own (a .pth file), so to
 the rest are not downloaded again, and every base package is pinned to its version by a
 constraint, so the job's packages are resolved against them. So that uv sees the base packages as
 installed (it does not look through a .pth), each gets a stub in the environment's site-packages:
-its METADATA only, marked as the base's. Wheels only (`--no-build`): no package code runs while
-installing.
+its METADATA only, marked as the base's. Wheels only (`--no-build`) by default: no package code
+runs while installing, and uv runs as the runner. Where the operator allows source builds, the
+install runs instead in a sandbox of its own (scheduler/isolation.py), as an unprivileged uid with
+a private uv cache, and the runner takes back only what that uid made.
 
-Environments are cached per node under the hash of what was asked (the requirements, the base
-and the package index), shared read-only by every job and team that asks the same, and evicted
-least recently used past a size budget (never one a running job uses). The versions uv chose are
-kept beside it (resolved.txt) and shown on the job page.
+Environments are cached per node under the hash of what was resolved (the versions installed, the
+base and the package index), shared read-only by every job and team whose requests resolve the
+same, and evicted least recently used past a size budget (never one a running job uses). Each
+request (the requirements as asked) is remembered as a link to what it resolved to, so a second
+job that asks the same starts without building. An environment is made relocatable in a folder of
+its own, then moved under its resolved key. The versions uv chose are kept beside it
+(resolved.txt) and shown on the job page.
 
 The decisions (the key, the torch check, what to evict) are the pure functions at the top.
 """
@@ -22,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -31,6 +37,8 @@ log = logging.getLogger(__name__)
 
 STUB_INSTALLER = "e31-base"
 COMPLETE = ".complete"
+REQUESTS = ".requests"  # request key -> "resolved key\nrequirement\n..."
+BUILDING = ".building"  # environments being built, by request key
 RESOLVED = "resolved.txt"
 USED = ".used"  # its mtime: when a job last used the environment
 
@@ -143,8 +151,12 @@ def installed_base():
 class EnvironmentCache:
     """The environments of one node, in one folder: root/<key>/ each, root/.uv-cache shared."""
 
-    def __init__(self, root, budget, *, uv, python, base_sites, index=(), timeout=1800):
+    def __init__(self, root, budget, *, uv, python, base_sites, index=(), timeout=1800, source_builds=None):
+        """source_builds: None for wheels only; else a function (command, folder, read_only, timeout)
+        -> (exit code, output) that runs uv in a sandbox with folder writable (source builds run
+        package code)."""
         self.root = Path(root)
+        self.source_builds = source_builds
         self.budget = budget
         self.uv = uv
         self.python = python  # the base interpreter the environments are made from
@@ -167,6 +179,20 @@ class EnvironmentCache:
     def ready(self, key):
         return (self.path(key) / COMPLETE).exists()
 
+    def lookup(self, requirements):
+        """The resolved key of the environment these requirements were last built as, if it is
+        here and ready (None: it must be built)."""
+        resolved, _ = self._request(self.key(requirements))
+        return resolved if resolved and self.ready(resolved) else None
+
+    def _request(self, request_key):
+        """(resolved key, requirements) a request was last built as; (None, []) if unknown."""
+        try:
+            first, *requirements = (self.root / REQUESTS / request_key).read_text().split("\n")
+        except OSError:
+            return None, []
+        return (first or None), [r for r in requirements if r]
+
     def python_of(self, key):
         return self.path(key) / "bin" / "python"
 
@@ -186,16 +212,19 @@ class EnvironmentCache:
     def held(self):
         """{packages digest: size} of the environments ready here, for the scheduler to prefer
         this node for jobs that ask the same."""
+        sizes = {e.key: e.size for e in self.entries() if self.ready(e.key)}
         out = {}
-        for entry in self.entries():
-            folder = self.path(entry.key)
-            if (folder / COMPLETE).exists():
-                try:
-                    requirements = (folder / "requirements.txt").read_text().split("\n")
-                except OSError:
-                    continue
-                out[packages_digest([r for r in requirements if r])] = entry.size
+        for request in self._requests():
+            resolved, requirements = self._request(request)
+            if resolved in sizes:
+                out[packages_digest(requirements)] = sizes[resolved]
         return out
+
+    def _requests(self):
+        try:
+            return [p.name for p in (self.root / REQUESTS).iterdir()]
+        except OSError:
+            return []
 
     def entries(self):
         out = []
@@ -215,28 +244,51 @@ class EnvironmentCache:
         for key in evictions(self.entries(), self.budget, keep):
             log.info("evicting the environment %s (least recently used)", key[:12])
             shutil.rmtree(self.path(key), ignore_errors=True)
+        for request in self._requests():  # requests whose environment went
+            resolved, _ = self._request(request)
+            if not resolved or not self.path(resolved).is_dir():
+                (self.root / REQUESTS / request).unlink(missing_ok=True)
 
     def ensure(self, requirements, keep=frozenset()):
-        """(key, built): the environment for these requirements, built if this node lacks it.
-        Raises BuildError with uv's own message when it cannot be built."""
+        """(key, built): the environment for these requirements (key: what they resolved to),
+        built if this node lacks it. Raises BuildError with uv's own message when it cannot be
+        built."""
         problem = torch_problem(requirements, self.base_torch)
         if problem:
             raise BuildError(problem)
-        key = self.key(requirements)
+        request = self.key(requirements)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
-        with open(self.root / f".lock-{key[:16]}", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, whatever else runs here
-            if self.ready(key):
-                self.touch(key)
-                return key, False
+        (self.root / REQUESTS).mkdir(exist_ok=True)
+        with open(self.root / f".lock-request-{request[:16]}", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per request, whatever else runs here
+            resolved = self.lookup(requirements)
+            if resolved:
+                self.touch(resolved)
+                return resolved, False
             self.make_room(keep)
+            building = self.root / BUILDING / request
             try:
-                self._build(key, requirements)
-            except BaseException:
-                shutil.rmtree(self.path(key), ignore_errors=True)
-                raise
-        return key, True
+                resolved = self._build(building, requirements)
+                built = self._settle(building, resolved)
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+            (self.root / REQUESTS / request).write_text("\n".join([resolved, *requirements]) + "\n")
+        return resolved, built
+
+    def _settle(self, building, resolved):
+        """Move a finished build under its resolved key; False where an environment resolved the
+        same is here already (another request's): that one is kept, this one dropped."""
+        with open(self.root / f".lock-env-{resolved[:16]}", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.ready(resolved):
+                self.touch(resolved)
+                return False
+            shutil.rmtree(self.path(resolved), ignore_errors=True)  # a move cut short
+            os.rename(building / "env", self.path(resolved))
+            (self.path(resolved) / USED).touch()
+            (self.path(resolved) / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        return True
 
     def _run(self, args, what):
         env = {"PATH": "/usr/bin:/bin", "UV_CACHE_DIR": str(self.root / ".uv-cache"), "UV_NO_CONFIG": "1", "HOME": str(self.root)}
@@ -249,10 +301,14 @@ class EnvironmentCache:
             raise BuildError(message[-4000:] or f"{what} failed (exit {result.returncode})")
         return result
 
-    def _build(self, key, requirements):
-        folder = self.path(key)
-        shutil.rmtree(folder, ignore_errors=True)  # a build cut short
-        self._run([self.uv, "venv", "--quiet", "--no-project", "--python", self.python, str(folder)], "making the environment")
+    def _build(self, building, requirements):
+        """Build the environment in building/env (relocatable); its resolved key."""
+        shutil.rmtree(building, ignore_errors=True)  # a build cut short
+        building.mkdir(parents=True)
+        folder = building / "env"
+        self._run(
+            [self.uv, "venv", "--quiet", "--relocatable", "--no-project", "--python", self.python, str(folder)], "making the environment",
+        )
         site = next(folder.glob("lib/python*/site-packages"))
         (site / "_e31_base.pth").write_text("".join(f"import site; site.addsitedir({s!r})\n" for s in self.base_sites))
         for name, version in self.base:
@@ -263,21 +319,32 @@ class EnvironmentCache:
             (stub / "RECORD").write_text("")
         (folder / "requirements.txt").write_text("".join(line + "\n" for line in requirements))
         (folder / "base-constraints.txt").write_text("".join(pin + "\n" for pin in self.pins))
-        self._run(
-            [
-                self.uv, "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), "--no-build",
-                "-r", str(folder / "requirements.txt"), "--constraint", str(folder / "base-constraints.txt"), *self.index,
-            ],
-            "installing the packages",
-        )
+        install = [
+            self.uv, "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
+            "-r", str(folder / "requirements.txt"), "--constraint", str(folder / "base-constraints.txt"), *self.index,
+        ]
+        if self.source_builds is None:
+            self._run([*install, "--no-build"], "installing the packages")
+        else:
+            self._run_sandboxed(install, building)
         # What uv chose, read from the installed metadata: never by starting the environment's
         # Python as root once packages are in it (a wheel's .pth file runs at every start).
-        (folder / RESOLVED).write_text("".join(line + "\n" for line in installed_packages(site)))
+        resolved = installed_packages(site)
+        (folder / RESOLVED).write_text("".join(line + "\n" for line in resolved))
         for path in (folder, *folder.rglob("*")):  # read-only for everyone, jobs included
             if not path.is_symlink():
                 path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
-        (folder / USED).touch()
-        (folder / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        return environment_key(resolved, self.pins, self.python_version, self.index)
+
+    def _run_sandboxed(self, install, building):
+        """uv, allowed to build from source, in a sandbox where only building/ is writable, with
+        a cache of its own there (a build's code must not reach the node's shared cache)."""
+        env = {"UV_CACHE_DIR": str(building / "uv-cache"), "UV_NO_CONFIG": "1", "HOME": str(building), "PATH": "/usr/bin:/bin"}
+        folders = [word for flag, word in zip(self.index, self.index[1:]) if flag == "--find-links" and os.path.isdir(word)]
+        code, output = self.source_builds(install, building, env, folders, self.timeout)
+        shutil.rmtree(building / "uv-cache", ignore_errors=True)
+        if code != 0:
+            raise BuildError(output.strip()[-4000:] or f"installing the packages failed (exit {code})")
 
 
 def installed_packages(site):
@@ -285,16 +352,26 @@ def installed_packages(site):
     out = []
     for info in sorted(Path(site).glob("*.dist-info")):
         try:
-            if (info / "INSTALLER").read_text().strip() == STUB_INSTALLER:
+            if _regular_text(info / "INSTALLER").strip() == STUB_INSTALLER:
                 continue
-            fields = dict(
-                line.split(": ", 1) for line in (info / "METADATA").read_text(errors="replace").splitlines()[:20] if ": " in line
-            )
+            fields = dict(line.split(": ", 1) for line in _regular_text(info / "METADATA").splitlines()[:20] if ": " in line)
         except OSError:
             continue
         if fields.get("Name") and fields.get("Version"):
             out.append(f"{normalize(fields['Name'])}=={fields['Version']}")
     return sorted(out)
+
+
+def _regular_text(path, limit=1 << 20):
+    """A file's text, only if it is a regular file reached without following a link (a source
+    build's code made the folder: what the runner reads there it reads as a stranger's)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, limit).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def index_arguments(settings):

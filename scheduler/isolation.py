@@ -982,20 +982,87 @@ class Isolation:
             # A gang's processes are reached by their peers: they keep the node's network.
             uplink=network and gang is None and allocation.gang_size == 1 and self.uplinks,
         )
-        if self.users_on:
-            base, span = s.E31_JOB_UID_BASE, s.E31_JOB_UID_COUNT
-            busy = set(self.slots.values()) | {uid - base for uid in uids_in_use(base, base + span)}
-            while True:
-                slot = pick_slot(busy, self.last_slot, span)
-                if slot is None:
-                    raise RuntimeError("no free job uid on this node")
-                self.last_slot = slot
-                if self.claims.claim(job_uid(base, slot)):
-                    break
-                busy.add(slot)  # another runner of this machine holds it
-            self.slots[sandbox.name] = slot
-            sandbox.slot, sandbox.uid = slot, job_uid(base, slot)
+        self._give_uid(sandbox)
         return sandbox
+
+    def _give_uid(self, sandbox):
+        """A uid of its own from the pool, locked machine-wide (where the runner is root)."""
+        if not self.users_on:
+            return
+        s = self.settings
+        base, span = s.E31_JOB_UID_BASE, s.E31_JOB_UID_COUNT
+        busy = set(self.slots.values()) | {uid - base for uid in uids_in_use(base, base + span)}
+        while True:
+            slot = pick_slot(busy, self.last_slot, span)
+            if slot is None:
+                raise RuntimeError("no free job uid on this node")
+            self.last_slot = slot
+            if self.claims.claim(job_uid(base, slot)):
+                break
+            busy.add(slot)  # another runner of this machine holds it
+        self.slots[sandbox.name] = slot
+        sandbox.slot, sandbox.uid = slot, job_uid(base, slot)
+
+    def run_untrusted(self, name, command, folder, env, *, read_only=(), timeout, network=False):
+        """Work the node does with code it does not trust (a package's build from source), in a
+        sandbox of its own: a uid from the pool, a cgroup with one slot's limits, folder handed
+        to that uid and writable, read_only bound beside the runtime, no network. (exit code,
+        output). Afterwards nothing of it runs, and folder is root's again: what the uid made is
+        taken back, and any other entry (a hard link it made to a file not its own) removed."""
+        from scheduler.launch import JobDirs
+
+        s = self.settings
+        limits = job_limits(
+            memory_bytes=s.E31_JOB_MEMORY_BYTES, max_processes=s.E31_JOB_MAX_PROCESSES, max_open_files=s.E31_JOB_MAX_OPEN_FILES,
+            max_file_bytes=s.E31_JOB_MAX_FILE_BYTES, disk_bytes=s.E31_JOB_DISK_BYTES, devices_held=1,
+            devices_total=self.node_cpus or 1, node_memory=self.node_memory, node_cpus=self.node_cpus,
+        )
+        sandbox = Sandbox(self, f"{name}-{os.getpid()}", name, limits, network=network, uplink=network and self.uplinks)
+        dirs = JobDirs(Path(folder))
+        dirs.code.mkdir(parents=True, exist_ok=True)
+        self._give_uid(sandbox)
+        try:
+            sandbox.prepare(dirs)
+            sandbox.runtime = tuple(str(Path(p).resolve()) for p in read_only)
+            argv, outer, fds = sandbox.command(command, dirs, env)
+            try:
+                process = subprocess.Popen(
+                    argv, env=outer, pass_fds=fds, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            try:
+                sandbox.connect(process.pid)
+                output, _ = process.communicate(timeout=timeout)
+                code, output = process.returncode, output.decode(errors="replace")
+            except (subprocess.TimeoutExpired, RuntimeError) as error:
+                process.kill()
+                process.communicate()
+                code = 124
+                output = f"it took longer than {timeout} s" if isinstance(error, subprocess.TimeoutExpired) else str(error)
+        finally:
+            sandbox.release()
+        if sandbox.uid is not None:
+            take_back(folder, sandbox.uid)
+        os.chmod(folder, 0o755)
+        return code, output
+
+
+def take_back(folder, uid):
+    """After an untrusted uid worked in folder (nothing of it running): every entry it made
+    becomes root's, and any entry it did not make is removed (a hard link to someone else's
+    file: changing that one's owner or mode would change the original). Links are never
+    followed."""
+    seen = []  # every entry as it was, before any is changed (hard links share an owner)
+    for top, dirs, files in os.walk(folder):
+        seen += [(os.path.join(top, name), os.lstat(os.path.join(top, name))) for name in dirs + files]
+    for path, st in seen:
+        if st.st_uid == uid:
+            os.lchown(path, 0, 0)
+        elif not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+    os.lchown(folder, 0, 0)
 
 
 def is_root():

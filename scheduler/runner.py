@@ -783,9 +783,17 @@ class Runner:
 
         from uv import find_uv_bin
 
+        source_builds = None
+        if settings.E31_ENV_SOURCE_BUILDS:
+            # A package built from source runs its own code: in a sandbox, as a uid of the pool.
+            def source_builds(command, folder, env, read_only, timeout):
+                return self.isolation.run_untrusted(
+                    "env-build", command, folder, env, read_only=read_only, timeout=timeout, network=not settings.E31_ENV_NO_INDEX,
+                )
+
         return EnvironmentCache(
             self.env_root, settings.E31_ENV_CACHE_BYTES, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
-            index=index_arguments(settings), timeout=settings.E31_ENV_BUILD_SECONDS,
+            index=index_arguments(settings), timeout=settings.E31_ENV_BUILD_SECONDS, source_builds=source_builds,
         )
 
     def prepare_environment(self, job, announce_cached=True):
@@ -797,7 +805,7 @@ class Runner:
             return None
         in_use = {r.env_key for r in self.running.values() if r.env_key}
         started = time.monotonic()
-        if not self.envs.ready(self.envs.key(requirements)):
+        if not self.envs.lookup(requirements):
             job.record("notice", data={"text": f"building on {self.name}: {len(requirements)} requirement(s)", "environment": ""})
         key, built = self.envs.ensure(requirements, keep=in_use)
         if built:

@@ -5,6 +5,7 @@ The wheels are built here, in the test, and served from a local folder: no netwo
 
 import base64
 import hashlib
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.environments import Entry, base_pins, environment_key, evictions, torch_problem
+
+ROOT = os.geteuid() == 0
 
 # The pure decisions ---------------------------------------------------------------------------
 
@@ -206,3 +209,156 @@ def test_building_never_runs_a_package_s_code_as_the_runner(tmp_path):
     key, built = cache.ensure(["sneaky==1.0"])
     assert built and cache.resolved(key) == ["sneaky==1.0"]
     assert not marker.exists(), "a package's code ran during the build"
+
+
+def local_cache(tmp_path, wheels, **options):
+    import site
+    import sys
+
+    from uv import find_uv_bin
+
+    from scheduler.environments import EnvironmentCache
+
+    return EnvironmentCache(
+        tmp_path / "envs", 10**10, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
+        index=["--find-links", str(wheels), "--no-index"], **options,
+    )
+
+
+@pytest.mark.nodb
+def test_requests_that_resolve_the_same_share_one_environment_keyed_by_what_was_resolved(tmp_path):
+    from scheduler.environments import environment_key, packages_digest
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "e31demo", "1.0", "VALUE = 42\n")
+    cache = local_cache(tmp_path, wheels)
+    key, built = cache.ensure(["e31demo==1.0"])
+    assert built and cache.resolved(key) == ["e31demo==1.0"]
+    assert key == environment_key(["e31demo==1.0"], cache.pins, cache.python_version, cache.index)  # what was resolved
+    # Asked another way, it resolves the same: the one environment serves both.
+    other, built = cache.ensure(["E31Demo>=0.5"])
+    assert (other, built) == (key, False)
+    assert [p.name for p in (tmp_path / "envs").iterdir() if not p.name.startswith(".")] == [key]
+    assert not list((tmp_path / "envs" / ".building").iterdir())  # no build left behind
+    # Both requests are known now: neither builds again, and the scheduler hears of both.
+    assert cache.lookup(["E31Demo>=0.5"]) == key == cache.lookup(["e31demo==1.0"])
+    assert set(cache.held()) == {packages_digest(["e31demo==1.0"]), packages_digest(["E31Demo>=0.5"])}
+    # The environment was built elsewhere and moved: its scripts and Python still work there.
+    import subprocess
+
+    python = cache.python_of(key)
+    assert subprocess.run([python, "-c", "import e31demo, numpy; print(e31demo.VALUE)"], capture_output=True, text=True).stdout == "42\n"
+    # Evicted, the requests go with it.
+    cache.budget = 0
+    cache.make_room()
+    assert cache.lookup(["e31demo==1.0"]) is None and cache.held() == {}
+
+
+BACKEND = '''
+import base64, hashlib, os, zipfile
+
+SECRET = {secret!r}
+
+
+def _probe():
+    try:
+        open(SECRET).read()
+        read = "read"
+    except OSError as error:
+        read = type(error).__name__
+    return f"UID = {{os.getuid()}}\\nSECRET = {{read!r}}\\n"
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    dist = "built-1.0.dist-info"
+    files = {{
+        "built/__init__.py": _probe().encode(),
+        dist + "/METADATA": b"Metadata-Version: 2.1\\nName: built\\nVersion: 1.0\\n",
+        dist + "/WHEEL": b"Wheel-Version: 1.0\\nGenerator: e31-tests\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    }}
+    digest = lambda data: base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record = "".join(f"{{p}},sha256={{digest(d)}},{{len(d)}}\\n" for p, d in files.items()) + dist + "/RECORD,,\\n"
+    name = "built-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for path, data in files.items():
+            wheel.writestr(path, data)
+        wheel.writestr(dist + "/RECORD", record)
+    return name
+'''
+
+
+def make_sdist(folder, secret):
+    """built-1.0.tar.gz, whose in-tree build backend writes into the package the uid it ran as
+    and whether it could read secret."""
+    import io
+    import tarfile
+
+    files = {
+        "pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "PKG-INFO": b"Metadata-Version: 2.1\nName: built\nVersion: 1.0\n",
+        "backend.py": BACKEND.format(secret=str(secret)).encode(),
+    }
+    with tarfile.open(Path(folder) / "built-1.0.tar.gz", "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"built-1.0/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(not (ROOT and shutil.which("bwrap")), reason="needs a root runner with bubblewrap")
+def test_a_source_build_runs_only_where_allowed_and_then_in_a_sandbox_as_a_uid_of_the_pool(make_runner, settings, tmp_path):
+    import subprocess
+
+    from scheduler.environments import BuildError
+
+    wheels = tmp_path / "sdists"
+    wheels.mkdir()
+    secret = tmp_path / "root-only"
+    secret.write_text("the node's")
+    secret.chmod(0o600)
+    make_sdist(wheels, secret)
+    settings.E31_ENV_FIND_LINKS = str(wheels)
+    settings.E31_ENV_NO_INDEX = True
+    # Off (the default): wheels only, refused with uv's own words; nothing of the package ran.
+    with pytest.raises(BuildError, match="built"):
+        make_runner("wheels-only").envs.ensure(["built==1.0"])
+    settings.E31_ENV_SOURCE_BUILDS = True
+    node = make_runner("source-builds")
+    key, built = node.envs.ensure(["built==1.0"])
+    assert built and node.envs.resolved(key) == ["built==1.0"]
+    probe = subprocess.run(
+        [node.envs.python_of(key), "-c", "import built; print(built.UID, built.SECRET)"], capture_output=True, text=True,
+    ).stdout.split()
+    assert int(probe[0]) >= settings.E31_JOB_UID_BASE, probe  # never root, never the runner
+    assert probe[1] in ("'FileNotFoundError'", "'PermissionError'"), probe  # the node's files are not in its sandbox
+    # What it made is the node's now, read-only for everyone; no uv cache of its is kept.
+    for path in node.envs.path(key).rglob("*"):
+        assert path.lstat().st_uid == 0, path
+    assert not list((node.env_root / ".building").iterdir())
+
+
+@pytest.mark.nodb
+@pytest.mark.skipif(not ROOT, reason="needs root")
+def test_taking_a_folder_back_from_an_untrusted_uid_removes_links_to_files_not_its_own(tmp_path):
+    from scheduler.isolation import take_back
+
+    folder = tmp_path / "work"
+    (folder / "sub").mkdir(parents=True)
+    made = folder / "sub" / "made"
+    made.write_text("x")
+    outside = tmp_path / "outside"
+    outside.write_text("someone else's")
+    os.chmod(outside, 0o4755)
+    os.link(outside, folder / "linked")
+    os.symlink(outside, folder / "pointer")
+    os.link(made, folder / "twin")  # its own file twice (uv links from its cache): both kept
+    for path in (folder, folder / "sub", made):
+        os.lchown(path, 4242, 4242)
+    os.lchown(folder / "pointer", 4242, 4242)
+    take_back(folder, 4242)
+    assert not (folder / "linked").exists()  # removed: its owner and mode are outside's
+    assert outside.stat().st_mode & 0o7777 == 0o4755 and outside.stat().st_uid == 0
+    assert (folder / "twin").read_text() == "x"
+    assert made.stat().st_uid == 0 and folder.stat().st_uid == 0 and (folder / "pointer").lstat().st_uid == 0
