@@ -156,7 +156,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    settings.E31_WEBHOOK_ALLOW = ["127.0.0.1"]  # webhooks are refused at loopback unless allowed (e31web/endpoints.py)
     server = Receiver()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
