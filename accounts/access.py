@@ -36,14 +36,6 @@ def get_for_team(queryset, user, **lookup):
     team = require_team(user)
     try:
         return queryset.get(team=team, **lookup)
-    except queryset.model.DoesNotExist:
-        # Another team's is the same 404 as a missing one, but someone asking for ids that are
-        # not theirs is probing: recorded, for the team whose object it is.
-        from accounts import audit  # audit imports this module
-
-        foreign = queryset.filter(**lookup).first()
-        if foreign is not None:
-            audit.foreign_object(user, foreign)
-    except (ValueError, TypeError):
-        pass  # a malformed id (not a UUID) is just as absent
-    raise Http404(f"No such {queryset.model._meta.verbose_name}.")
+    except (queryset.model.DoesNotExist, ValueError, TypeError):
+        # ValueError/TypeError: a malformed id (not a UUID) is just as absent.
+        raise Http404(f"No such {queryset.model._meta.verbose_name}.") from None

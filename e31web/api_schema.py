@@ -422,7 +422,7 @@ class AuditEvent(s.Serializer):
     object_type = s.CharField(allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload; blank for none.")
     object_id = s.CharField(allow_blank=True)
     label = s.CharField(allow_blank=True, help_text="The object's name, for people.")
-    via = s.ChoiceField(choices=["web", "api", "ws", "system"], help_text="api also for the CLI; ws for live sockets.")
+    via = s.ChoiceField(choices=["web", "api", "system"], help_text="api also for the CLI.")
     ip = s.CharField(allow_null=True, help_text="The client's address (REMOTE_ADDR).")
 
 

@@ -63,7 +63,6 @@ except ValueError as _error:
     raise ImproperlyConfigured(f"E31_S3_ENDPOINT_ALLOW: {_error}") from None
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
-CSRF_FAILURE_VIEW = "accounts.csrf.csrf_failure"  # Django's 403, recorded in the audit log
 
 INSTALLED_APPS = [
     "daphne",
@@ -95,7 +94,6 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "accounts.middleware.UserTimeZoneMiddleware",
-    "accounts.middleware.AuditRequestMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -212,10 +210,9 @@ E31_MAX_UPLOAD_BYTES = env_int("E31_MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
-        "accounts.csrf.AuditedSessionAuthentication",  # DRF's, its CSRF failures audited
+        "rest_framework.authentication.SessionAuthentication",
     ],
-    # A team endpoint refuses a user on no team (a staff operator's token) with a 403 and why.
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "e31web.permissions.OnATeam"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
     # Every 4xx/5xx as {"detail": "...", "errors": {field: [...]}} (see e31web/api.py).
@@ -315,9 +312,6 @@ E31_ENV_CACHE_BYTES = env_int("E31_ENV_CACHE_BYTES", 20 * 1024**3, minimum=0)
 E31_ENV_INDEX_URL = env_str("E31_ENV_INDEX_URL", "")
 E31_ENV_FIND_LINKS = env_str("E31_ENV_FIND_LINKS", "")
 E31_ENV_NO_INDEX = env_bool("E31_ENV_NO_INDEX", False)
-# Source builds (sdists): off, wheels only, so no package code runs while installing. On, uv
-# runs in a sandbox as an unprivileged uid of the pool with a private cache (never as the runner).
-E31_ENV_SOURCE_BUILDS = env_bool("E31_ENV_SOURCE_BUILDS", False)
 E31_ENV_BUILD_SECONDS = env_int("E31_ENV_BUILD_SECONDS", 1800, minimum=10)
 E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimum=0.1)
 # A code archive's unpacked size and entry count, from its headers at upload and counted again as
@@ -339,14 +333,6 @@ E31_UTIL_IDLE_MINUTE_SECONDS = env_float("E31_UTIL_IDLE_MINUTE_SECONDS", 60.0, m
 # scheduler. The site's address, for the links in emails and webhook payloads.
 E31_SITE_URL = env_url("E31_SITE_URL", "http://127.0.0.1:8000", {"http", "https"})
 E31_WEBHOOK_TIMEOUT_SECONDS = env_float("E31_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1)
-# Hosts and networks a team's webhook may be at although they are not public, in the form of
-# E31_S3_ENDPOINT_ALLOW (a list of its own: a bucket endpoint allowed is not a webhook allowed);
-# by default none, so the network never POSTs to its own or internal addresses (e31web/endpoints.py).
-E31_WEBHOOK_ALLOW = env_list("E31_WEBHOOK_ALLOW", [])
-try:
-    _endpoints.parse_allow_list(E31_WEBHOOK_ALLOW)
-except ValueError as _error:
-    raise ImproperlyConfigured(f"E31_WEBHOOK_ALLOW: {_error}") from None
 E31_NOTIFY_RETRY_SECONDS = env_float("E31_NOTIFY_RETRY_SECONDS", 30.0, minimum=0.0)  # doubled after each failure
 E31_NOTIFY_MAX_ATTEMPTS = env_int("E31_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("E31_EMAIL_FROM", "E31 Network <noreply@localhost>")

@@ -99,7 +99,6 @@ def job_new(request):
         if form.is_valid():
             job = form.save(request.user)
             audit.record(request, "job.submit", job)
-            audit.job_env(request, job)
             messages.success(request, f"Job {job.name} submitted.")
             return redirect("jobs:detail", job_id=job.pk)
         estimate_form = form

@@ -156,8 +156,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def receiver(settings):
-    settings.E31_WEBHOOK_ALLOW = ["127.0.0.1"]  # webhooks are refused at loopback unless allowed (e31web/endpoints.py)
+def receiver():
     server = Receiver()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
