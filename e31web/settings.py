@@ -312,6 +312,9 @@ E31_ENV_CACHE_BYTES = env_int("E31_ENV_CACHE_BYTES", 20 * 1024**3, minimum=0)
 E31_ENV_INDEX_URL = env_str("E31_ENV_INDEX_URL", "")
 E31_ENV_FIND_LINKS = env_str("E31_ENV_FIND_LINKS", "")
 E31_ENV_NO_INDEX = env_bool("E31_ENV_NO_INDEX", False)
+# Source builds (sdists): off, wheels only, so no package code runs while installing. On, uv
+# runs in a sandbox as an unprivileged uid of the pool with a private cache (never as the runner).
+E31_ENV_SOURCE_BUILDS = env_bool("E31_ENV_SOURCE_BUILDS", False)
 E31_ENV_BUILD_SECONDS = env_int("E31_ENV_BUILD_SECONDS", 1800, minimum=10)
 E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimum=0.1)
 # A code archive's unpacked size and entry count, from its headers at upload and counted again as
