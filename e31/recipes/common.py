@@ -219,11 +219,20 @@ class Dist:
 
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
-    def close(self):
-        if self.active:
-            import torch.distributed as distributed
+    def close(self, finished=False):
+        """Leave the process group. A finished run first waits for every process to finish: a
+        process whose peers have already torn their side down can abort in gloo's teardown
+        (rank 0 still writes the weights when the others are done). A failed run does not wait,
+        since a peer may never arrive."""
+        if not self.active:
+            return
+        import torch.distributed as distributed
 
-            distributed.destroy_process_group()
+        if not distributed.is_initialized():
+            return
+        if finished:
+            distributed.barrier()
+        distributed.destroy_process_group()
 
 
 # -- LoRA -------------------------------------------------------------------------------------
@@ -565,5 +574,7 @@ def main(recipe_name, train, evaluate_staged):
     dist = Dist(config.get("parallel", "ddp"))
     try:
         train(config, dist)
-    finally:
+    except BaseException:
         dist.close()
+        raise
+    dist.close(finished=True)
