@@ -66,8 +66,16 @@ class Proxy:
 
 
 def _reset(sock):
+    """Reset the connection now. close() alone would not: while a pipe thread is blocked in
+    recv() on the socket, the kernel keeps it (and the connection) until data comes, so a server
+    connection cut mid-transaction stayed open, its locks held, and the system hung on them
+    after the outage. shutdown() wakes the reader and ends the connection at once."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
         sock.close()
     except OSError:
         pass
