@@ -3,6 +3,7 @@
 Another team's object is a 404, never a 403: its existence is not revealed.
 """
 
+from django.core.exceptions import ValidationError
 from django.http import Http404
 
 from accounts.models import Membership
@@ -31,11 +32,23 @@ def require_team(user):
     return team
 
 
-def get_for_team(queryset, user, **lookup):
-    """The object of the user's team matching lookup, or Http404."""
+def get_for_team(queryset, user, team_path="team", **lookup):
+    """The object of the user's team matching lookup, or Http404. team_path: the lookup from the
+    object to its team, where the team is further away ("version__dataset__team")."""
     team = require_team(user)
     try:
-        return queryset.get(team=team, **lookup)
-    except (queryset.model.DoesNotExist, ValueError, TypeError):
-        # ValueError/TypeError: a malformed id (not a UUID) is just as absent.
-        raise Http404(f"No such {queryset.model._meta.verbose_name}.") from None
+        return queryset.get(**{team_path: team}, **lookup)
+    except queryset.model.DoesNotExist:
+        # Another team's is the same 404 as a missing one, but someone asking for ids that are
+        # not theirs is probing: recorded, for the team whose object it is.
+        from accounts import audit  # audit imports this module
+
+        foreign = queryset.filter(**lookup).first()
+        if foreign is not None:
+            owner = foreign
+            for step in team_path.split("__"):
+                owner = getattr(owner, step)
+            audit.foreign_object(user, foreign, owner)
+    except (ValueError, TypeError, ValidationError):
+        pass  # a malformed id (not a UUID) is just as absent
+    raise Http404(f"No such {queryset.model._meta.verbose_name}.")

@@ -3,22 +3,30 @@
 from django.contrib.auth import authenticate
 from rest_framework import status
 from rest_framework.authtoken.models import Token
-from rest_framework.decorators import api_view, authentication_classes, parser_classes, permission_classes
-from rest_framework.parsers import FormParser, JSONParser
-from rest_framework.permissions import AllowAny
+from rest_framework.decorators import (
+    api_view,
+    authentication_classes,
+    parser_classes,
+    permission_classes,
+)
+from rest_framework.parsers import FormParser
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 
 from accounts import signin
 from accounts.access import team_of
 from e31web.api import fields
+from e31web.parsers import BoundedJSONParser
+from e31web.permissions import NO_TEAM
 
 
 @api_view(["POST"])
 @authentication_classes([])
 @permission_classes([AllowAny])
-@parser_classes([JSONParser, FormParser])
+@parser_classes([BoundedJSONParser, FormParser])
 def token(request):
-    """{username, password} -> {token}: the user's API token (made on first use), as `e31 login` keeps it."""
+    """{username, password} -> {token}: the user's API token (made on first use), as `e31 login`
+    keeps it; for a team member, or a staff operator (whose token reaches the staff endpoints)."""
     data = fields(request)
     username, password = data.get("username"), data.get("password")
     if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
@@ -32,14 +40,17 @@ def token(request):
         signin.failed(username, address)
         return Response({"detail": "Wrong username or password."}, status=status.HTTP_401_UNAUTHORIZED)
     signin.succeeded(username, address)
-    if team_of(user) is None:
-        return Response({"detail": "This account is not on a team yet: ask your team's owner to add it."}, status=status.HTTP_403_FORBIDDEN)
+    # A staff operator on no team gets one too: for /metrics; team endpoints refuse it (a 403
+    # saying so, e31web.permissions.OnATeam).
+    if team_of(user) is None and not user.is_staff:
+        return Response({"detail": NO_TEAM}, status=status.HTTP_403_FORBIDDEN)
     key, _ = Token.objects.get_or_create(user=user)
     return Response({"token": key.key, "username": user.username})
 
 
 @api_view(["GET", "PATCH"])
-@parser_classes([JSONParser, FormParser])
+@permission_classes([IsAuthenticated])  # anyone signed in, a staff operator on no team too
+@parser_classes([BoundedJSONParser, FormParser])
 def me(request):
     """Who the token (or session) is, and their team. PATCH {time_zone}: the settings page's
     time zone (an IANA name; blank for the site's)."""

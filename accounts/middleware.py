@@ -2,6 +2,8 @@ import zoneinfo
 
 from django.utils import timezone
 
+from accounts import audit
+
 
 class UserTimeZoneMiddleware:
     """Times a user enters (a deadline) and sees are in their own time zone, as they set it."""
@@ -24,3 +26,15 @@ def activate_for(user):
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             pass
     timezone.deactivate()
+
+
+class AuditRequestMiddleware:
+    """The request being answered, for the audit events recorded where only a user is at hand
+    (accounts.audit.current_request)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        with audit.answering(request):
+            return self.get_response(request)

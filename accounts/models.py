@@ -3,6 +3,8 @@ import uuid
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 
 
@@ -41,6 +43,22 @@ class Membership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
 
+# A membership ended or moved to another team, or an API token revoked, however it was done (the
+# admin, the shell, a user deleted): the user's open websockets check their access again now.
+# Senders by name: the admin deletes tokens through DRF's proxy model.
+@receiver(post_delete, sender=Membership, dispatch_uid="sockets-membership-ended")
+@receiver(post_save, sender=Membership, dispatch_uid="sockets-membership-changed")
+@receiver(post_delete, sender="authtoken.Token", dispatch_uid="sockets-token-revoked")
+@receiver(post_delete, sender="authtoken.TokenProxy", dispatch_uid="sockets-token-proxy-revoked")
+def access_changed(sender, instance, created=False, update_fields=None, **kwargs):
+    if created or (update_fields is not None and "team" not in update_fields):
+        return  # a new membership, or a time zone saved: no access is lost
+    # Imported here: the websocket side (channels) is not loaded while the models are.
+    from e31web import ws_auth
+
+    ws_auth.access_changed(instance.user_id)
+
+
 class AuditImmutable(Exception):
     """An audit event is never changed nor deleted: the audit log is append-only."""
 
@@ -57,7 +75,9 @@ class AuditEvent(models.Model):
     """Who did what, when, from where: one row per action (accounts.audit.record). Append-only.
 
     user is None for the system's own actions (a management command issuing invoices): actor
-    names the command then; otherwise the user's name, kept should the user be deleted."""
+    names the command then; for a refusal without a signed-in user, the name tried (a failed
+    sign-in) or "(anonymous)"; otherwise the user's name, kept should the user be deleted. team is
+    the team the event concerns: for another team's object asked for, the object's team."""
 
     ACTIONS = [
         ("job.submit", "Job submitted"),
@@ -77,9 +97,19 @@ class AuditEvent(models.Model):
         ("dataset.seal", "Dataset version sealed"),
         ("dataset.credentials", "Dataset credentials changed"),
         ("dataset.delete", "Dataset deleted"),
+        ("job.env", "Job environment set (names only)"),
+        ("token.create", "API token made"),
+        ("token.revoke", "API token revoked"),
+        ("signin.fail", "Sign-in failed"),
+        ("signin.lockout", "Sign-in locked"),
+        ("object.foreign", "Another team's object asked for"),
+        ("csrf.fail", "CSRF check failed"),
+        ("ws.refuse", "Websocket refused"),
     ]
-    WEB, API, SYSTEM = "web", "api", "system"
-    VIA = [(WEB, "Web"), (API, "API"), (SYSTEM, "System")]
+    # What someone was refused: a burst of these from one address shows on the operator's page.
+    REFUSALS = ["signin.fail", "signin.lockout", "object.foreign", "csrf.fail", "ws.refuse"]
+    WEB, API, WS, SYSTEM = "web", "api", "ws", "system"
+    VIA = [(WEB, "Web"), (API, "API"), (WS, "Websocket"), (SYSTEM, "System")]
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

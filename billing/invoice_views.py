@@ -2,7 +2,7 @@
 another team's invoice is a 404 everywhere."""
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -12,18 +12,14 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from accounts import audit
-from accounts.access import require_team
+from accounts.access import get_for_team, require_team
 from billing import invoice_service, invoices, statements
 from billing.models import Invoice
 from e31web.api import paginate
 
 
 def _invoice(user, invoice_id):
-    team = require_team(user)
-    try:
-        return Invoice.objects.select_related("corrects").get(team=team, pk=invoice_id)
-    except (Invoice.DoesNotExist, ValueError):
-        raise Http404("No such invoice.") from None
+    return get_for_team(Invoice.objects.select_related("corrects"), user, pk=invoice_id)
 
 
 def _filename(document, ext):

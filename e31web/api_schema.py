@@ -10,7 +10,12 @@ add_error_responses documents them on every operation.
 """
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers as s
 
 from accounts import api as accounts_api
@@ -422,7 +427,7 @@ class AuditEvent(s.Serializer):
     object_type = s.CharField(allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload; blank for none.")
     object_id = s.CharField(allow_blank=True)
     label = s.CharField(allow_blank=True, help_text="The object's name, for people.")
-    via = s.ChoiceField(choices=["web", "api", "system"], help_text="api also for the CLI.")
+    via = s.ChoiceField(choices=["web", "api", "ws", "system"], help_text="api also for the CLI; ws for live sockets.")
     ip = s.CharField(allow_null=True, help_text="The client's address (REMOTE_ADDR).")
 
 

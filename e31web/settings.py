@@ -12,7 +12,15 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from e31web import endpoints as _endpoints
-from e31web.env import env_bool, env_float, env_int, env_list, env_rate, env_str, env_url
+from e31web.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_rate,
+    env_str,
+    env_url,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -63,6 +71,7 @@ except ValueError as _error:
     raise ImproperlyConfigured(f"E31_S3_ENDPOINT_ALLOW: {_error}") from None
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+CSRF_FAILURE_VIEW = "accounts.csrf.csrf_failure"  # Django's 403, recorded in the audit log
 
 INSTALLED_APPS = [
     "daphne",
@@ -94,6 +103,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "accounts.middleware.UserTimeZoneMiddleware",
+    "accounts.middleware.AuditRequestMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -210,10 +220,17 @@ E31_MAX_UPLOAD_BYTES = env_int("E31_MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        "accounts.csrf.AuditedSessionAuthentication",  # DRF's, its CSRF failures audited
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # A team endpoint refuses a user on no team (a staff operator's token) with a 403 and why.
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "e31web.permissions.OnATeam"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON bodies read with a depth limit: nested past the stack is a 400, not a 500.
+    "DEFAULT_PARSER_CLASSES": [
+        "e31web.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": None,
     # Every 4xx/5xx as {"detail": "...", "errors": {field: [...]}} (see e31web/api.py).
     "EXCEPTION_HANDLER": "e31web.api.exception_handler",
@@ -336,6 +353,14 @@ E31_UTIL_IDLE_MINUTE_SECONDS = env_float("E31_UTIL_IDLE_MINUTE_SECONDS", 60.0, m
 # scheduler. The site's address, for the links in emails and webhook payloads.
 E31_SITE_URL = env_url("E31_SITE_URL", "http://127.0.0.1:8000", {"http", "https"})
 E31_WEBHOOK_TIMEOUT_SECONDS = env_float("E31_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+# Hosts and networks a team's webhook may be at although they are not public, in the form of
+# E31_S3_ENDPOINT_ALLOW (a list of its own: a bucket endpoint allowed is not a webhook allowed);
+# by default none, so the network never POSTs to its own or internal addresses (e31web/endpoints.py).
+E31_WEBHOOK_ALLOW = env_list("E31_WEBHOOK_ALLOW", [])
+try:
+    _endpoints.parse_allow_list(E31_WEBHOOK_ALLOW)
+except ValueError as _error:
+    raise ImproperlyConfigured(f"E31_WEBHOOK_ALLOW: {_error}") from None
 E31_NOTIFY_RETRY_SECONDS = env_float("E31_NOTIFY_RETRY_SECONDS", 30.0, minimum=0.0)  # doubled after each failure
 E31_NOTIFY_MAX_ATTEMPTS = env_int("E31_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("E31_EMAIL_FROM", "E31 Network <noreply@localhost>")

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.urls import reverse
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
@@ -17,8 +17,8 @@ from accounts import audit
 from accounts.access import require_team
 from accounts.middleware import activate_for
 from e31web.api import fields as body_fields
-from jobs.forms import JobForm, keep_uploads
 from jobs import datasets, specfile, states
+from jobs.forms import JobForm, keep_uploads
 from jobs.models import Job
 from jobs.spec import format_env
 from jobs.views import artifact_response, get_artifact, get_job, log_response
@@ -59,6 +59,18 @@ SPEC_FIELDS = {
 }
 BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first", "network", "stop_if_idle"}
 MAX_LOG_LIMIT = 5000
+
+
+class SpecJSONParser(JSONParser):
+    """A JSON body read by the spec's own JSON reader: nested past the limit (or the stack) is a
+    400 with the reason, not a 500. The body holds the spec, one level above the spec's own."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            return specfile.parse_json(stream.read().decode(encoding), max_depth=specfile.MAX_DEPTH + 1)
+        except (UnicodeDecodeError, specfile.ParseError) as error:
+            raise ParseError(f"JSON parse error - {error}") from None
 
 
 def spec_to_form_data(spec, team):
@@ -242,7 +254,7 @@ HEX = set("0123456789abcdef")
 
 
 @api_view(["GET", "POST"])
-@parser_classes([MultiPartParser, FormParser, JSONParser])
+@parser_classes([MultiPartParser, FormParser, SpecJSONParser])
 def jobs(request):
     """GET: the team's jobs, newest first, paged; filters ?state= ?kind= ?name= (contains)
     ?id_prefix= (the start of an id, as `e31` takes one). POST: submit a job from a spec."""
@@ -261,6 +273,7 @@ def jobs(request):
         return spec_refused(spec, form.errors)
     job = form.save(request.user)
     audit.record(request, "job.submit", job)
+    audit.job_env(request, job)
     return Response(job_json(job, request), status=status.HTTP_201_CREATED)
 
 
@@ -464,7 +477,7 @@ RETRAIN_FIELDS = {"name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kin
 
 
 @api_view(["POST"])
-@parser_classes([MultiPartParser, FormParser, JSONParser])
+@parser_classes([MultiPartParser, FormParser, SpecJSONParser])
 def job_retrain(request, job_id):
     """Retrain a finished job: its work and request (overridable in `spec`), its weights as the
     starting model, its training data plus the files sent as `data`."""
@@ -476,9 +489,10 @@ def job_retrain(request, job_id):
     raw = body_fields(request).get("spec") or {}
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise ValidationError({"spec": [f"The spec is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."]}) from None
+            raw = specfile.parse_json(raw)
+        except specfile.ParseError as error:
+            where = f" (line {error.line}, column {error.column})" if error.column else ""
+            raise ValidationError({"spec": [f"The spec is {error}{where}."]}) from None
     if not isinstance(raw, dict):
         raise ValidationError({"spec": ["The spec must be a JSON object."]})
     unknown = sorted(set(raw) - RETRAIN_FIELDS)
@@ -534,7 +548,7 @@ def job_comparison(request, job_id):
 
 
 @api_view(["POST"])
-@parser_classes([MultiPartParser, FormParser, JSONParser])
+@parser_classes([MultiPartParser, FormParser, SpecJSONParser])
 def estimate(request):
     """What a spec would cost at most, and when it would start and finish behind today's queue,
     before it is submitted (no files needed)."""

@@ -20,19 +20,27 @@ from django.urls import reverse
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts import audit
 from accounts.access import is_owner, require_team
 from e31web.api import fields, form_errors_response, paginate
+from e31web.parsers import BoundedJSONParser
 from jobs import datasets
 from jobs.dataset_views import (
-    OWNERS_ONLY, CredentialsForm, DatasetForm, S3DatasetForm, get_dataset, get_upload, get_version, sentence,
+    OWNERS_ONLY,
+    CredentialsForm,
+    DatasetForm,
+    S3DatasetForm,
+    get_dataset,
+    get_upload,
+    get_version,
+    sentence,
 )
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
-PARSERS = [JSONParser, FormParser, MultiPartParser]
+PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
 log = logging.getLogger(__name__)
 
 

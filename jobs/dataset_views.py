@@ -48,11 +48,7 @@ def get_version(dataset, number):
 
 
 def get_upload(request, upload_id):
-    team = require_team(request.user)
-    upload = DatasetUpload.objects.select_related("version__dataset").filter(pk=upload_id, version__dataset__team=team).first()
-    if upload is None:
-        raise Http404("No such upload.")
-    return upload
+    return get_for_team(DatasetUpload.objects.select_related("version__dataset"), request.user, "version__dataset__team", pk=upload_id)
 
 
 # Forms -----------------------------------------------------------------------------------------

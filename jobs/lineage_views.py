@@ -1,8 +1,6 @@
 """Pages for jobs made from jobs: retrain a finished job, compare a fine-tuning with its start,
 and the comparison's verdict (see jobs.lineage and jobs.evaluation)."""
 
-import json
-
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,6 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts import audit
 from accounts.access import require_team
+from e31web.parsers import read_json
 from e31web.storage import get_storage
 from jobs import evaluation, lineage
 from jobs.forms import MultipleFileInput, RequestForm, keep_uploads
@@ -19,6 +18,7 @@ from jobs.models import Job, Upload
 from jobs.views import get_job
 
 EVALUATION_FILE = "evaluation.json"
+MAX_EVALUATION_BYTES = 8 * 2**20  # a table of models and metrics: kilobytes
 
 
 def plain(number):
@@ -132,12 +132,17 @@ def job_compare(request, job_id):
 
 
 def read_evaluation(job):
-    """The evaluation a finished evaluation job wrote, or None."""
+    """The evaluation a finished evaluation job wrote, or None. The job's code wrote it, so it
+    is read as a hostile body: at most MAX_EVALUATION_BYTES, nested at most as deep as a request
+    body may be (ValueError with the reason, never a RecursionError's 500)."""
     artifact = job.artifacts.filter(name=EVALUATION_FILE).first()
     if artifact is None:
         return None
     with get_storage().open(artifact.key) as stream:
-        return json.loads(stream.read())
+        raw = stream.read(MAX_EVALUATION_BYTES + 1)
+    if len(raw) > MAX_EVALUATION_BYTES:
+        raise ValueError(f"larger than {MAX_EVALUATION_BYTES // 2**20} MiB")
+    return read_json(raw.decode("utf-8"))
 
 
 def comparison(job):

@@ -1,11 +1,9 @@
 """Parsing the free-text parts of a job description: pure functions, no database."""
 
-import json
 import re
 import shlex
 
-import yaml
-
+from jobs import specfile
 from scheduler.launch import RESERVED_ENV
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -19,33 +17,16 @@ def parse_config(text):
     """A config given as JSON or YAML text; must be a mapping. Empty text is an empty config."""
     if not text or not text.strip():
         return {}
-    stripped = text.strip()
     try:
-        value = _load_config(stripped)
-    except RecursionError:
-        raise SpecError("the config is nested too deeply") from None
+        value = specfile.parse(text.strip())
+    except specfile.ParseError as error:
+        where = f" (line {error.line}, column {error.column})" if error.column else f" (line {error.line})" if error.line else ""
+        raise SpecError(f"the config is {error}{where}") from None
     if not isinstance(value, dict):
         raise SpecError("the config must be a mapping of names to values (a JSON object or YAML mapping)")
     if _has_nul(value):
         raise SpecError("the config contains a NUL character")
     return value
-
-
-def _load_config(text):
-    if text.startswith(("{", "[")):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise SpecError(f"the config is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        where = ""
-        mark = getattr(error, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1}, column {mark.column + 1})"
-        problem = getattr(error, "problem", None) or str(error)
-        raise SpecError(f"the config is not valid YAML: {problem}{where}") from None
 
 
 def _has_nul(value):

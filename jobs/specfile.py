@@ -23,6 +23,8 @@ from datetime import date, datetime
 
 import yaml
 
+from e31web.parsers import depth
+
 # Each part's fields, and the flat API field each one is (None: a local file, sent alongside).
 PARTS = {
     "work": {
@@ -47,6 +49,7 @@ EARLY_STOP = {"metric": "early_stop_metric", "mode": "early_stop_mode", "patienc
 # The local files a spec names: (part, field) -> the file field they are sent as.
 FILE_FIELDS = {("work", "code"): "code", ("data", "train_files"): "data", ("data", "heldout_files"): "heldout", ("data", "base_model"): "base_model"}
 MAX_BYTES = 256 * 1024
+MAX_DEPTH = 32  # mappings and lists inside each other: a spec uses 4, its config a few more
 
 
 class SpecFileError(ValueError):
@@ -132,34 +135,131 @@ def read(text, name="spec"):
 
 
 def _load(text, name):
-    if text.lstrip().startswith(("{", "[")):
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as error:
-            raise SpecFileError([(error.lineno, "", f"not valid JSON: {error.msg} (column {error.colno})")], name) from None
-        except RecursionError:
-            raise SpecFileError([(None, "", "the spec is nested too deeply")], name) from None
     try:
-        loader = yaml.SafeLoader(text)
+        return _parse(text, lines=True)
+    except ParseError as error:
+        if error.language == "JSON" and error.column:
+            message = f"{error} (column {error.column})"
+        elif error.language == "YAML":  # a file that meant to be JSON may be read as YAML
+            message = f"not valid YAML or JSON: {error.problem}"
+        else:
+            message = str(error)
+        raise SpecFileError([(error.line, "", message)], name) from None
+
+
+# Reading a user's JSON or YAML --------------------------------------------------------------
+
+
+class ParseError(ValueError):
+    """Text that cannot be read as a value: why (`problem`), where (`line`, `column`, or None),
+    and, when it breaks JSON's or YAML's rules, which (`language`). Without a language the
+    problem reads alone after a file's line and after "the config is": "nested too deeply ..."."""
+
+    def __init__(self, problem, line=None, column=None, language=None):
+        self.problem, self.line, self.column, self.language = problem, line, column, language
+        super().__init__(f"not valid {language}: {problem}" if language else problem)
+
+
+TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels)"
+
+
+def parse(text):
+    """A user's JSON or YAML text as plain values: dicts, lists, text, numbers, booleans, None
+    (YAML's dates as ISO text). The one reader of such text from outside: spec files, configs.
+
+    Text that starts with { or [ is JSON and is read as JSON (YAML would read its escapes,
+    such as an emoji's surrogate pair, otherwise); the rest is YAML without anchors and aliases
+    (a few hundred bytes of them expand to gigabytes). At most MAX_BYTES, nested at most
+    MAX_DEPTH deep: anything else raises ParseError at the first sign, before the work it asks."""
+    return _parse(text)[1]
+
+
+def parse_json(text, max_depth=MAX_DEPTH):
+    """JSON text as values, nested at most max_depth deep; raises ParseError (no size limit:
+    the caller's, such as a request body's, holds)."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as error:
+        raise ParseError(error.msg, error.lineno, error.colno, "JSON") from None
+    except RecursionError:  # deeper than the stack, found by the parser before our own count
+        raise ParseError(TOO_DEEP) from None
+    except ValueError as error:  # NaN, or a number longer than Python reads
+        raise ParseError(str(error).split(";")[0], language="JSON") from None
+    if depth(value, max_depth) > max_depth:
+        raise ParseError(TOO_DEEP)
+    return value
+
+
+def _parse(text, lines=False):
+    """(YAML's node of the text, for the line of each key, or None; the value)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise ParseError(f"larger than {MAX_BYTES // 1024} KB")
+    if not text.lstrip().startswith(("{", "[")):
+        return _parse_yaml(text)
+    value = parse_json(text)
+    if not lines:
+        return None, value
+    try:  # JSON read by YAML too, for its lines only: the values are JSON's
+        loader = _Loader(text)
+    except yaml.YAMLError:  # a character JSON takes and YAML does not
+        return None, value
+    try:
+        return loader.get_single_node(), value
+    except (yaml.YAMLError, ParseError):
+        return None, value
+    finally:
+        loader.dispose()
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML without anchors and aliases, and nested at most MAX_DEPTH deep: both refused as
+    the parser meets them, so a hostile text costs the few events read up to there."""
+
+    def __init__(self, text):
+        super().__init__(text)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise ParseError(f"written with YAML anchors or aliases ({'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor}), "
+                             "which are not accepted: write each value out", line)
+        nests = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        self.depth += nests
+        if self.depth > MAX_DEPTH:
+            raise ParseError(TOO_DEEP, line)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= nests
+
+
+def _parse_yaml(text):
+    try:
+        loader = _Loader(text)
     except yaml.YAMLError as error:  # a character YAML does not allow, found before parsing
-        raise SpecFileError([(None, "", f"not valid YAML or JSON: {error}")], name) from None
+        raise ParseError(str(error), language="YAML") from None
     try:
         node = loader.get_single_node()
-        document = loader.construct_document(node) if node is not None else None
+        return node, (_plain(loader.construct_document(node)) if node is not None else None)
+    except ParseError:  # ours, already worded (and a ValueError, which the last clause would take)
+        raise
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         context, opened = getattr(error, "context", None), getattr(error, "context_mark", None)
         if context and opened is not None and mark is not None and opened.line != mark.line:
             problem += f" ({context} at line {opened.line + 1})"
-        raise SpecFileError([(mark.line + 1 if mark else None, "", f"not valid YAML or JSON: {problem}")], name) from None
-    except RecursionError:
-        raise SpecFileError([(None, "", "the spec is nested too deeply")], name) from None
-    except (ValueError, TypeError, OverflowError) as error:  # a value YAML reads as a date that is none
-        raise SpecFileError([(None, "", f"not valid YAML: {error}")], name) from None
+        raise ParseError(problem, mark.line + 1 if mark else None, mark.column + 1 if mark else None, "YAML") from None
+    except (ValueError, TypeError, OverflowError) as error:  # a value YAML reads as a date that is none, a number too long
+        raise ParseError(f"not valid YAML: {str(error).split(';')[0]}") from None
     finally:
         loader.dispose()
-    return node, _plain(document)
 
 
 def _bad_text(value, keys_only=False):
@@ -180,13 +280,16 @@ def _bad_text(value, keys_only=False):
 
 
 def _plain(value):
-    """Dates and times YAML read as such back to ISO text, as the form and the API take them."""
+    """Dates and times YAML read as such back to ISO text, as the form and the API take them;
+    what JSON has no word for (YAML's !!binary, !!set, !!omap, !!pairs) is refused."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, (datetime, date)):
         return value.isoformat()
+    if isinstance(value, (bytes, set, tuple)):
+        raise ParseError("holding a YAML !!binary, !!set, !!omap or !!pairs value, which is not accepted: write text, lists and mappings")
     return value
 
 

@@ -13,7 +13,7 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import audit
-from accounts.access import get_for_team, require_team
+from accounts.access import get_for_team, require_team, team_of
 from e31web.downloads import download_response
 from e31web.storage import get_storage
 from jobs import metrics, states
@@ -75,6 +75,8 @@ def with_cost(jobs, now):
 @login_required
 @require_GET
 def job_list(request):
+    if request.user.is_staff and team_of(request.user) is None:
+        return redirect("ops:pool")  # the operator, on no team, signs in to the pool's page
     team = require_team(request.user)
     sort = request.GET.get("sort", "")
     jobs = Job.objects.filter(team=team)
@@ -99,6 +101,7 @@ def job_new(request):
         if form.is_valid():
             job = form.save(request.user)
             audit.record(request, "job.submit", job)
+            audit.job_env(request, job)
             messages.success(request, f"Job {job.name} submitted.")
             return redirect("jobs:detail", job_id=job.pk)
         estimate_form = form

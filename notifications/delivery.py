@@ -5,6 +5,11 @@ its own database connection: a receiver that hangs holds up this thread only (an
 E31_WEBHOOK_TIMEOUT_SECONDS per attempt), never a scheduling cycle or a runner. Deliveries are
 claimed one at a time with a conditional update, so two workers never send the same attempt.
 Tests drive handle_one(now) with a clock of their own.
+
+Webhooks go only where e31web.endpoints allows (public addresses, or the operators'
+E31_WEBHOOK_ALLOW): checked again at every attempt after DNS, the connection made to the address
+checked, redirects not followed, and of the reply only the status and a short, plain excerpt
+kept for the team's delivery log.
 """
 
 import json
@@ -19,11 +24,13 @@ from django.db import close_old_connections, connection
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from e31web import endpoints
 from notifications import policy, signing
 from notifications.models import Delivery
 
 log = logging.getLogger("notifications")
 USER_AGENT = "E31-Webhooks/1"
+REPLY_BYTES = 4096  # read of a reply at most, for the log's excerpt (the rest is never read)
 
 
 def webhook_request(delivery, now):
@@ -34,6 +41,7 @@ def webhook_request(delivery, now):
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
+        "Accept-Encoding": "identity",  # the reply's excerpt is read as sent (read_at_most)
         "X-E31-Event": event["kind"],
         "X-E31-Delivery": str(delivery.pk),
         "X-E31-Timestamp": timestamp,
@@ -53,10 +61,24 @@ def email_message(delivery):
     return message
 
 
+def read_at_most(response, limit):
+    """The first `limit` bytes of a streamed response's body, as sent (not decompressed: a
+    receiver's endless or compressed-bomb reply is not read to its end)."""
+    head = b""
+    for chunk in response.iter_raw():
+        head += chunk
+        if len(head) >= limit:
+            break
+    return head[:limit]
+
+
 class Worker:
     def __init__(self, client=None, timeout=None):
         self.timeout = settings.E31_WEBHOOK_TIMEOUT_SECONDS if timeout is None else timeout
-        self.client = client or httpx.Client(timeout=self.timeout, follow_redirects=False)
+        # trust_env=False: a proxy from the environment would connect by name, around the check.
+        self.client = client or httpx.Client(
+            timeout=self.timeout, follow_redirects=False, trust_env=False, transport=endpoints.PinnedTransport("webhook"),
+        )
 
     def claim(self, now):
         """The next due delivery, claimed for this attempt (None when nothing is due)."""
@@ -81,14 +103,20 @@ class Worker:
             return None, "the webhook was removed or turned off"
         body, headers = webhook_request(delivery, now)
         try:
-            response = self.client.post(delivery.webhook.url, content=body, headers=headers, timeout=self.timeout)
+            with self.client.stream("POST", delivery.webhook.url, content=body, headers=headers, timeout=self.timeout) as response:
+                status, reply = response.status_code, read_at_most(response, REPLY_BYTES)
+        except endpoints.Refused as refused:
+            return None, f"not sent: {refused}"
         except httpx.TimeoutException:
             return None, f"no answer within {self.timeout:g} s"
-        except httpx.HTTPError as error:
-            return None, f"{type(error).__name__}: {error}"[:2000]
-        if policy.succeeded(response.status_code):
-            return response.status_code, ""
-        return response.status_code, f"the receiver answered {response.status_code}: {response.text[:300]}"
+        except (httpx.HTTPError, httpx.InvalidURL) as error:
+            return None, policy.excerpt(f"{type(error).__name__}: {error}", 500)
+        if policy.succeeded(status):
+            return status, ""
+        if policy.redirected(status):
+            return status, f"the receiver answered {status}, a redirect (not followed)"
+        shown = policy.excerpt(reply)
+        return status, f"the receiver answered {status}" + (f": {shown}" if shown else "")
 
     def handle_one(self, now=None):
         """Claim one due delivery and attempt it; False when nothing was due."""

@@ -2,6 +2,7 @@ from urllib.parse import urlparse
 
 from django import forms
 
+from e31web import endpoints
 from notifications import policy
 
 
@@ -13,7 +14,9 @@ class EmailPreferencesForm(forms.Form):
 
 
 def clean_webhook_url(value):
-    """An http(s) URL with a host; anything else is refused with a message saying why."""
+    """An http(s) URL with a host at a public address (or one the operators allow, in
+    E31_WEBHOOK_ALLOW: e31web.endpoints); anything else is refused with a message saying why.
+    The worker checks the address again at every attempt: DNS may change after this."""
     value = (value or "").strip()
     parsed = urlparse(value)
     if parsed.scheme not in ("http", "https"):
@@ -24,6 +27,8 @@ def clean_webhook_url(value):
         parsed.port
     except ValueError:
         raise forms.ValidationError("The URL's port is not a number from 0 to 65535.") from None
+    if reason := endpoints.check_url(value, "webhook"):
+        raise forms.ValidationError(f"{reason[0].upper()}{reason[1:]}.")
     return value
 
 

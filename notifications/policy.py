@@ -3,6 +3,8 @@
 The ORM (notifications.events, notifications.delivery) and the scheduler wrap these.
 """
 
+import re
+import unicodedata
 from datetime import timedelta
 from decimal import Decimal
 
@@ -74,6 +76,29 @@ def after_failure(attempts, now, max_attempts=MAX_ATTEMPTS, first=FIRST_RETRY_SE
 def succeeded(status):
     """Whether an HTTP status means the receiver took the event (any 2xx)."""
     return status is not None and 200 <= status < 300
+
+
+def redirected(status):
+    """Whether an HTTP status is a redirect (3xx): recorded as the delivery's status, never
+    followed (it could lead anywhere, an internal address too)."""
+    return status is not None and 300 <= status < 400
+
+
+EXCERPT_CHARS = 200
+TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def excerpt(reply, limit=EXCERPT_CHARS):
+    """What the delivery log shows of a receiver's reply (bytes or text): at most `limit`
+    characters (and an ellipsis), control and formatting characters (terminal escapes,
+    bidirectional overrides, NULs) made spaces and runs of space made one. A log the team reads
+    shows that the receiver answered, not a copy of whatever it answered."""
+    if isinstance(reply, bytes):
+        reply = reply.decode("utf-8", errors="replace")
+    reply = TERMINAL_ESCAPE.sub(" ", reply)
+    plain = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in reply)
+    text = " ".join(plain.split())
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
 
 
 # Event sources ------------------------------------------------------------------------------

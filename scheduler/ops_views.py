@@ -1,6 +1,8 @@
 """The operator's view: a staff-only page of the pool (/ops/) and the same figures as Prometheus
 metrics (/metrics), for a staff user's API token or a staff session."""
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -11,10 +13,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from rest_framework.authtoken.models import Token
 
+from accounts import audit
 from scheduler import ops, pool, prom
 
 CHART_WIDTH, CHART_HEIGHT = 720, 120
 DAY, WEEK = 24 * 3600, 7 * 24 * 3600
+REFUSALS_SECONDS = 3600
 
 
 def require_staff(user):
@@ -59,6 +63,9 @@ def pool_page(request):
             day=None, device_seconds=sum(d.device_seconds for d in days), amount=sum(d.amount for d in days), credits=sum(d.credits for d in days)
         ),
         "job_counts": ops.job_counts(),
+        # A burst of refusals (failed sign-ins, other teams' ids, CSRF, websockets) from one address.
+        "refusals": audit.busiest_addresses(audit.refusal_counts(now - timedelta(seconds=REFUSALS_SECONDS))),
+        "refusals_minutes": REFUSALS_SECONDS // 60,
     }
     return render(request, "ops/pool.html", context)
 

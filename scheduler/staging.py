@@ -74,24 +74,27 @@ def _team_bucket(dataset_id, credentials_token, endpoint_url, region):
     import boto3
     from botocore.config import Config
 
-    from e31web.endpoints import check_endpoint
+    from e31web.endpoints import check_endpoint, pin_boto3
     from e31web.secrets_box import unseal
 
     # The endpoint's host is judged again here (its DNS may have changed since registration);
-    # a refusal is not cached, so the check runs until it passes.
+    # a refusal is not cached, so the check runs until it passes. The client is kept, so each
+    # connection it opens is judged too, and made to the address judged (pin_boto3).
     if reason := check_endpoint(endpoint_url):
         raise StagingError(f"the bucket's endpoint is refused: {reason}")
 
     credentials = unseal(credentials_token) if credentials_token else {}
-    return boto3.client(
+    client = boto3.client(
         "s3",
         endpoint_url=endpoint_url or None,
         aws_access_key_id=credentials.get("access_key_id"),
         aws_secret_access_key=credentials.get("secret_access_key"),
         region_name=region or "us-east-1",
         config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"},
-                      max_pool_connections=32),  # a runner's stagings at once, each with its workers
+                      max_pool_connections=32,  # a runner's stagings at once, each with its workers
+                      proxies={}),  # never an environment's proxy, which would connect by name
     )
+    return pin_boto3(client, "s3")
 
 
 def team_bucket_client(dataset):

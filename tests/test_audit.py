@@ -1,6 +1,7 @@
 """The audit log: every audited action, through the pages and the API, leaves exactly one event
-naming who, which team, what and how; another team's object records nothing; events cannot be
-changed or deleted; the team's owner reads them (page and API), a member gets a 403."""
+naming who, which team, what and how; another team's object records no action (only the probe:
+tests/test_audit_refusals.py); events cannot be changed or deleted; the team's owner reads them
+(page and API), a member gets a 403."""
 
 import io
 
@@ -137,8 +138,9 @@ def test_each_action_records_exactly_one_event(case, client, world, alice, team_
     if setup is not None:
         setup(world)
     assert not AuditEvent.objects.filter(action=action).exists()
+    c = web(client, alice) if via == "web" else api(client, alice)  # the API's token made: an event of its own
     before = AuditEvent.objects.count()
-    response = call(web(client, alice) if via == "web" else api(client, alice), world)
+    response = call(c, world)
     assert response.status_code < 400, getattr(response, "content", b"")[:300]
     if via == "web" and action.startswith(("job.", "dataset.")):  # a form that worked redirects
         assert response.status_code == 302, response.context["form"].errors if response.context and "form" in response.context else response
@@ -170,11 +172,14 @@ def test_refusals_and_failures_record_nothing(client, world, alice):
     assert c.post(reverse("jobs:new"), {"name": "no-code", "gpus": "1", "mode": "span", "span_hours": "1"}).status_code == 200
     world.job.request_cancel()  # a queued job: cancelled at once
     assert api(client, alice).post(reverse("api:job-cancel", args=[world.job.pk])).status_code == 409
-    assert not AuditEvent.objects.exclude(action="invoice.issue").exists()
+    assert not AuditEvent.objects.exclude(action__in=["invoice.issue", "token.create"]).exists()
 
 
-def test_another_teams_objects_are_404s_and_record_nothing(client, world, charlie):
-    before = AuditEvent.objects.count()
+def test_another_teams_objects_are_404s_and_record_only_the_probe(client, world, charlie, team_a):
+    """Each is a 404, as for a missing id; none records the action, only (where the object is
+    looked up through get_for_team) that charlie asked for team A's object (tests/test_audit_refusals.py)."""
+    probes = ["object.foreign", "token.create"]
+    before = AuditEvent.objects.exclude(action__in=probes).count()
     w = world
     c = web(client, charlie)
     for url in [
@@ -193,7 +198,8 @@ def test_another_teams_objects_are_404s_and_record_nothing(client, world, charli
     for url in [reverse("api:job-cancel", args=[w.job.pk]), reverse("api:job-retrain", args=[w.job.pk]), reverse("api:job-compare", args=[w.job.pk]),
                 reverse("api:dataset-upload-complete", args=[w.upload.pk]), reverse("api:dataset-seal", args=[w.dataset.pk, w.upload.version.number])]:
         assert c.post(url, {}, content_type="application/json").status_code == 404, url
-    assert AuditEvent.objects.count() == before
+    assert AuditEvent.objects.exclude(action__in=probes).count() == before
+    assert set(AuditEvent.objects.filter(action="object.foreign").values_list("user__username", "team")) == {("charlie", team_a.pk)}
 
 
 def test_issuing_invoices_is_recorded_as_the_system(world, team_a):
@@ -296,10 +302,11 @@ def test_a_member_gets_a_403(client, bob):
 
 
 def test_the_api_lists_the_owners_team_only(client, alice, charlie, team_a, team_b):
+    api(client, alice)  # her token made: the team's first event
     some_events(team_a, team_b, alice, charlie)
-    body = api(client, alice).get(reverse("api:audit")).json()
-    assert body["count"] == 4
-    assert [e["label"] for e in body["results"]] == ["an-invoice", "a-job-2", "a-job-1", "a-job-0"]
+    body = client.get(reverse("api:audit")).json()
+    assert body["count"] == 5
+    assert [e["label"] for e in body["results"]] == ["an-invoice", "a-job-2", "a-job-1", "a-job-0", "alice"]
     first = body["results"][0]
     assert set(first) == {"id", "at", "user", "actor", "action", "object_type", "object_id", "label", "via", "ip"}
     assert (first["action"], first["actor"], first["via"], first["user"]) == ("invoice.download", "alice", "system", None)
@@ -309,7 +316,7 @@ def test_the_api_lists_the_owners_team_only(client, alice, charlie, team_a, team
     paged = client.get(reverse("api:audit") + "?page_size=2").json()
     assert len(paged["results"]) == 2 and paged["next"]
     theirs = api(client, charlie).get(reverse("api:audit")).json()
-    assert [e["label"] for e in theirs["results"]] == ["quokka-secret"]
+    assert [e["label"] for e in theirs["results"]] == ["charlie", "quokka-secret"]  # newest first: his token, made just now
 
 
 def test_the_api_records_the_user_when_there_is_one(client, world, alice):

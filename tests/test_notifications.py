@@ -156,7 +156,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    settings.E31_WEBHOOK_ALLOW = ["127.0.0.1"]  # webhooks are refused at loopback unless allowed (e31web/endpoints.py)
     server = Receiver()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -323,8 +324,8 @@ def test_a_hanging_receiver_never_holds_up_a_scheduling_cycle(alice, team_a, rec
 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_thread_delivers_in_the_background(receiver):
-    from tests.conftest import make_user
     from accounts.models import Membership, Team
+    from tests.conftest import make_user
 
     team = Team.objects.create(name="Team T")
     user = make_user("tess", team, Membership.OWNER)

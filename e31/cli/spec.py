@@ -47,9 +47,34 @@ def mapping_get(node, key):
     return None
 
 
+MAX_DEPTH = 32  # as the server's (jobs.specfile): mappings and lists inside each other
+
+
+class SpecLoader(yaml.SafeLoader):
+    """What the server refuses, refused before any file is uploaded: YAML anchors and aliases
+    (a few lines of them expand to gigabytes), and nesting past MAX_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "YAML anchors and aliases are not accepted: write each value out", event.start_mark
+            )
+        nests = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        self.depth += nests
+        if self.depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested too deeply (more than {MAX_DEPTH} levels)", event.start_mark)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= nests
+
+
 def compose(text, spec_name):
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=SpecLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
