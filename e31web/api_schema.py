@@ -116,6 +116,12 @@ class Job(s.Serializer):
     created_at = s.DateTimeField()
     finished_at = s.DateTimeField(allow_null=True)
     entrypoint = s.CharField(allow_blank=True, allow_null=True)
+    command = s.CharField(allow_blank=True, help_text="One shell line run instead of an entrypoint (bash -c); blank for none.")
+    args = s.ListField(child=s.CharField(), help_text="As given: $NAME and ${NAME} are replaced by the job's variables when it starts.")
+    hyperparameters = s.DictField(help_text="Passed after the arguments as --name value, and in SM_HPS / SM_HP_<NAME>.")
+    config = s.DictField()
+    workdir = s.CharField(allow_blank=True, help_text="The working folder in the code; blank: the entrypoint's own folder.")
+    processes = s.IntegerField(allow_null=True, help_text="Processes per node; null: one per GPU, or one for CPU slots (as threads).")
     packages = s.ListField(child=s.CharField(), help_text="The Python packages the job brings: requirements, as in requirements.txt.")
     train_dataset = nullable_str(help_text="name@version")
     heldout_dataset = nullable_str(help_text="name@version")
@@ -141,6 +147,11 @@ class Job(s.Serializer):
     held_seconds = s.FloatField()
     cost = s.CharField(help_text="A decimal string, in currency.")
     currency = s.CharField()
+    credited_seconds = s.FloatField(required=False)
+    credited = s.CharField(required=False, help_text="A decimal string, in currency: taken off for time lost through the network's fault.")
+    ceiling_used_fraction = s.FloatField(allow_null=True, help_text="How much of the job's ceiling is used, 0 to 1 (the nearer one of two); null: no ceiling.")
+    ceiling_amount_left = nullable_str(help_text="Of a money ceiling, what is left (a decimal string); null: none.")
+    ceiling_gpu_hours_left = nullable_str(help_text="Of a GPU-hours ceiling, what is left (a decimal string); null: none.")
     allocation = Allocation(allow_null=True)
     allocations = Allocation(many=True)
     timeline = s.ListField(child=s.DictField())
@@ -332,7 +343,8 @@ Comparison = inline_serializer(
 
 SPEC_HELP = (
     "The job's spec: a spec file's text (YAML or JSON), or (JSON body) an object of the API's fields: "
-    "name, kind, recipe, entrypoint, args, config, env, packages (a list of requirements, or text with one a line), "
+    "name, kind, recipe, entrypoint, command, args, hyperparameters, config, env, workdir, processes, "
+    "packages (a list of requirements, or text with one a line), "
     "train_dataset, heldout_dataset, gpus, gpu_type, mode, span_hours, ceiling_kind, ceiling, not_before, deadline, by, "
     "preemptible, keep_checkpoints, max_restarts, early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
 )

@@ -16,6 +16,8 @@ from jobs.models import Dataset
 DEMO_USER = ("demo", "demo-e31")
 OPERATOR = ("operator", "operator-e31")
 DEMO_TEAM = "Demo team"
+PREEMPTIBLE_SHARE = Decimal("0.6")  # of the rate, by default: preemptible jobs pay 40% less
+RATE_PLACES = Decimal("0.0001")  # as Rate stores it
 
 
 def digits_split(seed=0, heldout_fraction=0.2):
@@ -60,6 +62,11 @@ def seed():
 
     rate = None
     if not Rate.objects.exists():
-        # The operator's first rate, so the demo can run; change it in the admin.
-        rate = Rate.objects.create(gpu_type="", per_gpu_hour=Decimal(os.environ.get("E31_DEMO_RATE", "2.50")))
+        # The operator's first rate, so the demo can run; change it in the admin. It has a
+        # preemptible price, as examples/specs/finetune.yaml promises a cheaper rate.
+        per_gpu_hour = Decimal(os.environ.get("E31_DEMO_RATE", "2.50"))
+        preemptible = os.environ.get("E31_DEMO_PREEMPTIBLE_RATE") or per_gpu_hour * PREEMPTIBLE_SHARE
+        rate = Rate.objects.create(
+            gpu_type="", per_gpu_hour=per_gpu_hour, preemptible_per_gpu_hour=Decimal(preemptible).quantize(RATE_PLACES),
+        )
     return {"team": team, "user": user, "operator": operator, "rate": rate}

@@ -215,6 +215,11 @@ E31_LOGIN_WINDOW_SECONDS = env_int("E31_LOGIN_WINDOW_SECONDS", 900, minimum=1)
 # Uploads over this size go to a temporary file instead of memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# A folder chosen in the browser arrives as one file per path (packed on arrival, jobs/folders.py):
+# Django's default of 100 files would refuse a small project with a bare 400.
+DATA_UPLOAD_MAX_NUMBER_FILES = 10_000
+# Its paths too arrive as fields (code_paths), one per file.
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 12_000
 E31_MAX_UPLOAD_BYTES = env_int("E31_MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
 
 REST_FRAMEWORK = {

@@ -3,10 +3,12 @@
 import json
 import shlex
 import uuid
-from decimal import Decimal
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
 
 from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import ParseError, ValidationError
@@ -16,6 +18,7 @@ from rest_framework.response import Response
 from accounts import audit
 from accounts.access import require_team
 from accounts.middleware import activate_for
+from billing.meter import AMOUNT_PLACES, SECONDS_PER_HOUR
 from e31web.api import fields as body_fields
 from jobs import datasets, specfile, states
 from jobs.forms import JobForm, keep_uploads
@@ -31,9 +34,13 @@ SPEC_FIELDS = {
     "evaluate_jobs",
     "smoke_first",
     "entrypoint",
+    "command",
     "args",
+    "hyperparameters",
     "config",
     "env",
+    "workdir",
+    "processes",
     "packages",
     "train_dataset",
     "heldout_dataset",
@@ -80,7 +87,10 @@ def spec_to_form_data(spec, team):
     unknown = sorted(set(spec) - SPEC_FIELDS)
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
-    structured = {"args": (list, str), "config": (dict, str), "env": (dict, str), "packages": (list, str), "evaluate_jobs": (list,)}
+    structured = {
+        "args": (list, str), "config": (dict, str), "hyperparameters": (dict, str), "env": (dict, str), "packages": (list, str),
+        "evaluate_jobs": (list,),
+    }
     for field, value in spec.items():
         if field in BOOLEAN_FIELDS:
             if value is not None and not isinstance(value, bool):
@@ -96,8 +106,9 @@ def spec_to_form_data(spec, team):
         data[field] = "on" if data.get(field) else ""
     if isinstance(data.get("args"), list):
         data["args"] = shlex.join(str(a) for a in data["args"])
-    if isinstance(data.get("config"), dict):
-        data["config"] = json.dumps(data["config"])
+    for field in ("config", "hyperparameters"):
+        if isinstance(data.get(field), dict):
+            data[field] = json.dumps(data[field])
     if isinstance(data.get("env"), dict):
         data["env"] = format_env(data["env"])
     if isinstance(data.get("packages"), list):
@@ -174,8 +185,12 @@ def job_json(job, request):
         "created_at": job.created_at,
         "finished_at": job.finished_at,
         "entrypoint": job.entrypoint,
+        "command": job.command,
         "args": job.args,
+        "hyperparameters": job.hyperparameters,
         "config": job.config,
+        "workdir": job.workdir,
+        "processes": job.processes,
         "packages": job.packages.splitlines(),
         # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
         "train_dataset": job.train_label or None,
@@ -187,6 +202,8 @@ def job_json(job, request):
         "span_hours": decimal_str(job.span_hours),
         "ceiling_amount": decimal_str(job.ceiling_amount),
         "ceiling_gpu_hours": decimal_str(job.ceiling_gpu_hours),
+        # Of the ceiling: the share used (billed, credits taken off) and what is left.
+        **ceiling_json(job_ceiling(job)),
         "not_before": job.not_before,
         "deadline": job.deadline,
         "deadline_missed": job.deadline_missed_at is not None,
@@ -233,6 +250,71 @@ def timeline_json(event):
 
 def decimal_str(value):
     return None if value is None else str(value)
+
+
+FRACTION_PLACES = Decimal("0.0001")
+GPU_HOUR_PLACES = Decimal("0.0001")  # as ceiling_gpu_hours is stored
+
+
+@dataclass(frozen=True)
+class CeilingUse:
+    """How much of its ceiling a job has used, and what is left of it."""
+
+    used_fraction: Decimal  # 0 to 1; of the nearer ceiling when a job has both
+    amount_left: Decimal | None  # of a money ceiling, in currency
+    gpu_hours_left: Decimal | None  # of a GPU-hours ceiling
+
+    @property
+    def used_percent(self):
+        return int(self.used_fraction * 100)
+
+
+def ceiling_use(ceiling_amount, ceiling_gpu_hours, billed, gpu_seconds):
+    """Meter arithmetic, pure: a job's use of its ceiling from what it was billed (credits taken
+    off) and the GPU-seconds it held (credited time given back, as the scheduler gives it back
+    to a requeued job). None without a ceiling. What is left and the fraction are rounded down:
+    never more left than there is."""
+    fractions, amount_left, gpu_hours_left = [], None, None
+    if ceiling_amount is not None:
+        ceiling, used = Decimal(ceiling_amount), Decimal(billed)
+        amount_left = max(Decimal(0), ceiling - used).quantize(AMOUNT_PLACES, rounding=ROUND_FLOOR)
+        fractions.append(used / ceiling if ceiling > 0 else Decimal(1))
+    if ceiling_gpu_hours is not None:
+        ceiling, used = Decimal(ceiling_gpu_hours), Decimal(gpu_seconds) / SECONDS_PER_HOUR
+        gpu_hours_left = max(Decimal(0), ceiling - used).quantize(GPU_HOUR_PLACES, rounding=ROUND_FLOOR)
+        fractions.append(used / ceiling if ceiling > 0 else Decimal(1))
+    if not fractions:
+        return None
+    fraction = min(Decimal(1), max(Decimal(0), *fractions))
+    return CeilingUse(fraction.quantize(FRACTION_PLACES, rounding=ROUND_FLOOR), amount_left, gpu_hours_left)
+
+
+def job_ceiling(job, now=None):
+    """ceiling_use for a job as it stands, live for an allocation still held."""
+    if job.ceiling_amount is None and job.ceiling_gpu_hours is None:
+        return None
+    now = now or timezone.now()
+    billed, gpu_seconds = Decimal(0), 0
+    for allocation in job.allocations.all():
+        seconds, amount = allocation.meter(now)
+        billed += amount
+        gpu_seconds += allocation.gpus * seconds
+    for credit in job.credits.select_related("usage"):
+        billed -= credit.amount
+        gpu_seconds -= credit.usage.gpus * credit.seconds
+    return ceiling_use(job.ceiling_amount, job.ceiling_gpu_hours, billed, gpu_seconds)
+
+
+def ceiling_json(ceiling):
+    """The API's figures of a job's ceiling_use; all None without a ceiling."""
+    def plain(value):
+        return None if value is None else f"{value:f}"
+
+    return {
+        "ceiling_used_fraction": float(ceiling.used_fraction) if ceiling else None,
+        "ceiling_amount_left": plain(ceiling and ceiling.amount_left),
+        "ceiling_gpu_hours_left": plain(ceiling and ceiling.gpu_hours_left),
+    }
 
 
 def allocation_json(allocation):
@@ -473,7 +555,10 @@ def job_artifact(request, job_id, name):
     return audit.recorded(artifact_response(request, artifact), request, "artifact.download", artifact, label=f"{job.name}: {artifact.name}")
 
 
-RETRAIN_FIELDS = {"name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline", "preemptible"}
+RETRAIN_FIELDS = {
+    "name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline", "preemptible", "args",
+    "hyperparameters", "config",
+}
 
 
 @api_view(["POST"])
@@ -502,10 +587,16 @@ def job_retrain(request, job_id):
         lineage.weights_of(job)
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+    changed = {k: v for k, v in raw.items() if k in ("args", "hyperparameters", "config")}
+    for field, value in changed.items():
+        if field == "args" and isinstance(value, list):
+            raw[field] = shlex.join(str(a) for a in value)
+        elif field != "args" and isinstance(value, dict):
+            raw[field] = json.dumps(value)
     fields = {**RetrainForm.initial_from(job), **raw}
     fields["preemptible"] = "on" if fields.get("preemptible") else ""
     data, upload_errors, created = keep_uploads(request.FILES, fields, team, request.user)
-    form = RetrainForm(data, team=team, upload_errors=upload_errors)
+    form = RetrainForm(data, team=team, job=job, upload_errors=upload_errors)
     if not form.is_valid():
         for upload in created:
             upload.delete()
@@ -513,7 +604,7 @@ def job_retrain(request, job_id):
     try:
         new = lineage.retrain(
             job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
-            request=form.request_fields(),
+            request=form.request_fields(), work=form.work_changes(),
         )
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)

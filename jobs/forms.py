@@ -5,6 +5,7 @@ form keeps what the user uploaded: the page lists the kept files and sends their
 """
 
 import re
+import tempfile
 import uuid
 from pathlib import PurePosixPath
 
@@ -17,8 +18,9 @@ from django.utils import timezone
 from billing import meter
 from billing.models import NoRateInForce, Rate
 from e31web.storage import get_storage
-from jobs import archive, lineage, packages, spec, states, windows
+from jobs import archive, folders, lineage, packages, spec, states, windows
 from jobs.models import Dataset, DatasetVersion, Job, Upload
+from scheduler import launch
 from scheduler.models import Node
 
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}
@@ -103,7 +105,45 @@ def keep_uploads(request_files, data, team, user):
                 data.setlist(kept, [str(upload.pk)])  # a new script replaces the kept one
             else:
                 data.appendlist(kept, str(upload.pk))
+    if request_files.getlist(FOLDER_FIELD) and request_files.getlist("code"):
+        errors.setdefault(FOLDER_FIELD, []).append("Send a script or an archive, or a folder, not both.")
+    elif request_files.getlist(FOLDER_FIELD):
+        upload, error = keep_folder(request_files.getlist(FOLDER_FIELD), data.getlist(FOLDER_PATHS), team, user)
+        if error:
+            errors.setdefault(FOLDER_FIELD, []).append(error)
+        else:
+            created.append(upload)
+            data.setlist("kept_code", [str(upload.pk)])  # as a new script replaces the kept one
     return data, errors, created
+
+
+# A folder's files come in FOLDER_FIELD, their paths in FOLDER_PATHS, in the same order (the
+# file names Django gives are bare names: it drops any path a browser sends with a file).
+FOLDER_FIELD, FOLDER_PATHS = "code_folder", "code_paths"
+
+
+def keep_folder(files, paths, team, user):
+    """The folder's files packed into a zip and kept as the job's code: (upload, None), or
+    (None, the reason it was refused)."""
+    if len(paths) != len(files):
+        return None, "The folder's files came without their paths (the page sends them with JavaScript on): choose it again, or zip it."
+    max_bytes, max_entries = archive.limits()
+    with tempfile.TemporaryFile() as packed:
+        try:
+            top, _ = folders.pack(zip(paths, files), packed, max_bytes=max_bytes, max_entries=max_entries)
+        except folders.FolderError as error:
+            return None, f"The folder was not packed: {error}."
+        packed.seek(0)
+        key, size, sha256 = get_storage().save_blob(packed)
+    name = f"{(top or 'folder')[:200]}.zip"
+    return Upload.objects.create(team=team, uploaded_by=user, role=Upload.CODE, name=name, size=size, sha256=sha256, key=key), None
+
+
+def folder_limits():
+    """What a folder may hold, as the page checks it before sending: an archive's bytes, and the
+    files one request may carry (Django answers more with a bare 400, the form lost)."""
+    most = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+    return {"data-max-bytes": archive.limits()[0], **({"data-max-files": most} if most else {})}
 
 
 def _as_querydict(mapping):
@@ -234,10 +274,43 @@ class JobForm(RequestForm):
         required=False, label="Smoke run first",
         help_text="A few steps on 1% of the data, as a short job of its own (billed as such), before the full run: it catches errors cheaply. The full run starts only if it succeeds.",
     )
-    code = forms.FileField(required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive.")
+    code = forms.FileField(
+        required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive; or a folder, below."
+    )
     kept_code = forms.ModelChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.HiddenInput)
-    entrypoint = forms.CharField(max_length=500, required=False, help_text="The script in the archive to run (.py or .sh).")
-    args = forms.CharField(max_length=4000, required=False, label="Arguments", help_text="As on a command line.")
+    # Chosen or dropped in the browser, its files sent with their paths (static/js/folder.js)
+    # and packed into a zip by keep_uploads: the page shows it only where JavaScript runs.
+    code_folder = forms.FileField(
+        required=False, label="Or a folder", widget=MultipleFileInput(attrs={"webkitdirectory": True, **folder_limits()}),
+        help_text="Choose or drop the folder: its files keep their paths and are packed into a zip the job unpacks. "
+        "Paths start inside the folder chosen (myproj/src/train.py is src/train.py); __pycache__ and .git are left out.",
+    )
+    entrypoint = forms.CharField(
+        max_length=500, required=False,
+        help_text="The script to run (.py or .sh), by its path in the archive or folder: src/train.py.",
+    )
+    args = forms.CharField(
+        max_length=4000, required=False, label="Arguments",
+        help_text="As on a command line. $E31_DATA_DIR, $E31_OUTPUT_DIR, $E31_CHECKPOINT_DIR, $SM_CHANNEL_TRAIN and the job's own "
+        "variables are replaced by their values ($$ for a plain $): --data $E31_DATA_DIR/train --save $E31_OUTPUT_DIR/model.pt",
+    )
+    hyperparameters = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Hyperparameters",
+        help_text="JSON or YAML, one level: each is passed after the arguments as --name value (as SageMaker does), and in "
+        "SM_HPS and SM_HP_<NAME>.",
+    )
+    command = forms.CharField(
+        max_length=4000, required=False, label="Or a command",
+        help_text="One shell line run instead of an entrypoint, in the code's folder (bash -c): pip list && python train.py --epochs 3",
+    )
+    workdir = forms.CharField(
+        max_length=500, required=False, label="Working folder",
+        help_text="Where the job starts, in the code's folder. Blank: the entrypoint's own folder (a script opens its neighbours by name).",
+    )
+    processes = forms.IntegerField(
+        min_value=1, max_value=64, required=False, label="Processes per node",
+        help_text="Blank: one per GPU (under torchrun), or one for CPU slots, which it gets as threads. Two or more run under torchrun.",
+    )
     config = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4}), help_text="JSON or YAML; the job reads it from $E31_CONFIG."
     )
@@ -367,9 +440,27 @@ class JobForm(RequestForm):
         except spec.SpecError as error:
             raise forms.ValidationError(str(error)) from None
 
+    def clean_hyperparameters(self):
+        try:
+            return spec.parse_hyperparameters(self.cleaned_data["hyperparameters"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_command(self):
+        command = self.cleaned_data["command"].strip()
+        if "\n" in command or "\r" in command or "\x00" in command:
+            raise forms.ValidationError("The command is one line (join several with && or ;).")
+        return command
+
+    def clean_workdir(self):
+        try:
+            return launch.clean_relative(self.cleaned_data["workdir"].strip(), "the working folder")
+        except ValueError as error:
+            raise forms.ValidationError(f"{str(error)[0].upper()}{str(error)[1:]}.") from None
+
     def clean_env(self):
         try:
-            return spec.parse_env(self.cleaned_data["env"])
+            return spec.parse_env(self.cleaned_data["env"], self.cleaned_data.get("hyperparameters") or {})
         except spec.SpecError as error:
             raise forms.ValidationError(str(error)) from None
 
@@ -390,6 +481,8 @@ class JobForm(RequestForm):
         cleaned["kind"] = cleaned.get("kind") or Job.KIND_TRAIN
         if cleaned.get("recipe"):
             self._clean_recipe(cleaned)
+        elif cleaned.get("command") and not cleaned.get("kept_code") and "code" not in self.errors:
+            cleaned["entrypoint"] = ""  # a shell line, with no code of its own
         else:
             self._clean_work(cleaned)
             if cleaned.get("smoke_first"):
@@ -398,6 +491,7 @@ class JobForm(RequestForm):
         self._clean_data(cleaned)
         self._clean_window(cleaned)
         self._clean_stopping(cleaned)
+        self._clean_launch(cleaned)
         if not cleaned.get("name") and cleaned.get("entrypoint"):
             cleaned["name"] = PurePosixPath(cleaned["entrypoint"]).stem
         return cleaned
@@ -405,7 +499,7 @@ class JobForm(RequestForm):
     def _clean_work(self, cleaned):
         upload = cleaned.get("kept_code")
         if upload is None:
-            if "code" not in self.errors:
+            if not self.errors.keys() & {"code", FOLDER_FIELD}:
                 self.add_error("code", "Upload a training script (.py) or an archive (.zip, .tar.gz).")
             return
         try:
@@ -525,6 +619,27 @@ class JobForm(RequestForm):
             elif deadline <= timezone.now():
                 self.add_error("deadline", "The deadline is already past.")
 
+    def _clean_launch(self, cleaned):
+        """How the job starts: a command or an entrypoint (with its arguments), the variables they
+        name, the working folder."""
+        command = cleaned.get("command") or ""
+        if command and cleaned.get("recipe"):
+            self.add_error("command", "A built-in recipe runs by itself: leave the command blank.")
+        if command and cleaned.get("args"):
+            self.add_error("args", "With a command, write the arguments in it.")
+        if command and (cleaned.get("processes") or 1) > 1:
+            self.add_error("processes", "A command runs once: start torchrun in it yourself for several processes.")
+        hyperparameters = cleaned.get("hyperparameters") or {}
+        known = launch.known_variables(cleaned.get("env") or {}, hyperparameters)
+        network = launch.known_variables((), hyperparameters)  # what an environment value may name
+        checks = (("args", cleaned.get("args") or [], known), ("command", [command], known), ("env", (cleaned.get("env") or {}).values(), network))
+        for field, texts, names in checks:
+            try:
+                spec.check_variables(texts, names)
+            except spec.SpecError as error:
+                if field not in self.errors:
+                    self.add_error(field, str(error))
+
     def _clean_stopping(self, cleaned):
         metric, patience = cleaned.get("early_stop_metric") or "", cleaned.get("early_stop_patience")
         metric = metric.strip()
@@ -555,9 +670,13 @@ class JobForm(RequestForm):
             name=cleaned["name"],
             kind=cleaned["kind"],
             entrypoint=cleaned["entrypoint"],
+            command=cleaned.get("command") or "",
             args=cleaned["args"],
+            hyperparameters=cleaned.get("hyperparameters") or {},
             config=cleaned["config"],
             env=cleaned["env"],
+            workdir=cleaned.get("workdir") or "",
+            processes=cleaned.get("processes"),
             packages=cleaned.get("packages") or "",
             train_version=cleaned.get("train_version"),
             heldout_version=cleaned.get("heldout_version"),

@@ -55,7 +55,8 @@ def copy_job(job, user, **changes):
     fields = {
         name: getattr(job, name)
         for name in (
-            "team_id", "entrypoint", "args", "config", "env", "packages", "train_version", "heldout_version", "gpus", "gpu_type",
+            "team_id", "entrypoint", "command", "args", "hyperparameters", "config", "env", "workdir", "processes", "packages",
+            "train_version", "heldout_version", "gpus", "gpu_type",
             "span_hours", "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
             "early_stop_mode", "early_stop_patience", "stop_on_nan", "network",
         )
@@ -100,10 +101,10 @@ def deleted_data(job):
 
 
 @transaction.atomic
-def retrain(job, user, *, new_data=(), name="", request=None):
+def retrain(job, user, *, new_data=(), name="", request=None, work=None):
     """A fine-tuning of `job`'s weights with its work and request, on its old training data
     plus `new_data` (kept uploads). request: overrides of the request fields (gpus, span_hours,
-    ceiling_*, not_before, deadline, ...)."""
+    ceiling_*, not_before, deadline, ...); work: of the work's (args, hyperparameters, config)."""
     weights = weights_of(job)
     gone = deleted_data(job)
     if gone:
@@ -111,7 +112,7 @@ def retrain(job, user, *, new_data=(), name="", request=None):
             f"{job.name} ({job.short_id}) used {' and '.join(gone)}, deleted since: it cannot be retrained on the same data. "
             "Submit a fine-tuning of its weights on data that exists."
         )
-    changes = dict(request or {})
+    changes = {**(work or {}), **(request or {})}
     changes.update(name=name or f"{job.name} (retrained)", kind=Job.KIND_FINETUNE)
     new_data = list(new_data)
     if job.train_version is not None and new_data:

@@ -1,6 +1,9 @@
 """Pages for jobs made from jobs: retrain a finished job, compare a fine-tuning with its start,
 and the comparison's verdict (see jobs.lineage and jobs.evaluation)."""
 
+import json
+import shlex
+
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,10 +15,11 @@ from accounts import audit
 from accounts.access import require_team
 from e31web.parsers import read_json
 from e31web.storage import get_storage
-from jobs import evaluation, lineage
+from jobs import evaluation, lineage, spec
 from jobs.forms import MultipleFileInput, RequestForm, keep_uploads
 from jobs.models import Job, Upload
 from jobs.views import get_job
+from scheduler import launch
 
 EVALUATION_FILE = "evaluation.json"
 MAX_EVALUATION_BYTES = 8 * 2**20  # a table of models and metrics: kilobytes
@@ -39,18 +43,75 @@ class RetrainForm(RequestForm):
         help_text="Added to the old training data; only these are staged again.",
     )
     kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    # The work's settings, prefilled with the job's: what is left as it was is copied.
+    args = forms.CharField(max_length=4000, required=False, label="Arguments", help_text="As on a command line; $E31_DATA_DIR and the like are the job's folders.")
+    hyperparameters = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Hyperparameters", help_text="JSON or YAML, one level; each is passed as --name value.",
+    )
+    config = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="JSON or YAML; the job reads it from $E31_CONFIG.")
 
-    def __init__(self, *args, team, upload_errors=None, **kwargs):
+    def __init__(self, *args, team, job=None, upload_errors=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.job = job
         self.upload_errors = upload_errors or {}
         self.fields["kept_data"].queryset = Upload.objects.filter(team=team, job__isnull=True, role=Upload.TRAIN)
+
+    def clean_args(self):
+        try:
+            return spec.parse_args(self.cleaned_data["args"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_hyperparameters(self):
+        try:
+            return spec.parse_hyperparameters(self.cleaned_data["hyperparameters"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_config(self):
+        try:
+            return spec.parse_config(self.cleaned_data["config"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def work_changes(self):
+        """The work as the retraining runs it: the job's arguments, hyperparameters and config,
+        as changed on the form (a field not sent is the job's)."""
+        cleaned, job = self.cleaned_data, self.job
+        return {
+            field: cleaned[field] if field in self.data else getattr(job, field)
+            for field in ("args", "hyperparameters", "config")
+        }
+
+    def _clean_work(self, cleaned):
+        """A changed config is checked as a submitted one is: a recipe's by the recipe; the
+        arguments' variables must be the job's."""
+        if self.job is None or any(f in self.errors for f in ("args", "hyperparameters", "config")):
+            return
+        work = self.work_changes()
+        if self.job.recipe and "config" in self.data:
+            from e31.recipes import validate
+
+            clean, errors = validate(self.job.recipe, {**work["config"], "mode": (self.job.config or {}).get("mode", "train")})
+            for key, message in errors.items():
+                self.add_error("config", f"{key}: {message}")
+            cleaned["config"] = clean
+        known = launch.known_variables(self.job.env or {}, work["hyperparameters"])
+        try:
+            spec.check_variables(work["args"], known)
+        except spec.SpecError as error:
+            self.add_error("args", str(error))
+        if reason := next((launch.refused_env_name(n, work["hyperparameters"]) for n in self.job.env or {} if launch.refused_env_name(n, work["hyperparameters"])), None):
+            self.add_error("hyperparameters", f"With these hyperparameters, the job's own environment clashes: {reason}.")
 
     @classmethod
     def initial_from(cls, job):
         mode = job.mode
         initial = {
             "gpus": job.gpus, "gpu_type": job.gpu_type, "mode": mode, "span_hours": plain(job.span_hours), "preemptible": job.preemptible,
-            "name": f"{job.name} (retrained)",
+            "name": f"{job.name} (retrained)", "args": shlex.join(str(a) for a in job.args or []),
+            "hyperparameters": json.dumps(job.hyperparameters) if job.hyperparameters else "",
+            "config": json.dumps({k: v for k, v in (job.config or {}).items() if not (job.recipe and k == "mode")}) if job.config else "",
         }
         if mode == "until_done":
             initial.update(
@@ -63,13 +124,15 @@ class RetrainForm(RequestForm):
         cleaned = super().clean()
         for field, errors in self.upload_errors.items():
             for error in errors:
-                self.add_error(field, error)
+                # Files this form does not take (a crafted post) are refused, not a 500.
+                self.add_error(field if field in self.fields else None, error)
         if self._errors.pop("kept_data", None):
             self.add_error("data", "An earlier upload is no longer available: please upload it again.")
         names = [u.name for u in cleaned.get("kept_data") or []]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             self.add_error("data", f"Two new files are named {', '.join(dupes)}.")
+        self._clean_work(cleaned)
         return cleaned
 
     def request_fields(self):
@@ -93,12 +156,12 @@ def job_retrain(request, job_id):
         problem = str(error)
     if request.method == "POST" and problem is None:
         data, upload_errors, _ = keep_uploads(request.FILES, request.POST, team, request.user)
-        form = RetrainForm(data, team=team, upload_errors=upload_errors)
+        form = RetrainForm(data, team=team, job=job, upload_errors=upload_errors)
         if form.is_valid():
             try:
                 new = lineage.retrain(
                     job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
-                    request=form.request_fields(),
+                    request=form.request_fields(), work=form.work_changes(),
                 )
             except lineage.LineageError as error:
                 form.add_error(None, str(error))
@@ -107,7 +170,7 @@ def job_retrain(request, job_id):
                 messages.success(request, f"Retraining submitted as {new.name}: it starts from the weights of {job.short_id}.")
                 return redirect("jobs:detail", job_id=new.pk)
     else:
-        form = RetrainForm(initial=RetrainForm.initial_from(job), team=team)
+        form = RetrainForm(initial=RetrainForm.initial_from(job), team=team, job=job)
     kept = form.fields["kept_data"].queryset.filter(pk__in=form.data.getlist("kept_data")) if form.is_bound else []
     old_files = job.train_version.files.all() if job.train_version else job.uploads.filter(role=Upload.TRAIN)
     return render(

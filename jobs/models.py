@@ -159,11 +159,18 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     # Work: an uploaded script (entrypoint), or a built-in recipe (entrypoint "recipe:NAME",
-    # its parameters in config).
-    entrypoint = models.CharField(max_length=500)
+    # its parameters in config), or a shell line (command) run in the job's sandbox.
+    entrypoint = models.CharField(max_length=500, blank=True)
+    command = models.TextField(blank=True, default="", help_text="one shell line run instead of an entrypoint (bash -c)")
     args = models.JSONField(default=list, blank=True)
+    # Passed as --name value after the arguments (SageMaker's way), and as SM_HPS / SM_HP_<NAME>.
+    hyperparameters = models.JSONField(default=dict, blank=True)
     config = models.JSONField(default=dict, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    # Relative to the code's folder; blank: the entrypoint's own folder.
+    workdir = models.CharField(max_length=500, blank=True, default="")
+    # Processes per node; None: one per GPU, or one for CPU slots (with a thread per slot).
+    processes = models.PositiveSmallIntegerField(null=True, blank=True)
     # The Python packages the job brings: requirements (jobs.packages), one a line. The node
     # builds an environment with them while the job waits, off the meter.
     packages = models.TextField(blank=True, default="", help_text="requirements, one a line (checked by jobs.packages)")

@@ -4,7 +4,7 @@ import re
 import shlex
 
 from jobs import specfile
-from scheduler.launch import RESERVED_ENV
+from scheduler import launch
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -48,8 +48,9 @@ def parse_args(text):
         raise SpecError(f"the arguments cannot be split: {error}") from None
 
 
-def parse_env(text):
-    """KEY=VALUE lines (blank lines and # comments ignored)."""
+def parse_env(text, hyperparameters=()):
+    """KEY=VALUE lines (blank lines and # comments ignored). A name the network sets (for a job
+    with these hyperparameters) is refused, saying what the network sets it to."""
     env = {}
     for number, line in enumerate((text or "").splitlines(), start=1):
         line = line.strip()
@@ -61,10 +62,42 @@ def parse_env(text):
             raise SpecError(f"line {number}: expected NAME=value")
         if not ENV_NAME.match(name):
             raise SpecError(f"line {number}: {name!r} is not a valid variable name")
-        if name.startswith(RESERVED_ENV):
-            raise SpecError(f"line {number}: {name} is set by the network and cannot be overridden")
+        if reason := launch.refused_env_name(name, hyperparameters):
+            raise SpecError(f"line {number}: {reason}")
         env[name] = value
     return env
+
+
+HYPERPARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+def parse_hyperparameters(text):
+    """A flat mapping of names to text, numbers or booleans, given as JSON or YAML text (each
+    is passed to the script as --name value)."""
+    if isinstance(text, dict):
+        value = text
+    else:
+        try:
+            value = parse_config(text)
+        except SpecError as error:
+            raise SpecError(str(error).replace("the config", "the hyperparameters", 1)) from None
+    for name, item in value.items():
+        if not HYPERPARAMETER_NAME.match(str(name)):
+            raise SpecError(f"hyperparameter {name!r}: a name is letters, digits and _ . - (it becomes --{name})")
+        if item is None or isinstance(item, (dict, list)):
+            raise SpecError(f"hyperparameter {name}: a value is text, a number or true/false (each is passed as --{name} value)")
+    return value
+
+
+def check_variables(texts, known):
+    """Each $NAME the texts use is one of known (the job's environment); SpecError otherwise."""
+    for text in texts:
+        for name in launch.variables_in(str(text)):
+            if name not in known:
+                raise SpecError(
+                    f"${name} is not a variable of the job's environment: use $E31_DATA_DIR, $E31_OUTPUT_DIR, "
+                    "$E31_CHECKPOINT_DIR, $E31_MODEL_DIR, $SM_CHANNEL_TRAIN, ... or one the job sets ($$ is a plain $)"
+                )
 
 
 def format_env(env):

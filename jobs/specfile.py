@@ -28,8 +28,9 @@ from e31web.parsers import depth
 # Each part's fields, and the flat API field each one is (None: a local file, sent alongside).
 PARTS = {
     "work": {
-        "recipe": "recipe", "code": None, "entrypoint": "entrypoint", "args": "args", "config": "config", "env": "env",
-        "packages": "packages", "smoke_first": "smoke_first",
+        "recipe": "recipe", "code": None, "entrypoint": "entrypoint", "command": "command", "args": "args",
+        "hyperparameters": "hyperparameters", "config": "config", "env": "env", "workdir": "workdir", "packages": "packages",
+        "smoke_first": "smoke_first",
     },
     "data": {
         "train": "train_dataset", "heldout": "heldout_dataset", "train_files": None, "heldout_files": None,
@@ -38,8 +39,8 @@ PARTS = {
     "request": {
         name: name
         for name in (
-            "gpus", "gpu_type", "mode", "span_hours", "ceiling", "ceiling_kind", "not_before", "by", "deadline", "preemptible", "network",
-            "idle_minutes", "stop_if_idle",
+            "gpus", "gpu_type", "processes", "mode", "span_hours", "ceiling", "ceiling_kind", "not_before", "by", "deadline", "preemptible",
+            "network", "idle_minutes", "stop_if_idle",
         )
     },
     "output": {"keep_checkpoints": "keep_checkpoints", "max_restarts": "max_restarts", "early_stop": None, "stop_on_nan": "stop_on_nan"},
@@ -433,11 +434,14 @@ def job_spec(job, now=None):
     else:
         if named(Upload.CODE):
             work["code"] = named(Upload.CODE)[0]
-        work["entrypoint"] = job.entrypoint
+        if job.entrypoint or not job.command:
+            work["entrypoint"] = job.entrypoint
     config = {k: v for k, v in (job.config or {}).items() if not (job.recipe and k == "mode" and v == "evaluate")}
-    work.update(
-        {k: v for k, v in (("args", list(job.args or [])), ("config", config), ("env", dict(job.env or {})), ("packages", job.packages.splitlines())) if v}
+    given = (
+        ("command", job.command), ("args", list(job.args or [])), ("hyperparameters", dict(job.hyperparameters or {})),
+        ("config", config), ("env", dict(job.env or {})), ("workdir", job.workdir), ("packages", job.packages.splitlines()),
     )
+    work.update({k: v for k, v in given if v})
     if job.smoke_run_id:
         work["smoke_first"] = True
     spec["work"] = work
@@ -464,6 +468,8 @@ def job_spec(job, now=None):
         spec["data"] = data
 
     request = {"gpus": job.gpus}
+    if job.processes:
+        request["processes"] = job.processes
     if job.gpu_type:
         request["gpu_type"] = job.gpu_type
     if job.span_hours is not None:

@@ -224,6 +224,8 @@ def job_detail(request, job_id):
         return render(request, "jobs/_checkpoints.html", {"job": job, "checkpoints": job_checkpoints(job)})
     if request.htmx and request.GET.get("part") == "utilization":
         return render(request, "jobs/_utilization.html", {"job": job, **utilization_context(job)})
+    if request.htmx and request.GET.get("part") == "ceiling":
+        return render(request, "jobs/_ceiling.html", {"job": job, "ceiling": ceiling_of(job)})
     # Everything below shows the job up to job.last_seq; the websocket sends what comes after.
     chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE)
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
@@ -237,6 +239,7 @@ def job_detail(request, job_id):
         "lines": lines,
         "earlier_lines": lines and lines[0].seq > 1 and job.events.filter(kind="log", seq__lt=lines[0].seq).exists(),
         "meter": job.meter_event(),
+        "ceiling": ceiling_of(job),
         "allocation": job.latest_allocation(),
         "allocations": job.latest_allocations(),
         "staging": job.shown_staging(),
@@ -256,6 +259,13 @@ def job_detail(request, job_id):
     meter_now = context["meter"]
     context["cost"] = Decimal(meter_now["amount"]) - Decimal(meter_now["credit_amount"])
     return render(request, "jobs/detail.html", context)
+
+
+def ceiling_of(job):
+    """How much of its ceiling the job has used (None without one), as the API counts it."""
+    from jobs import api  # jobs.api imports this module: not at the top
+
+    return api.job_ceiling(job)
 
 
 def utilization_context(job):

@@ -1,6 +1,7 @@
 """The runner's side of checkpoints: take each new checkpoint a job writes, upload it to
-storage without holding up the training, keep the latest K, and put the latest back when the
-job starts again.
+storage without holding up the training, keep the latest K (and, while early stopping watches
+a metric, the one of its best step: a job stopped early gets those weights back), and put the
+latest back when the job starts again.
 
 A checkpoint is a file in the job's checkpoint folder whose name does not start with "." or
 end in ".tmp". The SDK writes each one under a temporary name and renames it, so it appears
@@ -15,7 +16,8 @@ import shutil
 import stat
 import threading
 import uuid
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from pathlib import Path
 
 from django.db import connection, transaction
@@ -35,6 +37,28 @@ def step_of(name):
     """The step a checkpoint's name tells (the last number in it), or None."""
     numbers = STEP.findall(Path(name).stem)
     return int(numbers[-1]) if numbers else None
+
+
+def at_or_before(checkpoints, step):
+    """Of checkpoints (in the order they were written, each with a .step), the one that holds
+    the weights of `step`, or else the nearest before it: the highest step at or before it, the
+    newest written of equal steps. None when there is none, or step is None. A checkpoint whose
+    name tells no step is never chosen: nothing says when its weights were taken."""
+    if step is None:
+        return None
+    chosen = None
+    for checkpoint in checkpoints:
+        if checkpoint.step is not None and checkpoint.step <= step and (chosen is None or checkpoint.step >= chosen.step):
+            chosen = checkpoint
+    return chosen
+
+
+def to_prune(checkpoints, keep, best_step=None):
+    """Of a job's kept checkpoints (newest first), those to delete: all but the latest `keep`,
+    and never the one holding the best step of the metric early stopping watches (see
+    at_or_before): the weights a job stopped early gets back."""
+    spared = at_or_before(list(reversed(checkpoints)), best_step)
+    return [c for c in checkpoints[max(1, keep):] if c is not spared]
 
 
 def is_candidate(name):
@@ -97,6 +121,9 @@ class CheckpointKeeper:
         # The longest checkpoint kept, by its length: a sparse file takes nothing on the job's
         # disk and all of its length in storage (the runner sets the job's disk limit here).
         self.max_bytes = None
+        # The job's early-stopping watch (stopping.Watch), set by the runner: the checkpoint of
+        # its best step is never pruned, so a job stopped early gets those weights back.
+        self.watch = None
 
     def ignore_existing(self):
         """What is in the folder before the job starts (a restored checkpoint) is not new."""
@@ -171,7 +198,8 @@ class CheckpointKeeper:
                         "text": f"checkpoint {name} kept" + (f" (step {checkpoint.step})" if checkpoint.step is not None else ""),
                     },
                 )
-                prune(self.job.pk, self.job.keep_checkpoints)
+                best = self.watch.best() if self.watch is not None else None
+                prune(self.job.pk, self.job.keep_checkpoints, best_step=best[0] if best else None)
             return checkpoint
         except Exception:
             log.exception("could not upload checkpoint %s of job %s", name, self.job.pk)
@@ -194,12 +222,12 @@ class CheckpointKeeper:
         return len(self.futures)
 
 
-def prune(job_id, keep):
-    """Delete all but the latest `keep` checkpoints of a job from storage."""
-    keep = max(1, keep)
+def prune(job_id, keep, best_step=None):
+    """Delete from storage all of a job's checkpoints but the latest `keep` and the one
+    holding best_step (see to_prune)."""
     with transaction.atomic():
         kept = Checkpoint.objects.select_for_update().filter(job_id=job_id, pruned_at__isnull=True).order_by("-written_at", "-id")
-        old = list(kept[keep:])
+        old = to_prune(list(kept), keep, best_step)
         if not old:
             return 0
         Checkpoint.objects.filter(pk__in=[c.pk for c in old]).update(pruned_at=timezone.now())
@@ -210,6 +238,11 @@ def prune(job_id, keep):
         except Exception:  # noqa: BLE001 - a leftover object costs space, not correctness
             log.exception("could not delete checkpoint %s", checkpoint.key)
     return len(old)
+
+
+def best_kept(job_id, step):
+    """The job's kept checkpoint at `step`, or the latest one before it (None: none is kept)."""
+    return at_or_before(Checkpoint.objects.filter(job_id=job_id, pruned_at__isnull=True).order_by("written_at", "id"), step)
 
 
 def latest(job_id):

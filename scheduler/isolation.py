@@ -641,12 +641,14 @@ class Sandbox:
             os.chown(dirs.root, self.uid, self.uid)
         os.chmod(dirs.root, 0o700)
 
-    def command(self, command, dirs, env):
-        """(argv, env, fds to pass) that start command in this sandbox: the shim, then bwrap.
-        The job's environment travels to bwrap through a memory file, never through the shim's
-        or bwrap's own environment (an LD_PRELOAD of the job's must not reach them)."""
+    def command(self, command, dirs, env, cwd=None):
+        """(argv, env, fds to pass) that start command in this sandbox: the shim, then bwrap,
+        in cwd (a folder of the job's, its code folder by default). The job's environment
+        travels to bwrap through a memory file, never through the shim's or bwrap's own
+        environment (an LD_PRELOAD of the job's must not reach them)."""
         iso = self.isolation
-        spec = {"cgroups": [str(c) for c in self.cgroups], "cwd": str(dirs.code)}
+        cwd = str(Path(cwd or dirs.code).resolve())
+        spec = {"cgroups": [str(c) for c in self.cgroups], "cwd": cwd}
         if iso.enabled:
             spec["rlimits"] = rlimits(self.limits, per_user=self.uid is not None, hard=iso.hard)
         fds = ()
@@ -663,7 +665,7 @@ class Sandbox:
                 files = ((resolv, "/etc/resolv.conf"),) if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf") else ()
                 passed = [info_w, block_r, resolv]
                 spec.update(netns=True, deny=iso.denied(), pass_fds=passed)
-            view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime, args=extra, files=files)
+            view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime, args=extra, files=files, cwd=cwd)
             fd = args_file(sandbox_args(view))
             spec.update(bwrap=iso.bwrap, args_fd=fd)
             fds = (fd, *passed)
@@ -939,11 +941,11 @@ class Isolation:
                 out = [kept for kept in out if not _under(kept, path)] + [path]
         return tuple(sorted(out))
 
-    def view(self, dirs, *, network, devices, env, extra=(), args=(), files=()):
+    def view(self, dirs, *, network, devices, env, extra=(), args=(), files=(), cwd=None):
         root = str(Path(dirs.root).resolve())
         read_only = tuple(str(Path(p).resolve()) for p in (dirs.data, dirs.model) if Path(p).is_dir())
         return View(
-            root=root, cwd=str(Path(dirs.code).resolve()), system=self.system, runtime=(*self.runtime, *extra), read_only=read_only,
+            root=root, cwd=str(Path(cwd or dirs.code).resolve()), system=self.system, runtime=(*self.runtime, *extra), read_only=read_only,
             devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()), extra=tuple(args),
             files=tuple(files),
         )

@@ -6,11 +6,142 @@ Redis URL, storage credentials, the Django secret) reaches the job.
 
 import json
 import os
+import posixpath
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-RESERVED_ENV = ("E31_", "SM_", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "TMPDIR")
+# What the network sets in every job's environment, and what each is: a job may not set these
+# itself (the message says what the network gives). Any other name is the job's own, SageMaker's
+# SM_CHANNEL_TRAINING included. The E31_ prefix is the network's as a whole (names are added).
+NETWORK_ENV = {
+    "PATH": "the job's Python first, then the system's",
+    "HOME": "the job's folder",
+    "TMPDIR": "the job's own temporary folder",
+    "CUDA_VISIBLE_DEVICES": "the devices the job holds",
+    "SM_MODEL_DIR": "the output folder ($E31_OUTPUT_DIR)",
+    "SM_OUTPUT_DIR": "the output folder ($E31_OUTPUT_DIR)",
+    "SM_OUTPUT_DATA_DIR": "the output's data/ folder",
+    "SM_INPUT_DIR": "the data folder ($E31_DATA_DIR)",
+    "SM_CHANNELS": "the names of the job's data channels",
+    "SM_NUM_GPUS": "the number of GPUs the job holds",
+    "SM_NUM_CPUS": "the number of CPU slots the job holds",
+    "SM_HPS": "the job's hyperparameters (and config) as JSON",
+    "SM_CURRENT_HOST": "this node's name in the run",
+    "SM_HOSTS": "the run's nodes",
+    "SM_TRAINING_ENV": "all of the above as JSON",
+}
+NETWORK_PREFIX = "E31_"
+CHANNELS = ("train", "heldout", "model")
+# Variables a job's arguments may name besides these: the E31_ ones the network sets.
+E31_ENV = {
+    "E31_JOB_ID": "the job's id", "E31_DATA_DIR": "the job's data folder", "E31_MODEL_DIR": "the folder of the models it starts from",
+    "E31_OUTPUT_DIR": "the folder whose files come back", "E31_CHECKPOINT_DIR": "the checkpoints' folder",
+    "E31_CONFIG": "the config file", "E31_NUM_DEVICES": "the number of devices it holds", "E31_METRICS_FILE": "the metrics file",
+    "E31_STOP_FILE": "the stop notice's file", "E31_RESTART": "how often it was restarted", "E31_ALLOCATION_ID": "this run's id",
+}
+E31_NAMES = tuple(E31_ENV)
+# The job's own, if it does not set them.
+DEFAULT_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+
+
+def env_key(name):
+    """A name as SageMaker writes it in a variable: letters and digits kept, the rest _, upper case."""
+    return "".join(c if c.isalnum() else "_" for c in str(name)).upper()
+
+
+def network_env_names(hyperparameters=()):
+    """{name: what the network sets it to} for a job with these hyperparameters (names)."""
+    names = dict(NETWORK_ENV)
+    for channel in CHANNELS:
+        names[f"SM_CHANNEL_{env_key(channel)}"] = f"the {channel} channel's folder ($E31_DATA_DIR/{channel})" if channel != "model" else "the models folder ($E31_MODEL_DIR)"
+    for name in hyperparameters:
+        names[f"SM_HP_{env_key(name)}"] = f"the hyperparameter {name}"
+    return names
+
+
+def refused_env_name(name, hyperparameters=()):
+    """Why a job may not set the variable name (None when it may): the network sets it."""
+    what = {**E31_ENV, **network_env_names(hyperparameters)}.get(name)
+    if what is None and name.startswith(NETWORK_PREFIX):
+        return f"{name} is kept for the network (every E31_ name is) and cannot be set by the job"
+    if what is not None:
+        return f"{name} is set by the network (to {what}) and cannot be overridden"
+    return None
+
+
+def known_variables(declared=(), hyperparameters=()):
+    """The names a job's arguments and environment values may use: the network's and its own."""
+    return {*E31_NAMES, *network_env_names(hyperparameters), *DEFAULT_ENV, "OMP_NUM_THREADS", *declared}
+
+
+VARIABLE = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+class UnknownVariable(KeyError):
+    def __str__(self):
+        return f"${self.args[0]} is not a variable of the job's environment"
+
+
+def expand(text, env):
+    """$NAME and ${NAME} of env in text, as a shell would (but nothing else a shell does); $$ is
+    one $. A $ followed by anything else stays as it is. Raises UnknownVariable."""
+
+    def one(match):
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(2)
+        if name not in env:
+            raise UnknownVariable(name)
+        return env[name]
+
+    return VARIABLE.sub(one, text)
+
+
+def variables_in(text):
+    """The names text refers to ($NAME, ${NAME}; not $$)."""
+    return [m.group(1) or m.group(2) for m in VARIABLE.finditer(text) if m.group(0) != "$$"]
+
+
+def hyperparameter_args(hyperparameters):
+    """SageMaker's way: each hyperparameter as --name value, by name. Text as it is, booleans as
+    True/False (what Python prints), numbers as written, anything else as JSON."""
+    args = []
+    for name in sorted(hyperparameters):
+        value = hyperparameters[name]
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, bool):
+            text = "True" if value else "False"
+        elif isinstance(value, (int, float)):
+            text = json.dumps(value)
+        else:
+            text = json.dumps(value)
+        args += [f"--{name}", text]
+    return args
+
+
+def working_folder(entrypoint, workdir=""):
+    """The job's working folder, relative to its code folder: workdir when given, else the
+    entrypoint's own folder (a script opens its neighbours by their names, as it did at home);
+    "" is the code folder itself. Raises ValueError for a path outside it."""
+    chosen = workdir if workdir else ("" if entrypoint.startswith("recipe:") else posixpath.dirname(entrypoint))
+    return clean_relative(chosen, "the working folder")
+
+
+def clean_relative(path, what):
+    """A relative POSIX path inside a folder, normalised ("" for the folder itself)."""
+    if "\x00" in path or "\\" in path:
+        raise ValueError(f"{what} {path!r} has a NUL or a backslash")
+    if path.startswith("/"):
+        raise ValueError(f"{what} {path!r} must be relative to the code's folder, not absolute")
+    normal = posixpath.normpath(path) if path else ""
+    if normal in (".", ""):
+        return ""
+    if normal == ".." or normal.startswith("../"):
+        raise ValueError(f"{what} {path!r} is outside the code's folder")
+    return normal
 
 
 @dataclass(frozen=True)
@@ -74,16 +205,16 @@ class JobDirs:
         self.root.chmod(0o700)
 
 
-def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable):
+def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable,
+                      hyperparameters=None, processes=1):
     """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
-    same places, and what the job declares."""
+    same places, and what the job declares (its values may name the others: $E31_DATA_DIR).
+    processes: how many processes share the devices (CPU slots: each gets its share as threads)."""
     env = {
         "PATH": os.pathsep.join([str(Path(python).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(dirs.root),
         "TMPDIR": str(dirs.tmp),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "PYTHONUNBUFFERED": "1",
+        **DEFAULT_ENV,
         "E31_JOB_ID": str(job_id),
         "E31_DATA_DIR": str(dirs.data),
         "E31_MODEL_DIR": str(dirs.model),
@@ -94,14 +225,19 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
         "E31_METRICS_FILE": str(dirs.metrics),
         "E31_STOP_FILE": str(dirs.stop_file),
         "E31_RESTART": str(restart),
-        **sagemaker_environment(dirs, devices, device_type, config or {}),
+        **sagemaker_environment(dirs, devices, device_type, {**(config or {}), **(hyperparameters or {})}),
     }
+    network = dict(env)
     for name, value in declared.items():
-        if not name.startswith(RESERVED_ENV):
-            env[name] = str(value)
+        if refused_env_name(name, hyperparameters or ()) is None:
+            try:
+                env[name] = expand(str(value), network)
+            except UnknownVariable:
+                env[name] = str(value)  # checked when submitted; a name gone since stays as written
     if device_type == "cpu":
-        # CPU slots: the job gets as many threads as it holds slots, so it does not crowd its neighbours.
-        env.setdefault("OMP_NUM_THREADS", str(len(devices)))
+        # CPU slots: the job gets as many threads as it holds slots (shared among its processes),
+        # so it uses what it pays for and does not crowd its neighbours.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, len(devices) // max(1, processes))))
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
@@ -111,7 +247,7 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
 def sagemaker_environment(dirs, devices, device_type, config):
     """The variables of SageMaker's training toolkit, pointing at the job's places, so that a
     script written for SageMaker runs unchanged."""
-    channels = {"train": dirs.data / "train", "heldout": dirs.data / "heldout", "model": dirs.model}
+    channels = {name: dirs.model if name == "model" else dirs.data / name for name in CHANNELS}
     hosts = ["algo-1"]
     env = {
         "SM_MODEL_DIR": str(dirs.output),
@@ -126,10 +262,9 @@ def sagemaker_environment(dirs, devices, device_type, config):
         "SM_HOSTS": json.dumps(hosts),
     }
     for name, path in channels.items():
-        env[f"SM_CHANNEL_{name.upper()}"] = str(path)
+        env[f"SM_CHANNEL_{env_key(name)}"] = str(path)
     for name, value in config.items():
-        key = "".join(c if c.isalnum() else "_" for c in str(name)).upper()
-        env[f"SM_HP_{key}"] = value if isinstance(value, str) else json.dumps(value)
+        env[f"SM_HP_{env_key(name)}"] = value if isinstance(value, str) else json.dumps(value)
     env["SM_TRAINING_ENV"] = json.dumps(
         {
             "model_dir": env["SM_MODEL_DIR"], "output_data_dir": env["SM_OUTPUT_DATA_DIR"],
@@ -158,16 +293,39 @@ class Gang:
 RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
 
 
-def uses_torchrun(devices, gang=None):
-    """Jobs on several devices, or across nodes, run one process per device under torchrun."""
-    return devices > 1 or gang is not None
+def process_count(processes, devices, device_type):
+    """How many processes a job runs on a node: as it asked; else one per GPU, and one for CPU
+    slots (which it uses as threads)."""
+    if processes:
+        return processes
+    return 1 if device_type == "cpu" else max(1, devices)
 
 
-def command_for(entrypoint, args, python=sys.executable, devices=1, gang=None, log_dir=None):
-    """The job's command: the script, the archive's entrypoint or the built-in recipe, run once;
-    or, on several devices or nodes, under torchrun, one process per device (a script that works
-    under torchrun works here unchanged), each worker killed by the kernel if torchrun dies."""
-    if entrypoint.startswith("recipe:"):
+def uses_torchrun(processes, gang=None):
+    """Several processes on a node, or a run across nodes: under torchrun."""
+    return processes > 1 or gang is not None
+
+
+def job_command(job, script, python=sys.executable, processes=1, gang=None, log_dir=None, env=None):
+    """A job's command (see command_for), its arguments' variables expanded from env (the job's
+    environment) and its hyperparameters after them; or its shell command line, in bash."""
+    env = env or {}
+    if job.command:
+        return command_for("", [], python=python, processes=processes, gang=gang, log_dir=log_dir, shell=job.command)
+    args = [expand(str(arg), env) for arg in job.args or []] + hyperparameter_args(job.hyperparameters or {})
+    return command_for(script, args, python=python, processes=processes, gang=gang, log_dir=log_dir)
+
+
+def command_for(entrypoint, args, python=sys.executable, processes=1, gang=None, log_dir=None, shell=None, devices=None):
+    """The job's command: the script, the archive's entrypoint or the built-in recipe, or a
+    shell line (shell), run once; or, with several processes or across nodes, under torchrun
+    (a script that works under torchrun works here unchanged), each worker killed by the kernel
+    if torchrun dies. devices: the older name of processes."""
+    if devices is not None:
+        processes = devices
+    if shell is not None:
+        target = ["/bin/bash", "-c", shell]
+    elif entrypoint.startswith("recipe:"):
         from e31.recipes import RECIPES
 
         name = entrypoint.removeprefix("recipe:")
@@ -180,9 +338,9 @@ def command_for(entrypoint, args, python=sys.executable, devices=1, gang=None, l
         target = ["/bin/bash", entrypoint, *args]
     else:
         raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file, or a built-in recipe")
-    if not uses_torchrun(devices, gang):
+    if not uses_torchrun(processes, gang):
         return target
-    command = [python, "-u", "-m", "torch.distributed.run", f"--nproc-per-node={devices}", "--max-restarts=0", "--tee=3"]
+    command = [python, "-u", "-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--max-restarts=0", "--tee=3"]
     if log_dir is not None:
         command.append(f"--log-dir={log_dir}")
     if gang is None:

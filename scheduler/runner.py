@@ -5,6 +5,7 @@ its own working folder. Every line it prints is stored with a sequence number be
 announced; the meter ticks once a second while compute is held.
 """
 
+import io
 import json
 import logging
 import os
@@ -20,10 +21,10 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from functools import cached_property
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
@@ -37,16 +38,41 @@ from jobs.logs import log_key, stored_bytes, stream_log
 from jobs.models import Artifact, Job, JobEvent, Utilization
 from notifications import events as notifications
 from scheduler import checkpoints, jobfiles, sampling, stopping, utilization
-from scheduler.launch import (
-    RANK_PREFIX_TEMPLATE, Gang, JobDirs, artifact_name_problem, build_environment, command_for, uses_torchrun,
-)
-from scheduler.isolation import Isolation, disk_message, oom_message, sandbox_group, unlinked_open_bytes
 from scheduler.cache import BlobCache
-from scheduler.environments import EnvironmentCache, BuildError, index_arguments, requirements_of
+from scheduler.environments import (
+    BuildError,
+    EnvironmentCache,
+    index_arguments,
+    requirements_of,
+)
+from scheduler.isolation import (
+    Isolation,
+    disk_message,
+    oom_message,
+    sandbox_group,
+    unlinked_open_bytes,
+)
+from scheduler.launch import (
+    RANK_PREFIX_TEMPLATE,
+    Gang,
+    JobDirs,
+    artifact_name_problem,
+    build_environment,
+    job_command,
+    process_count,
+    uses_torchrun,
+    working_folder,
+)
 from scheduler.logcap import LogBudget
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.services import end_allocation, release_node
-from scheduler.staging import StagingError, Throttle, job_manifest, manifest_digests, stage
+from scheduler.staging import (
+    StagingError,
+    Throttle,
+    job_manifest,
+    manifest_digests,
+    stage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +193,7 @@ class StopRequest:
     message: str
     term_sent_at: float  # monotonic
     release_at: object = None  # when the meter stops (datetime), if fixed in advance
+    on_metric: bool = False  # early stopping on the job's metric: the weights of its best step come back
 
 
 def parse_metric_line(raw, now):
@@ -257,6 +284,8 @@ class RunningJob:
     def read_metrics(self, limit=METRICS_READ_BYTES):
         """Store the metric points the job wrote since the last call, and stop the job if a
         point says so (early stopping, a NaN loss). True if there may be more to read."""
+        if self.keeper is not None:
+            self.keeper.watch = self.watch  # the checkpoint of the best step is never pruned
         try:
             # Not through a link the job put in any part of the path (its .e31 folder swapped
             # for a link to another job's), only a regular file, never blocking on a pipe.
@@ -294,6 +323,7 @@ class RunningJob:
             if verdict is not None and self.stop is None:
                 state = states.FAILED if verdict.failed else states.SUCCEEDED
                 self.request_stop(Allocation.EARLY_STOP, state, verdict.message)
+                self.stop.on_metric = not verdict.failed
         return len(chunk) == limit
 
     def tick(self, now_monotonic):
@@ -562,8 +592,9 @@ class RunningJob:
             return Allocation.EXITED, states.FAILED, how
         return Allocation.EXITED, states.FAILED, f"the process {how}"
 
-    def store_artifacts(self):
-        """Keep every file of the output folder; returns (kept, [skipped name: why])."""
+    def store_artifacts(self, prefix=""):
+        """Keep every file of the output folder, each named with prefix before its path;
+        returns (kept, [skipped name: why])."""
         storage = get_storage()
         kept, skipped = 0, []
         try:
@@ -580,6 +611,7 @@ class RunningJob:
             # file of 50 GB takes nothing on the job's disk and 50 GB in storage).
             room = self.sandbox.limits.disk_bytes if self.sandbox is not None else None
             for name, fd in jobfiles.regular_files(output):
+                name = prefix + name
                 problem = artifact_name_problem(name)
                 length = os.fstat(fd).st_size
                 if problem is None and room is not None and length > room:
@@ -629,6 +661,37 @@ class RunningJob:
         Artifact.objects.update_or_create(job=self.job, name=artifact_name, defaults={"key": key, "size": size, "sha256": sha256})
         return artifact_name
 
+    def best_to_return(self):
+        """(the best (step, value) of its metric, the kept checkpoint at or before that step) for
+        a job stopped early on its metric; (None, None) for any other end."""
+        best = self.watch.best() if self.stop is not None and self.stop.on_metric else None
+        if best is None or self.job.recipe:
+            # A recipe writes its own outputs (weights beside recipe.json, which a retraining and
+            # a comparison need); its own patience returns its best weights.
+            return None, None
+        return best, checkpoints.best_kept(self.job.pk, best[0])
+
+    def return_best(self, best, checkpoint, kept):
+        """The job stopped early on its metric: its output is the checkpoint holding its best
+        step (or the latest before it), named in the log and in metrics.json beside it; its own
+        output files (kept: how many) are under last/ (store_artifacts)."""
+        storage = get_storage()
+        # The job chose the name: one an output file could not have is replaced.
+        name = checkpoint.name if artifact_name_problem(checkpoint.name) is None else f"checkpoint-{checkpoint.step}"
+        key = f"jobs/{self.job.pk}/artifacts/{name}"
+        storage.copy(checkpoint.key, key)
+        Artifact.objects.update_or_create(
+            job=self.job, name=name, defaults={"key": key, "size": checkpoint.size, "sha256": checkpoint.sha256}
+        )
+        metric, last_step = self.job.early_stop_metric, last_step_logged(self.job)
+        values = metric_values_at(self.job, checkpoint.step)
+        report = stopping.best_report(metric, self.job.early_stop_mode, best, name, checkpoint.step, values, last_step)
+        key = f"jobs/{self.job.pk}/artifacts/metrics.json"
+        size, sha256 = storage.save(key, io.BytesIO(json.dumps(report, indent=2).encode()))
+        Artifact.objects.update_or_create(job=self.job, name="metrics.json", defaults={"key": key, "size": size, "sha256": sha256})
+        text = stopping.returned_message(metric, best, name, checkpoint.step, last_step, last_kept=kept > 0)
+        self.job.record("notice", data={"text": text, "checkpoint": name, "step": checkpoint.step})
+
     def finish(self):
         """After the process ended and its output is stored: keep its checkpoints and output
         files, stop the meter (at the moment it exited), set the state. Whatever goes wrong
@@ -646,12 +709,19 @@ class RunningJob:
         reason, state, message = self.outcome()
         try:
             if state != states.QUEUED and not self.over_disk:  # a requeued run's outputs are not the job's output
-                kept, skipped = self.store_artifacts()
+                best, chosen = self.best_to_return()
+                prefix = stopping.LAST if chosen is not None else ""
+                kept, skipped = self.store_artifacts(prefix)
                 if kept:
-                    self.job.record("notice", data={"text": f"kept {kept} output file{'s' if kept != 1 else ''}"})
+                    where = f" under {prefix}" if prefix else ""
+                    self.job.record("notice", data={"text": f"kept {kept} output file{'s' if kept != 1 else ''}{where}"})
                 for item in skipped:
                     self.job.record("notice", data={"text": f"output file not kept: {item}"})
-                if not kept and reason in (Allocation.LIMIT, Allocation.EARLY_STOP):
+                if chosen is not None:
+                    self.return_best(best, chosen, kept)
+                elif best is not None:
+                    self.job.record("notice", data={"text": stopping.unmatched_message(self.job.early_stop_metric, best, kept > 0)})
+                if chosen is None and not kept and reason in (Allocation.LIMIT, Allocation.EARLY_STOP):
                     returned = self.return_latest_checkpoint()
                     if returned:
                         self.job.record("notice", data={"text": f"no output files: its latest checkpoint is returned as {returned}"})
@@ -682,6 +752,24 @@ class RunningJob:
         if self.sandbox is not None:
             self.sandbox.release()
         shutil.rmtree(self.dirs.root, ignore_errors=True)
+
+
+def metric_values_at(job, step):
+    """Every value the job logged at this step (the latest of each name), in all its runs."""
+    values = {}
+    for data in job.events.filter(kind="metric", data__step=step).order_by("seq").values_list("data", flat=True):
+        if isinstance(data, dict) and data.get("step") == step and isinstance(data.get("values"), dict):
+            values.update(data["values"])
+    return values
+
+
+def last_step_logged(job):
+    """The step of the job's latest metric point that has one (None: none has)."""
+    for data in job.events.filter(kind="metric").order_by("-seq").values_list("data", flat=True)[:1000]:
+        step = data.get("step") if isinstance(data, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
 
 
 def metric_watch(job):
@@ -939,7 +1027,9 @@ class Runner:
             sandbox.prepare(dirs)  # the folder handed to the job's user, its cgroup made
             keeper.max_bytes = sandbox.limits.disk_bytes
             self.unpack_work(sandbox, dirs)
-            torchrun = uses_torchrun(len(allocation.devices), gang)
+            processes = process_count(job.processes, len(allocation.devices), allocation.device_type)
+            torchrun = uses_torchrun(processes, gang)
+            cwd, script = self.working_folder(job, dirs)
             env_key = self.prepare_environment(job, announce_cached=False)  # ready here already, unless not staged here
             python = str(self.envs.python_of(env_key)) if env_key else sys.executable
             if env_key:
@@ -947,23 +1037,21 @@ class Runner:
                 sandbox.runtime = (str(self.envs.path(env_key)),)
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
-                config=job.config, restart=job.restarts, python=python,
+                config=job.config, restart=job.restarts, python=python, hyperparameters=job.hyperparameters, processes=processes,
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if torchrun:
                 env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
-                if allocation.device_type == "cpu":
-                    env["OMP_NUM_THREADS"] = "1"  # one process per CPU slot
             if not self.isolation.enabled:
                 job.record("notice", data={"text": UNISOLATED_NOTICE, "isolation": "off"})
             argv, outer_env, fds = sandbox.command(
-                command_for(job.entrypoint, job.args, python=python, devices=len(allocation.devices), gang=gang, log_dir=dirs.tmp / "torchrun"),
-                dirs, env,
+                job_command(job, script, python=python, processes=processes, gang=gang, log_dir=dirs.tmp / "torchrun", env=env),
+                dirs, env, cwd=cwd,
             )
             try:
                 process = subprocess.Popen(
                     argv,
-                    cwd=dirs.code,
+                    cwd=cwd,
                     env=outer_env,
                     pass_fds=fds,
                     stdin=subprocess.DEVNULL,
@@ -1003,6 +1091,19 @@ class Runner:
         running.env_key = env_key
         self.running[allocation.pk] = running
         return running
+
+    @staticmethod
+    def working_folder(job, dirs):
+        """(the folder the job starts in, its entrypoint's path from there): the entrypoint's
+        own folder, or the job's workdir, inside its code (checked after unpacking: no link out)."""
+        relative = working_folder(job.entrypoint, job.workdir)
+        code = dirs.code.resolve()
+        cwd = (code / relative).resolve() if relative else code
+        if not cwd.is_dir() or (cwd != code and code not in cwd.parents):
+            raise ValueError(f"the working folder {relative!r} is not a folder of the job's code")
+        if job.command or job.entrypoint.startswith(Job.RECIPE_PREFIX):
+            return cwd, job.entrypoint
+        return cwd, os.path.relpath(code / job.entrypoint, cwd)
 
     def unpack_work(self, sandbox, dirs):
         """Unpack the job's archive into its code folder, in its sandbox, as its uid, under its

@@ -1,7 +1,8 @@
 """When a run should stop on its own: early stopping and dead (NaN) losses.
 
 Pure functions over plain metric points, no database: the runner feeds each point a job
-logs, in order, and stops the job when a check says so.
+logs, in order, and stops the job when a check says so; and, for a job stopped early on its
+metric, says which weights come back (those of its best step) and in what words.
 """
 
 import math
@@ -79,11 +80,25 @@ class Watch:
         self.history.append((step, value))
         return self.verdict()
 
-    def verdict(self):
-        best_index = 0
-        for index, (_, value) in enumerate(self.history):
-            if self._better(value, self.history[best_index][1]):
+    def best(self):
+        """(step, value) of the best point of `metric` so far (the first of equal ones), or None
+        when early stopping is off or nothing has been logged. Safe to call from another thread
+        (the runner's uploads ask it which checkpoint to keep)."""
+        if not self.metric or not self.patience:
+            return None
+        history = self.history  # one list: the runner's loop may put a new one in its place
+        index = self._best_index(history)
+        return None if index is None else history[index]
+
+    def _best_index(self, history):
+        best_index = None
+        for index, (_, value) in enumerate(history):
+            if best_index is None or self._better(value, history[best_index][1]):
                 best_index = index
+        return best_index
+
+    def verdict(self):
+        best_index = self._best_index(self.history)
         since_best = len(self.history) - 1 - best_index
         if since_best < self.patience:
             return None
@@ -96,3 +111,52 @@ class Watch:
 
     def _better(self, value, best):
         return value < best if self.mode == "min" else value > best
+
+
+# What a job stopped early on its metric gets back: the checkpoint at its best step (or the
+# latest kept before it), its own output beside it under last/. The runner carries this out.
+
+LAST = "last/"
+
+
+def returned_message(metric, best, checkpoint_name, checkpoint_step, last_step=None, last_kept=True):
+    """The log's line for the weights returned. best: (step, value) of the metric's best point;
+    last_kept: the job left output files of its own (kept under last/)."""
+    best_step, value = best
+    where = f"the best {metric} ({value:.6g}, at step {best_step})"
+    if checkpoint_step == best_step:
+        what = f"the weights returned are those of {where}: checkpoint {checkpoint_name}"
+    else:
+        what = (
+            f"the weights returned are those of step {checkpoint_step} (checkpoint {checkpoint_name}), the latest kept "
+            f"at or before {where}"
+        )
+    if not last_kept:
+        return f"{what}; the job left no output files of its own"
+    last = f" (its last metric point: step {last_step})" if last_step is not None else ""
+    return f"{what}; the job's own output, as it was when it stopped{last}, is kept under {LAST}"
+
+
+def unmatched_message(metric, best, own_output=True):
+    """The log's line when no checkpoint holds the best point's weights, nor any before it.
+    own_output: the job left output files of its own (returned as they are)."""
+    best_step, value = best
+    if best_step is None:
+        why = f"the best {metric} ({value:.6g}) was logged without a step, so no checkpoint can be matched to it"
+    else:
+        why = f"no checkpoint at or before step {best_step}, where {metric} was best ({value:.6g}), was kept"
+    if not own_output:
+        return f"{why}: the best weights cannot be returned, and the job left no output files of its own"
+    return f"{why}: the best weights cannot be returned; the job's own output, as it was when it stopped, is returned instead"
+
+
+def best_report(metric, mode, best, checkpoint_name, checkpoint_step, values, last_step=None):
+    """metrics.json of a job stopped early on its metric: which weights came back and why, and
+    the values the job logged at their step (as logged; {} when it logged none there)."""
+    return {
+        "early_stop": {
+            "metric": metric, "mode": mode, "best": best[1], "best_step": best[0],
+            "weights": checkpoint_name, "weights_step": checkpoint_step, "last": LAST, "last_step": last_step,
+        },
+        "metrics": values,
+    }

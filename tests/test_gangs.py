@@ -181,10 +181,12 @@ def job_weights(system, job_id):
     return torch.load(io.BytesIO(response.content))
 
 
-def submit(system, tmp_path, gpus, config):
+def submit(system, tmp_path, gpus, config, processes=None):
     script = tmp_path / "train.py"
     script.write_bytes(DDP_SCRIPT)
     spec = {"name": f"ddp-{gpus}", "gpus": gpus, "span_hours": 1, "config": config, "max_restarts": 3, "train_dataset": "digits"}
+    if processes:
+        spec["processes"] = processes  # CPU slots run one process (with a thread each) unless asked
     return system.submit(spec, script)["id"]
 
 
@@ -200,7 +202,7 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
     try:
         system.start(runner=False)
         system.start_runner("two", devices=2)
-        one_runner = submit(system, tmp_path, 2, CONFIG)
+        one_runner = submit(system, tmp_path, 2, CONFIG, processes=2)
         job = system.wait_for_state(one_runner, timeout=180)
         assert job["state"] == "succeeded", (job, system.logs())
         assert [a["node"] for a in job["allocations"]] == ["e2e-two"] and job["allocations"][0]["devices"] == [0, 1]

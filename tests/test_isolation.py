@@ -15,8 +15,23 @@ from pathlib import Path
 import pytest
 
 from scheduler.isolation import (
-    Limits, View, cpu_quota, cpu_share, denied_networks, disk_message, gpu_device_nodes, job_limits, job_uid, keeps_network,
-    local_addresses, mount_plan, oom_message, parse_networks, pick_slot, rlimits, sandbox_args,
+    Limits,
+    View,
+    cpu_quota,
+    cpu_share,
+    denied_networks,
+    disk_message,
+    gpu_device_nodes,
+    job_limits,
+    job_uid,
+    keeps_network,
+    local_addresses,
+    mount_plan,
+    oom_message,
+    parse_networks,
+    pick_slot,
+    rlimits,
+    sandbox_args,
 )
 
 ROOT = os.geteuid() == 0
@@ -549,7 +564,7 @@ dist.all_reduce(t)
 print("sum", int(t.item()), "interfaces", len(socket.if_nameindex()), flush=True)
 dist.destroy_process_group()
 """
-    job = run(node, make_job(alice, script=script, gpus=2), timeout=90)
+    job = run(node, make_job(alice, script=script, gpus=2, processes=2), timeout=90)
     assert job.state == "succeeded", (job.reason, lines(job)[-20:])
     assert lines(job).count("sum 3 interfaces 1") == 2
 

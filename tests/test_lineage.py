@@ -6,8 +6,10 @@ import hashlib
 import json
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 
+from e31web.storage import get_storage
 from jobs import datasets, evaluation, lineage
 from jobs.models import Job, JobModel, Upload
 from scheduler.staging import job_manifest
@@ -150,6 +152,33 @@ def test_the_retrain_form_is_prefilled_and_submits_a_fine_tuning(make_runner, al
     assert client.get(url).status_code == 404
     assert client.post(reverse("jobs:compare", args=[base.pk])).status_code == 404
     assert client.get(reverse("jobs:comparison", args=[base.pk])).status_code == 404
+
+
+def test_a_retraining_may_change_the_config_hyperparameters_and_arguments(make_runner, alice, rate, team_a, client, token):
+    runner = make_runner()
+    base = first_job(alice, team_a, runner, span_hours=2)
+    client.force_login(alice)
+    url = reverse("jobs:retrain", args=[base.pk])
+    page = client.get(url).content.decode()
+    assert "{&quot;quality&quot;: 10}" in page  # the job's config, to change
+    form = {"gpus": 1, "mode": "span", "span_hours": "2", "name": "gain 5", "config": "quality: 10\ngain: 5", "args": "--fast", "hyperparameters": ""}
+    assert client.post(url, {**form, "args": "--data $NOPE"}).status_code == 400  # a variable the job does not have
+    assert client.post(url, form).status_code == 302
+    new = Job.objects.get(name="gain 5")
+    assert (new.config, new.args, new.span_hours) == ({"quality": 10, "gain": 5}, ["--fast"], base.span_hours)
+    new = run([runner], new)
+    assert new.state == "succeeded", new.reason
+    with get_storage().open(new.artifacts.get(name="model.pt").key) as stream:
+        assert stream.read() == b"15"  # the base's 10, and the gain the changed config asked for
+    # Through the API: what is not named is copied.
+    api = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    body = {"spec": json.dumps({"hyperparameters": {"lr": 0.1}, "args": ["--data", "$E31_DATA_DIR/train"], "name": "api retrain"})}
+    response = api.post(reverse("api:job-retrain", args=[base.pk]), body)
+    assert response.status_code == 201, response.json()
+    made = Job.objects.get(name="api retrain")
+    assert (made.hyperparameters, made.args, made.config) == ({"lr": 0.1}, ["--data", "$E31_DATA_DIR/train"], base.config)
+    refused = api.post(reverse("api:job-retrain", args=[base.pk]), {"spec": json.dumps({"hyperparameters": {"lr": [1]}})})
+    assert refused.status_code == 400 and "hyperparameters" in refused.json()["errors"]
 
 
 def test_a_job_without_weights_cannot_be_retrained(alice, team_a, client):

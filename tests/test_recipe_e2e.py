@@ -133,7 +133,7 @@ def test_a_recipe_given_two_devices_trains_data_parallel_to_the_same_weights(mak
     runner = make_runner(devices=2)
     train, heldout = data
     config = {**BASE, "max_steps": 8, "eval_every": 4, "batch_size": 32}
-    two = run([runner], recipe_job(alice, team_a, "two", config, gpus=2, train_version=train, heldout_version=heldout))
+    two = run([runner], recipe_job(alice, team_a, "two", config, gpus=2, processes=2, train_version=train, heldout_version=heldout))
     one = run([runner], recipe_job(alice, team_a, "one", config, gpus=1, train_version=train, heldout_version=heldout))
     assert two.state == one.state == "succeeded", (two.reason, one.reason)
     log = "\n".join(two.events.filter(kind="log").values_list("text", flat=True))

@@ -216,16 +216,39 @@ def cmd_cancel(args):
 # retrain -------------------------------------------------------------------------------------
 
 
+def assignments(items, option):
+    """NAME=VALUE pairs as a mapping; a value that reads as JSON (3, 0.1, true) is that value."""
+    found = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"{option} takes NAME=VALUE, not {item!r}.", USAGE)
+        try:
+            found[name] = json.loads(text)
+        except ValueError:
+            found[name] = text
+    return found
+
+
 def cmd_retrain(args):
     overrides = {key: getattr(args, key) for key in RETRAIN_OPTIONS if getattr(args, key) is not None}
     if args.preemptible is not None:
         overrides["preemptible"] = args.preemptible
+    if args.args is not None:
+        overrides["args"] = args.args
+    hyperparameters, config = assignments(args.hp, "--hp"), assignments(args.set, "--set")
     paths = [Path(p) for p in args.add_data or []]
     for path in paths:
         if not path.exists():
             raise CliError(f"{path} does not exist.", USAGE)
     with connect(args) as client:
         job_id = client.resolve_job(args.job)
+        if hyperparameters or config:  # changes to the job's own: what is not named stays
+            current = client.get(f"/api/jobs/{job_id}/")
+            if hyperparameters:
+                overrides["hyperparameters"] = {**(current.get("hyperparameters") or {}), **hyperparameters}
+            if config:
+                overrides["config"] = {k: v for k, v in {**(current.get("config") or {}), **config}.items() if k != "mode"}
         files = [(name, open(p, "rb")) for path in paths for name, p in files_of(path)]
         try:
             total = sum(size_of(f) for _, f in files)
@@ -455,6 +478,9 @@ def build_parser():
     p.add_argument("--by", help="e.g. morning")
     p.add_argument("--deadline")
     p.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--args", help="the script's arguments instead of the job's, as on a command line")
+    p.add_argument("--hp", action="append", metavar="NAME=VALUE", help="change a hyperparameter (repeatable); the others stay")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="change a key of the config (repeatable); the others stay")
     p.add_argument("-f", "--follow", action="store_true")
     p.set_defaults(func=cmd_retrain)
 

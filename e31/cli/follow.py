@@ -1,14 +1,18 @@
 """A job's log, printed as it grows: the websocket /ws/jobs/<id>/?after=<seq>, reconnected with
-backoff after any drop from the last event seen, so no line is printed twice or lost."""
+backoff after any drop from the last event seen, so no line is printed twice or lost. While
+compute is held, a line on stderr now and then gives the meter: held time, cost and what is left
+of the job's ceiling."""
 
 import json
 import sys
 import time
+from decimal import Decimal
 
 from e31.cli.errors import SERVER, CliError
 
 TERMINAL = {"succeeded", "failed", "stopped", "cancelled"}
 LOG_PAGE = 1000
+METER_EVERY = 60.0  # seconds between meter lines while the meter runs (it ticks every second)
 
 
 def format_line(event):
@@ -17,6 +21,33 @@ def format_line(event):
         text = text[:-1]
     rank = event.get("rank")
     return f"[rank{rank}] {text}" if rank is not None else text
+
+
+def format_money(value, currency, places=4):
+    return f"{currency} {Decimal(str(value)).quantize(Decimal(1).scaleb(-places)):,}".strip()
+
+
+def format_held(seconds):
+    seconds = int(seconds or 0)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def format_meter(job):
+    """The meter of a job as GET /api/jobs/<id>/ gives it, in one line: held time, cost, and
+    what is left of its ceiling (nothing about a ceiling when it has none). None without a cost."""
+    if job.get("cost") is None:
+        return None
+    currency = job.get("currency") or ""
+    text = f"meter: held {format_held(job.get('held_seconds'))}, cost {format_money(job['cost'], currency)}"
+    left = []
+    if job.get("ceiling_amount_left") is not None:
+        left.append(format_money(job["ceiling_amount_left"], currency))
+    if job.get("ceiling_gpu_hours_left") is not None:
+        left.append(f"{Decimal(str(job['ceiling_gpu_hours_left'])).normalize():f} GPU-hours")
+    if left and job.get("ceiling_used_fraction") is not None:
+        used = int(Decimal(str(job["ceiling_used_fraction"])) * 100)
+        text += f"; {' and '.join(left)} left of the ceiling ({used}% used)"
+    return text
 
 
 class Printer:
@@ -40,6 +71,13 @@ class Printer:
         elif kind == "state" and not self.quiet_states:
             reason = f" ({event['reason']})" if event.get("reason") else ""
             self.err.write(f"-- {event.get('state')}{reason}\n")
+            self.err.flush()
+
+    def meter(self, job):
+        """A meter line on stderr, from the job's API figures."""
+        line = format_meter(job)
+        if line and not self.as_json and not self.quiet_states:
+            self.err.write(f"-- {line}\n")
             self.err.flush()
 
     def log_lines(self, lines):
@@ -74,7 +112,10 @@ def connection_errors():
 class Follower:
     """Follows one job to its end. connect(url, token) and sleep are replaceable for tests."""
 
-    def __init__(self, client, job_id, printer, after=0, connect=None, sleep=time.sleep, backoff=(0.5, 1, 2, 4, 8), idle_check=30.0):
+    def __init__(
+        self, client, job_id, printer, after=0, connect=None, sleep=time.sleep, backoff=(0.5, 1, 2, 4, 8), idle_check=30.0,
+        meter_every=METER_EVERY, clock=time.monotonic,
+    ):
         self.client = client
         self.job_id = job_id
         self.printer = printer
@@ -84,6 +125,9 @@ class Follower:
         self.backoff = backoff
         self.idle_check = idle_check
         self.reconnects = 0
+        self.meter_every = meter_every
+        self.clock = clock
+        self.meter_shown_at = None
 
     def url(self):
         return self.client.ws_url(f"/ws/jobs/{self.job_id}/?after={self.last_seq}")
@@ -98,9 +142,30 @@ class Follower:
                     continue  # seen before a reconnect
                 self.last_seq = seq
             self.printer.event(event)
+            if event.get("kind") == "meter" and self.meter_due(event):
+                self.show_meter()
             if event.get("kind") == "state" and event.get("state") in TERMINAL:
                 ended = event["state"]
         return ended
+
+    def meter_due(self, event):
+        """A meter line for the first tick seen, every meter_every seconds, and when the meter
+        stops (compute released: the final figures)."""
+        if self.printer.as_json or self.printer.quiet_states:
+            return False
+        return self.meter_shown_at is None or not event.get("running") or self.clock() - self.meter_shown_at >= self.meter_every
+
+    def show_meter(self):
+        """The meter as the API counts it: a tick carries the cost, not what is left of the
+        ceiling, which takes every allocation and credit of the job."""
+        self.meter_shown_at = self.clock()
+        try:
+            job = self.client.job(self.job_id)
+        except CliError as http_error:
+            if http_error.code != SERVER:
+                raise
+            return  # the server is out of reach for a moment: the next line will come
+        self.printer.meter(job)
 
     def finish_over_http(self):
         """If the job has ended, print the lines not seen yet and return its state."""

@@ -7,7 +7,8 @@ E31_MODEL_DIR   models the network staged for the job. In train mode, start/ (wh
                 and recipe.json, written by an earlier run of the same recipe.
 What a training run writes to $E31_OUTPUT_DIR: model.safetensors (plain weights; LoRA adapters
 merged in), recipe.json (architecture and data description), adapters.safetensors (LoRA only)
-and metrics.json (the final evaluation). An evaluation run writes evaluation.json.
+and metrics.json (the final evaluation); when early stopping went back to better weights, the
+last ones in last/. An evaluation run writes evaluation.json.
 """
 
 import contextlib
@@ -339,7 +340,8 @@ def load_weights(folder):
         fail(f"no model.safetensors or *.pt / *.pth weights in {folder}")
     path = preferred[0]
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with _checkpoint_globals():
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         fail(f"cannot read {path}: {error}")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
@@ -347,6 +349,17 @@ def load_weights(folder):
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         fail(f"{path} does not hold a state dict of tensors")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _checkpoint_globals():
+    """What torch.load(weights_only=True) must allow to read an SDK checkpoint (the weights a
+    job stopped early on its metric returns are one): numpy's random state, and nothing more."""
+    try:
+        import numpy
+    except ImportError:
+        return contextlib.nullcontext()
+    multiarray = numpy._core.multiarray if hasattr(numpy, "_core") else numpy.core.multiarray
+    return torch.serialization.safe_globals([multiarray._reconstruct, numpy.ndarray, numpy.dtype, type(numpy.dtype(numpy.uint32))])
 
 
 def read_recipe_json(folder, required=False):
@@ -417,8 +430,10 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     train_loss(module, step) returns the loss of the step's batch (a function of the step alone,
     so a resumed run sees the batches an uninterrupted one would). evaluate() returns metrics
     with "val_loss" in them, computed on fixed data. Checkpoints through the SDK every
-    checkpoint_every steps and when the network asks the job to stop; stops early after
-    `patience` evaluations without a better val_loss and then goes back to the best weights.
+    checkpoint_every steps, at each new best of a validation metric (so a job the network stops
+    early on its metric gets the weights of its best step back: see scheduler/stopping.py) and
+    when the network asks the job to stop; stops early after `patience` evaluations without a
+    better val_loss and then goes back to the best weights, keeping the last ones for last/.
     Returns (final metrics, stopped): stopped is True when the run stopped on the network's
     request, before its end (the checkpoint is written; a restart resumes it).
     """
@@ -437,16 +452,24 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     extra = state.extra if state else {}
     step = state.step if state else 0
     best = extra.get("best", math.inf)
+    best_step = extra.get("best_step")
     bad = extra.get("bad", 0)
     best_state = extra.get("best_state")
     last = extra.get("last_metrics")
+    bests = extra.get("bests", {})  # {name: (step, value)}: each validation metric's best, checkpointed there
+    improved = False
     if state is not None:
         print(f"resumed from {state.path.name} at step {step}", flush=True)
     elif finetuning:
         # The starting point, measured before any step: equal to the previous run's final evaluation.
         last = evaluate()
         e31.log_metric(0, **last)
-        best, best_state = last["val_loss"], _snapshot(model, dist) if patience else None
+        best, best_step, best_state = last["val_loss"], 0, _snapshot(model, dist) if patience else None
+        improved = _improved(bests, 0, last)  # checkpointed below: a fine-tuning that only gets worse returns its start
+    if improved:
+        _checkpoint(
+            0, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests
+        )
 
     stopping = early = False
     while step < max_steps and not early:
@@ -459,22 +482,24 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         values = {"loss": loss.item()}
+        improved = False
         if step % config["eval_every"] == 0 or step == max_steps:
             last = evaluate()
             values.update(last)
             if last["val_loss"] < best:
-                best, bad = last["val_loss"], 0
+                best, best_step, bad = last["val_loss"], step, 0
                 best_state = _snapshot(model, dist) if patience else None
             else:
                 bad += 1
             early = bool(patience) and bad >= patience
+            improved = dist.any(_improved(bests, step, last))  # every process takes part in the checkpoint, or none
         e31.log_metric(step, **values)
         stopping = dist.any(e31.should_stop())
         every = config["checkpoint_every"] or None
-        if stopping or (every and e31.checkpoint_due(step, every_steps=every)):
-            # Gathered here, in every process (a collective under FSDP); only rank 0 writes the file.
-            held, held_optimizer = _Holds(dist.model_state(model)), _Holds(dist.optimizer_state(model, optimizer))
-            e31.checkpoint(step, model=held, optimizer=held_optimizer, best=best, bad=bad, best_state=best_state, last_metrics=last)
+        if stopping or improved or (every and e31.checkpoint_due(step, every_steps=every)):
+            _checkpoint(
+                step, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests
+            )
         if stopping:
             if step < max_steps and not early:
                 print(f"stopping at step {step} of {max_steps}: {e31.stop_reason()}; checkpoint saved", flush=True)
@@ -486,10 +511,62 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         last = evaluate()
         e31.log_metric(step, **last)
     if patience and best_state is not None and best < last["val_loss"]:
+        last_state, last_loss = _snapshot(model, dist), last["val_loss"]
         dist.load_model_state(model, best_state)
-        last = evaluate()
-        e31.log_metric(step, **last)
+        # The best weights' evaluation is already logged, at their step: not logged again here
+        # under this step, which would chart them as the last weights'.
+        returned = _Final(evaluate())
+        returned["early_stop"] = {
+            "metric": "val_loss", "mode": "min", "best": best, "best_step": best_step, "weights_step": best_step,
+            "last": LAST, "last_step": step,
+        }
+        returned.last_state = last_state
+        if dist.writer:
+            at = f"step {best_step}" if best_step is not None else "an earlier step"
+            print(f"the weights returned are those of {at}, where val_loss was best ({best:.6g}); the last ones "
+                  f"(step {step}, val_loss {last_loss:.6g}) are kept under {LAST}", flush=True)
+        return returned, False
     return last, False
+
+
+LAST = "last/"  # where the last weights go when early stopping returns better ones
+
+
+class _Final(dict):
+    """The final evaluation (written as metrics.json) and, when early stopping went back to
+    better weights, the last ones' state in last_state (written under last/)."""
+
+    last_state = None
+
+
+def _improved(bests, step, metrics):
+    """Note each metric of an evaluation that is at its best so far (lower is better, higher for
+    an accuracy) in bests; True if any is."""
+    better = False
+    for name, value in metrics.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        previous = bests.get(name)
+        if previous is None or (value > previous[1] if "accuracy" in name else value < previous[1]):
+            bests[name] = (step, float(value))
+            better = True
+    return better
+
+
+def _checkpoint(step, model, optimizer, dist, *, bests, **extra):
+    """Checkpoint through the SDK, keeping in the folder the newest two and those of each
+    metric's best step (the SDK alone keeps the newest two): the network uploads a file once it
+    has held still a moment, and a best one must reach it even when checkpoints come faster."""
+    # Gathered here, in every process (a collective under FSDP); only rank 0 writes the file.
+    held, held_optimizer = _Holds(dist.model_state(model)), _Holds(dist.optimizer_state(model, optimizer))
+    written = e31.checkpoint(step, model=held, optimizer=held_optimizer, keep_local=None, bests=bests, **extra)
+    if written is None:
+        return
+    spared = {best_step for best_step, _ in bests.values()}
+    found = sorted((int(m.group(1)), p) for p in written.parent.iterdir() if (m := e31.STEP_FILE.match(p.name)))
+    for older, path in found[:-2]:
+        if older not in spared:
+            path.unlink(missing_ok=True)
 
 
 def _snapshot(model, dist):
@@ -553,11 +630,17 @@ def _metric_name_ok(label):
 
 def write_results(model, info, config, final, stopped):
     """Rank 0's end of a training run: the weights always (so far, when stopped), and the final
-    evaluation in metrics.json when the run reached its end."""
+    evaluation in metrics.json when the run reached its end (with, when early stopping went
+    back to better weights, the step they are of and the last weights under last/)."""
     out = output_dir()
     save_outputs(model, {**info, "config": config}, out)
     if stopped:
         return
+    last_state = getattr(final, "last_state", None)
+    if last_state is not None:  # early stopping went back to better weights: the last ones beside them
+        last = copy.deepcopy(model)
+        last.load_state_dict(last_state)
+        save_outputs(last, {**info, "config": config}, out / LAST)
     write_json(out / "metrics.json", final)
     print(f"done: {final}", flush=True)
 
