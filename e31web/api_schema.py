@@ -22,6 +22,7 @@ from accounts import api as accounts_api
 from accounts import audit_views
 from billing import api as billing_api
 from billing import invoice_views
+from e31.recipes.precision import PRECISIONS
 from jobs import api as jobs_api
 from jobs import dataset_api, run_api
 
@@ -122,6 +123,11 @@ class Job(s.Serializer):
     config = s.DictField()
     workdir = s.CharField(allow_blank=True, help_text="The working folder in the code; blank: the entrypoint's own folder.")
     processes = s.IntegerField(allow_null=True, help_text="Processes per node; null: one per GPU, or one for CPU slots (as threads).")
+    precision = s.ChoiceField(
+        choices=["", *PRECISIONS], allow_blank=True,
+        help_text="fp32, bf16 or fp16: the recipes' autocast on GPUs (fp16 with loss scaling; the CPU runs fp32), and E31_PRECISION "
+        "in the job; blank: the default (the recipes: bf16 on GPUs).",
+    )
     packages = s.ListField(child=s.CharField(), help_text="The Python packages the job brings: requirements, as in requirements.txt.")
     train_dataset = nullable_str(help_text="name@version")
     heldout_dataset = nullable_str(help_text="name@version")
@@ -343,7 +349,7 @@ Comparison = inline_serializer(
 
 SPEC_HELP = (
     "The job's spec: a spec file's text (YAML or JSON), or (JSON body) an object of the API's fields: "
-    "name, kind, recipe, entrypoint, command, args, hyperparameters, config, env, workdir, processes, "
+    "name, kind, recipe, entrypoint, command, args, hyperparameters, config, env, workdir, processes, precision (fp32, bf16 or fp16), "
     "packages (a list of requirements, or text with one a line), "
     "train_dataset, heldout_dataset, gpus, gpu_type, mode, span_hours, ceiling_kind, ceiling, not_before, deadline, by, "
     "preemptible, keep_checkpoints, max_restarts, early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."

@@ -271,6 +271,8 @@ E31_HEARTBEAT_SECONDS = env_float("E31_HEARTBEAT_SECONDS", 1.0, minimum=0.1)
 E31_NODE_TIMEOUT_SECONDS = env_float("E31_NODE_TIMEOUT_SECONDS", 30.0, minimum=1.0)
 E31_SCHEDULER_INTERVAL_SECONDS = env_float("E31_SCHEDULER_INTERVAL_SECONDS", 1.0, minimum=0.05)
 E31_STOP_GRACE_SECONDS = env_float("E31_STOP_GRACE_SECONDS", 2.0, minimum=0.0)
+# A script's smoke run runs at most this long (jobs/lineage.py smoke_run); decimals allowed.
+E31_SMOKE_MINUTES = env_float("E31_SMOKE_MINUTES", 5.0, minimum=0.1)
 # Fair share: a team's past usage counts half as much after this many hours.
 E31_FAIR_SHARE_HALF_LIFE_HOURS = env_float("E31_FAIR_SHARE_HALF_LIFE_HOURS", 168.0, minimum=0.01)
 E31_SCHEDULER_POLICY = env_str("E31_SCHEDULER_POLICY", "ours")

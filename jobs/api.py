@@ -41,6 +41,7 @@ SPEC_FIELDS = {
     "env",
     "workdir",
     "processes",
+    "precision",
     "packages",
     "train_dataset",
     "heldout_dataset",
@@ -191,6 +192,7 @@ def job_json(job, request):
         "config": job.config,
         "workdir": job.workdir,
         "processes": job.processes,
+        "precision": job.precision,
         "packages": job.packages.splitlines(),
         # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
         "train_dataset": job.train_label or None,

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from billing import meter
 from billing.models import NoRateInForce, Rate
+from e31.recipes.precision import CHOICES as PRECISION_CHOICES
 from e31web.storage import get_storage
 from jobs import archive, folders, lineage, packages, spec, states, windows
 from jobs.models import Dataset, DatasetVersion, Job, Upload
@@ -272,7 +273,8 @@ class JobForm(RequestForm):
     )
     smoke_first = forms.BooleanField(
         required=False, label="Smoke run first",
-        help_text="A few steps on 1% of the data, as a short job of its own (billed as such), before the full run: it catches errors cheaply. The full run starts only if it succeeds.",
+        help_text="A short job of its own (billed as such) before the full run, to catch errors cheaply: a recipe runs a few steps on 1% of the data; "
+        "a script runs a few minutes on 1% of each input, with E31_SMOKE=1, and passes if it has not failed by then. The full run starts only if it passes.",
     )
     code = forms.FileField(
         required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive; or a folder, below."
@@ -310,6 +312,12 @@ class JobForm(RequestForm):
     processes = forms.IntegerField(
         min_value=1, max_value=64, required=False, label="Processes per node",
         help_text="Blank: one per GPU (under torchrun), or one for CPU slots, which it gets as threads. Two or more run under torchrun.",
+    )
+    precision = forms.ChoiceField(
+        choices=PRECISION_CHOICES, required=False, label="Precision",
+        help_text="How the built-in recipes compute on GPUs: bf16 or fp16 autocast (fp16 with loss scaling), or fp32 throughout. "
+        "On the CPU they run fp32 whatever is chosen (the log says so). A script reads the choice from $E31_PRECISION.",
+        error_messages={"invalid_choice": "%(value)s is not a precision: choose fp32, bf16 or fp16 (or leave it blank for the default)."},
     )
     config = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4}), help_text="JSON or YAML; the job reads it from $E31_CONFIG."
@@ -485,8 +493,6 @@ class JobForm(RequestForm):
             cleaned["entrypoint"] = ""  # a shell line, with no code of its own
         else:
             self._clean_work(cleaned)
-            if cleaned.get("smoke_first"):
-                self.add_error("smoke_first", "A smoke run needs a built-in recipe: a script of your own would run in full.")
         self._clean_models(cleaned)
         self._clean_data(cleaned)
         self._clean_window(cleaned)
@@ -677,6 +683,7 @@ class JobForm(RequestForm):
             env=cleaned["env"],
             workdir=cleaned.get("workdir") or "",
             processes=cleaned.get("processes"),
+            precision=cleaned.get("precision") or "",
             packages=cleaned.get("packages") or "",
             train_version=cleaned.get("train_version"),
             heldout_version=cleaned.get("heldout_version"),

@@ -6,8 +6,9 @@ Models are pinned as files (storage keys of content-addressed blobs, with size a
 when the job is submitted: the job carries its own starting point."""
 
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 
+from django.conf import settings
 from django.db import models, transaction
 
 from jobs import states
@@ -55,7 +56,7 @@ def copy_job(job, user, **changes):
     fields = {
         name: getattr(job, name)
         for name in (
-            "team_id", "entrypoint", "command", "args", "hyperparameters", "config", "env", "workdir", "processes", "packages",
+            "team_id", "entrypoint", "command", "args", "hyperparameters", "config", "env", "workdir", "processes", "precision", "packages",
             "train_version", "heldout_version", "gpus", "gpu_type",
             "span_hours", "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
             "early_stop_mode", "early_stop_patience", "stop_on_nan", "network",
@@ -161,17 +162,29 @@ def compare(job, user):
 SMOKE_SPAN_HOURS = Decimal("0.1")
 
 
+def script_smoke_hours():
+    """A script's smoke run's span: E31_SMOKE_MINUTES, in whole ten-thousandths of an hour (the
+    span's unit), rounded down: at most that long."""
+    hours = (Decimal(str(settings.E31_SMOKE_MINUTES)) / 60).quantize(Decimal("0.0001"), rounding=ROUND_DOWN)
+    return max(hours, Decimal("0.0001"))
+
+
+def is_smoke_run(job):
+    """Whether the job is another job's smoke run."""
+    return Job.objects.filter(smoke_run=job).exists()
+
+
 @transaction.atomic
 def smoke_run(job):
-    """The short run a recipe job makes first: the same work with the recipe's smoke option (a
-    few steps on 1% of the data), one GPU of the same type, at most a tenth of an hour. It is a
-    job of its own, queued ahead, billed like any; `job` waits for it to succeed and fails if
-    it does not."""
-    if not job.recipe:
-        raise LineageError("A smoke run needs a built-in recipe: a script of your own would run in full.")
-    span = min(job.span_hours, SMOKE_SPAN_HOURS) if job.span_hours is not None else SMOKE_SPAN_HOURS
+    """The short run a job makes first, one GPU of the same type: a recipe's with its smoke
+    option (a few steps on 1% of the data), at most a tenth of an hour; a script's on a sample
+    of each input (scheduler/smoke.py, cut by the runner), at most E31_SMOKE_MINUTES, and
+    passing if it has not failed by then. It is a job of its own, queued ahead, billed like
+    any; `job` waits for it to succeed and fails if it does not."""
+    config, limit = ({**job.config, "smoke": True}, SMOKE_SPAN_HOURS) if job.recipe else (job.config, script_smoke_hours())
+    span = min(job.span_hours, limit) if job.span_hours is not None else limit
     smoke = copy_job(
-        job, job.created_by, name=f"{job.name} (smoke run)", config={**job.config, "smoke": True}, gpus=1, span_hours=span,
+        job, job.created_by, name=f"{job.name} (smoke run)", config=config, gpus=1, span_hours=span,
         ceiling_amount=None, ceiling_gpu_hours=None, not_before=None, deadline=None, early_stop_metric="", early_stop_patience=None,
         created_at=job.created_at - timedelta(microseconds=1),  # ahead of its job in the queue
     )

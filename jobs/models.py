@@ -7,6 +7,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing import meter
+from e31.recipes.precision import CHOICES as PRECISION_CHOICES
 from jobs import live, states
 from notifications import events as notifications
 
@@ -174,6 +175,10 @@ class Job(models.Model):
     # The Python packages the job brings: requirements (jobs.packages), one a line. The node
     # builds an environment with them while the job waits, off the meter.
     packages = models.TextField(blank=True, default="", help_text="requirements, one a line (checked by jobs.packages)")
+    # Passed to the job as E31_PRECISION; the recipes autocast by it on CUDA (e31.recipes.precision).
+    precision = models.CharField(
+        max_length=4, blank=True, default="", choices=PRECISION_CHOICES, help_text="fp32, bf16 or fp16; blank: the recipes' default"
+    )
 
     # Data: dataset versions are pinned when the job is submitted.
     # The labels ("digits@2") stay when the dataset is deleted later (the version becomes None).

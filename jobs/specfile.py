@@ -3,7 +3,7 @@ with the line of every field, so a refusal names the line to fix. Pure functions
 
     name: digits-mlp
     kind: train                     # train | finetune | evaluate
-    work:     {code: train.py, entrypoint, args, config, env, packages: [numpy>=1.26], recipe, smoke_first}
+    work:     {code: train.py, entrypoint, args, config, env, packages: [numpy>=1.26], recipe, precision: bf16, smoke_first}
     data:     {train: digits@2, heldout, train_files, heldout_files, start_job, base_model, evaluate_jobs}
     request:  {gpus, gpu_type, mode, span_hours, ceiling, ceiling_kind, not_before, by, deadline, preemptible, network,
                idle_minutes, stop_if_idle}
@@ -30,7 +30,7 @@ PARTS = {
     "work": {
         "recipe": "recipe", "code": None, "entrypoint": "entrypoint", "command": "command", "args": "args",
         "hyperparameters": "hyperparameters", "config": "config", "env": "env", "workdir": "workdir", "packages": "packages",
-        "smoke_first": "smoke_first",
+        "precision": "precision", "smoke_first": "smoke_first",
     },
     "data": {
         "train": "train_dataset", "heldout": "heldout_dataset", "train_files": None, "heldout_files": None,
@@ -440,6 +440,7 @@ def job_spec(job, now=None):
     given = (
         ("command", job.command), ("args", list(job.args or [])), ("hyperparameters", dict(job.hyperparameters or {})),
         ("config", config), ("env", dict(job.env or {})), ("workdir", job.workdir), ("packages", job.packages.splitlines()),
+        ("precision", job.precision),
     )
     work.update({k: v for k, v in given if v})
     if job.smoke_run_id:

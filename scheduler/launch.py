@@ -40,8 +40,11 @@ E31_ENV = {
     "E31_OUTPUT_DIR": "the folder whose files come back", "E31_CHECKPOINT_DIR": "the checkpoints' folder",
     "E31_CONFIG": "the config file", "E31_NUM_DEVICES": "the number of devices it holds", "E31_METRICS_FILE": "the metrics file",
     "E31_STOP_FILE": "the stop notice's file", "E31_RESTART": "how often it was restarted", "E31_ALLOCATION_ID": "this run's id",
+    "E31_PRECISION": "the job's precision: fp32, bf16, fp16, or empty for the default",
+    "E31_SMOKE": "1 in a script's smoke run, unset otherwise",
 }
-E31_NAMES = tuple(E31_ENV)
+# What arguments may name: not E31_SMOKE, unset in a full run (where naming it would fail the start).
+E31_NAMES = tuple(name for name in E31_ENV if name != "E31_SMOKE")
 # The job's own, if it does not set them.
 DEFAULT_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
@@ -206,10 +209,11 @@ class JobDirs:
 
 
 def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable,
-                      hyperparameters=None, processes=1):
+                      hyperparameters=None, processes=1, precision=""):
     """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
     same places, and what the job declares (its values may name the others: $E31_DATA_DIR).
-    processes: how many processes share the devices (CPU slots: each gets its share as threads)."""
+    processes: how many processes share the devices (CPU slots: each gets its share as threads).
+    precision: the job's (fp32, bf16, fp16; "": not chosen), as E31_PRECISION."""
     env = {
         "PATH": os.pathsep.join([str(Path(python).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(dirs.root),
@@ -225,6 +229,7 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
         "E31_METRICS_FILE": str(dirs.metrics),
         "E31_STOP_FILE": str(dirs.stop_file),
         "E31_RESTART": str(restart),
+        "E31_PRECISION": precision or "",
         **sagemaker_environment(dirs, devices, device_type, {**(config or {}), **(hyperparameters or {})}),
     }
     network = dict(env)

@@ -33,11 +33,11 @@ from django.utils import timezone
 
 from e31 import unpack
 from e31web.storage import get_storage
-from jobs import archive, states
+from jobs import archive, lineage, states
 from jobs.logs import log_key, stored_bytes, stream_log
 from jobs.models import Artifact, Job, JobEvent, Utilization
 from notifications import events as notifications
-from scheduler import checkpoints, jobfiles, sampling, stopping, utilization
+from scheduler import checkpoints, jobfiles, sampling, smoke, stopping, utilization
 from scheduler.cache import BlobCache
 from scheduler.environments import (
     BuildError,
@@ -245,6 +245,7 @@ class RunningJob:
         self.bad_metric_lines = 0
         self.reader = OutputReader(process, max_line_bytes, ranked=ranked)
         self.stop = None
+        self.smoke = False  # a script's smoke run: reaching its limit is a pass
         self.exited_at = None
         self.exited_monotonic = None
         self.last_tick = 0.0
@@ -484,7 +485,11 @@ class RunningJob:
         grace period before, and the meter is never run past the limit."""
         if self.limit_at is None or self.stop is not None:
             return
-        if now >= self.limit_at - timedelta(seconds=grace):
+        if now >= self.limit_at - timedelta(seconds=grace) and self.smoke:
+            # A script's smoke run passes if it has not failed in its time: it ends succeeded.
+            message = f"the smoke run's time is up ({settings.E31_SMOKE_MINUTES:g} minutes at most) and it has not failed: it passes; stopping it"
+            self.request_stop(Allocation.LIMIT, states.SUCCEEDED, message, release_at=self.limit_at)
+        elif now >= self.limit_at - timedelta(seconds=grace):
             what = "span" if self.job.span_hours is not None else "ceiling"
             self.request_stop(
                 Allocation.LIMIT, states.STOPPED, f"the job's {what} is reached: stopping it", release_at=self.limit_at
@@ -1016,6 +1021,7 @@ class Runner:
         sandbox = None
         try:
             linked = self.stage(job, dirs)
+            is_smoke = self.cut_for_smoke(job, dirs)
             restored = checkpoints.restore(job, dirs.checkpoints)
             if restored is not None:
                 at = f" (step {restored.step})" if restored.step is not None else ""
@@ -1038,8 +1044,11 @@ class Runner:
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
                 config=job.config, restart=job.restarts, python=python, hyperparameters=job.hyperparameters, processes=processes,
+                precision=job.precision,
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
+            if is_smoke:
+                env["E31_SMOKE"] = "1"
             if torchrun:
                 env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
             if not self.isolation.enabled:
@@ -1089,6 +1098,7 @@ class Runner:
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
         running.env_key = env_key
+        running.smoke = is_smoke
         self.running[allocation.pk] = running
         return running
 
@@ -1178,6 +1188,18 @@ class Runner:
                 self.cache.link_into(item.sha256, dirs.root / item.dest)
                 linked.add(item.sha256)
         return linked
+
+    @staticmethod
+    def cut_for_smoke(job, dirs):
+        """A script's smoke run sees a sample of its staged inputs (scheduler/smoke.py), said in
+        its log; True for one, False for any other job (a recipe cuts its own data)."""
+        if job.recipe or not lineage.is_smoke_run(job):
+            return False
+        sample = smoke.cut(dirs.root, [item.dest for item in job_manifest(job)], seed=job.pk)
+        minutes = f"{settings.E31_SMOKE_MINUTES:g}"
+        text = f"smoke run: a sample of its data ({smoke.describe(sample)}), E31_SMOKE=1, at most {minutes} minutes; it passes if it has not failed by then"
+        job.record("notice", data={"text": text})
+        return True
 
     # Staging --------------------------------------------------------------------------------------
 

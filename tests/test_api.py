@@ -281,3 +281,16 @@ def test_an_archive_s_requirements_txt_is_read_through_the_api_too(api):
     response = submit(api, {"gpus": 1, "span_hours": 1, "entrypoint": "train.py", "packages": ["einops==0.8.0"]}, code=buffer.getvalue(), code_name="work.zip")
     assert response.status_code == 201, response.json()
     assert response.json()["packages"] == ["einops==0.8.0", "scipy"]
+
+
+def test_precision_is_taken_and_shown_and_a_bad_one_is_a_400_naming_the_choices(api):
+    response = submit(api, {"gpus": 1, "span_hours": 1, "precision": "fp16"})
+    assert response.status_code == 201, response.json()
+    assert response.json()["precision"] == "fp16" and Job.objects.get(pk=response.json()["id"]).precision == "fp16"
+    assert submit(api, {"gpus": 1, "span_hours": 1}).json()["precision"] == ""  # not chosen: the default
+    for bad in ("fp8", "BF16", 16):
+        response = submit(api, {"gpus": 1, "span_hours": 1, "precision": bad})
+        assert response.status_code == 400, response.json()
+        [message] = response.json()["errors"]["precision"]
+        assert f"{bad} is not a precision: choose fp32, bf16 or fp16" in message
+    assert Job.objects.count() == 2

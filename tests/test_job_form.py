@@ -354,3 +354,36 @@ def test_a_retraining_brings_the_same_packages(client_a, alice):
     Artifact.objects.create(job=job, name="model.pt", key="k", size=1, sha256="0" * 64)
     job.refresh_from_db()
     assert lineage.retrain(job, alice).packages == "einops==0.8.0"
+
+
+def test_the_form_shows_the_precision_with_the_work_and_keeps_the_choice(client_a):
+    page = client_a.get(URL).content.decode()
+    assert '<select name="precision"' in page and '<option value="fp16">fp16: float16 autocast with loss scaling on GPUs</option>' in page
+    assert "A script reads the choice from $E31_PRECISION" in page
+    response = post(client_a, code=script(), data=data_file(), precision="bf16", name="bf16")
+    assert response.status_code == 302, errors_of(response)
+    post(client_a, code=script(), data=data_file(), name="default")
+    assert dict(Job.objects.values_list("name", "precision")) == {"bf16": "bf16", "default": ""}
+    page = client_a.get(reverse("jobs:detail", args=[Job.objects.get(name="bf16").pk])).content.decode()
+    assert '<dt>Precision</dt><dd id="job-precision">bf16: bfloat16 autocast on GPUs</dd>' in page
+    page = client_a.get(reverse("jobs:detail", args=[Job.objects.get(name="default").pk])).content.decode()
+    assert '<dd id="job-precision">Default (the recipes: bf16 on GPUs, fp32 on the CPU)</dd>' in page
+
+
+def test_a_precision_that_is_not_one_is_refused_next_to_its_field(client_a):
+    response = post(client_a, code=script(), data=data_file(), precision="fp8")
+    assert response.status_code == 200 and not Job.objects.exists()
+    assert errors_of(response)["precision"] == ["fp8 is not a precision: choose fp32, bf16 or fp16 (or leave it blank for the default)."]
+
+
+def test_a_retraining_and_a_smoke_run_keep_the_precision(client_a, alice):
+    from jobs import lineage, states
+    from jobs.models import Artifact
+
+    post(client_a, recipe="classifier", data=data_file(), precision="fp16", smoke_first="on")
+    job = Job.objects.get(smoke_run__isnull=False)
+    assert job.precision == job.smoke_run.precision == "fp16"
+    Job.objects.filter(pk=job.pk).update(state=states.SUCCEEDED)
+    Artifact.objects.create(job=job, name="model.safetensors", key="k", size=1, sha256="0" * 64)
+    job.refresh_from_db()
+    assert lineage.retrain(job, alice).precision == "fp16"

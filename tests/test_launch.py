@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.launch import JobDirs, build_environment, command_for
+from scheduler.launch import JobDirs, build_environment, command_for, refused_env_name
 
 
 def test_the_job_environment_is_built_from_scratch(monkeypatch, tmp_path):
@@ -33,6 +33,18 @@ def test_gpu_nodes_show_the_job_only_its_devices(tmp_path):
 def test_declared_env_cannot_replace_the_network_s_variables(tmp_path):
     env = build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="cpu", declared={"E31_JOB_ID": "x", "PATH": "/evil"})
     assert env["E31_JOB_ID"] == "j" and "/evil" not in env["PATH"]
+
+
+def test_the_job_s_precision_is_in_its_environment_and_the_job_cannot_set_it(tmp_path):
+    env = build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="cpu", declared={}, precision="bf16")
+    assert env["E31_PRECISION"] == "bf16"
+    assert build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="cpu", declared={})["E31_PRECISION"] == ""
+    declared = {"E31_PRECISION": "fp32", "MINE": "$E31_PRECISION"}
+    env = build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="NVIDIA H100", declared=declared, precision="fp16")
+    assert env["E31_PRECISION"] == "fp16" and env["MINE"] == "fp16"
+    assert refused_env_name("E31_PRECISION") == (
+        "E31_PRECISION is set by the network (to the job's precision: fp32, bf16, fp16, or empty for the default) and cannot be overridden"
+    )
 
 
 def test_commands():

@@ -187,14 +187,12 @@ def test_a_failed_smoke_run_fails_its_job_before_it_costs_anything(client_a, ali
     job.refresh_from_db()
     assert job.state == "failed" and job.reason == f"its smoke run {job.smoke_run.short_id} failed: exit code 1"
     assert not job.allocations.exists()
-    # Cancelling a job cancels its smoke run too; a script job cannot have one.
+    # Cancelling a job cancels its smoke run too (a script's smoke runs: tests/test_smoke_scripts.py).
     post(client_a, recipe="classifier", data=data_file(), smoke_first="on", name="other")
     other = Job.objects.get(name="other")
     other.request_cancel()
     lineage.settle_smoke_runs()
     assert Job.objects.get(pk=other.smoke_run_id).state == "cancelled"
-    response = post(client_a, code=SimpleUploadedFile("train.py", b"print(1)\n"), data=data_file(), smoke_first="on")
-    assert "needs a built-in recipe" in errors_of(response)["smoke_first"][0]
 
 
 # The API's retrain and compare -----------------------------------------------------------------------

@@ -16,8 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from e31.recipes import RECIPES, validate
-from e31.recipes import common
+from e31.recipes import RECIPES, common, validate
 from e31.recipes.classifier import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,11 +27,12 @@ pytestmark = pytest.mark.nodb  # plain processes and tensors: run once, with the
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def run_recipe(recipe, folder, config, *, data, models=None, check=True, stop_file=False):
-    """Run python -m e31.recipes.<recipe> with a job's environment rooted at folder."""
+def run_recipe(recipe, folder, config, *, data, models=None, check=True, stop_file=False, env=None):
+    """Run python -m e31.recipes.<recipe> with a job's environment rooted at folder (and env's variables)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("E31_", "SM_")) and k not in ("RANK", "WORLD_SIZE")}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -48,6 +48,7 @@ def run_recipe(recipe, folder, config, *, data, models=None, check=True, stop_fi
     )
     if models is not None:
         env["E31_MODEL_DIR"] = str(models)
+    env.update(extra)
     if stop_file:
         (folder / "stop").write_text(json.dumps({"reason": "preempted", "deadline": 0}))
     else:
@@ -300,6 +301,25 @@ def test_an_interrupted_run_resumes_to_identical_weights(tmp_path, tabular, trai
     uninterrupted = load_file(str(trained / "out" / "model.safetensors"))
     assert all(torch.equal(ours[k], uninterrupted[k]) for k in uninterrupted)
     assert final_metrics(tmp_path) == final_metrics(trained)
+
+
+def test_bf16_on_the_cpu_is_a_no_op_said_once_and_trains_as_fp32_does(tmp_path, tabular, trained):
+    result = run_recipe("classifier", tmp_path, CLASSIFIER, data=tabular, env={"E31_PRECISION": "bf16"})
+    assert result.stdout.count("precision bf16 asked: a no-op on the CPU, running fp32") == 1
+    ours = load_file(str(tmp_path / "out" / "model.safetensors"))
+    fp32 = load_file(str(trained / "out" / "model.safetensors"))
+    assert all(torch.equal(ours[k], fp32[k]) for k in fp32)
+    assert final_metrics(tmp_path) == final_metrics(trained)
+
+
+def test_fp32_and_the_default_say_nothing_of_precision_and_a_bad_one_fails_at_once(tmp_path, tabular):
+    for value in ("fp32", ""):
+        result = run_recipe("classifier", tmp_path / (value or "default"), {**CLASSIFIER, "smoke": True}, data=tabular, env={"E31_PRECISION": value})
+        assert "precision" not in result.stdout
+    bad = run_recipe("classifier", tmp_path / "bad", CLASSIFIER, data=tabular, env={"E31_PRECISION": "fp8"}, check=False)
+    assert bad.returncode == 1
+    assert "error: $E31_PRECISION: 'fp8' is not a precision: choose fp32, bf16 or fp16" in bad.stderr
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()  # refused before a step ran
 
 
 # -- charlm -----------------------------------------------------------------------------------

@@ -77,3 +77,13 @@ def test_a_bad_spec_leaves_the_form_empty_and_names_the_line(signed_in):
     page = response.content.decode()
     assert 'id="spec-errors"' in page and "mine.yaml line 3: unknown field" in page and "did you mean" in page
     assert not response.context["form"].initial
+
+
+def test_a_job_s_precision_goes_into_its_spec_and_comes_back_on_the_form(signed_in, alice):
+    job = make_job(alice, name="halved", precision="fp16")
+    spec = yaml.safe_load(signed_in.get(reverse("jobs:spec", args=[job.pk])).content)
+    assert spec["work"] == {"code": "train.py", "entrypoint": "train.py", "precision": "fp16"}
+    assert "precision" not in yaml.safe_load(signed_in.get(reverse("jobs:spec", args=[make_job(alice).pk])).content)["work"]
+    response = signed_in.post(reverse("jobs:new"), {"spec_file": spec_upload(yaml.safe_dump(spec))})
+    assert response.context["form"].initial["precision"] == "fp16"
+    assert '<option value="fp16" selected>' in response.content.decode()

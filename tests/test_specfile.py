@@ -108,3 +108,12 @@ def test_a_dumped_spec_with_packages_reads_back_the_same():
 def test_the_flat_layout_takes_packages_too():
     spec = specfile.read('{"gpus": 1, "packages": ["numpy"]}', "job.json")
     assert spec.fields == {"gpus": 1, "packages": ["numpy"]}
+
+
+def test_the_precision_is_part_of_the_work_and_reads_back_from_a_dump():
+    spec = specfile.read("work:\n  recipe: charlm\n  precision: bf16\nrequest: {gpus: 1, span_hours: 1}\n", "job.yaml")
+    assert spec.fields["precision"] == "bf16" and spec.lines["precision"] == 3
+    assert spec.message("precision", "Not one.") == "job.yaml line 3: work.precision: Not one."
+    dumped = {"name": "n", "kind": "train", "work": {"recipe": "charlm", "precision": "fp16"}, "request": {"gpus": 1, "span_hours": 1}}
+    assert specfile.read(specfile.dump(dumped), "n.yaml").fields["precision"] == "fp16"
+    assert specfile.read('{"gpus": 1, "precision": "fp32"}', "job.json").fields == {"gpus": 1, "precision": "fp32"}

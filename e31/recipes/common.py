@@ -5,6 +5,8 @@ E31_MODEL_DIR   models the network staged for the job. In train mode, start/ (wh
                 the model to fine-tune; in evaluate mode every subfolder is a model to score.
                 A model folder holds model.safetensors (or a torch state dict *.pt / *.pth)
                 and recipe.json, written by an earlier run of the same recipe.
+E31_PRECISION   fp32, bf16 or fp16 (unset: bf16 on CUDA): autocast on CUDA, fp16 with loss
+                scaling; on the CPU the recipes run fp32 whatever it says, and the log says so.
 What a training run writes to $E31_OUTPUT_DIR: model.safetensors (plain weights; LoRA adapters
 merged in), recipe.json (architecture and data description), adapters.safetensors (LoRA only)
 and metrics.json (the final evaluation); when early stopping went back to better weights, the
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 import e31
-from e31.recipes import validate
+from e31.recipes import precision, validate
 
 FORMAT = 1
 SMOKE_STEPS = 5
@@ -91,11 +93,22 @@ def pick_device(local_rank=0):
     return torch.device("cpu")
 
 
+def precision_plan(device):
+    """The job's precision ($E31_PRECISION: fp32, bf16, fp16; unset: bf16 on CUDA) on device,
+    as precision.plan() decides it."""
+    try:
+        return precision.plan(os.environ.get("E31_PRECISION", "").strip(), device.type)
+    except ValueError as error:
+        fail(f"$E31_PRECISION: {error}")
+
+
 def autocast(device):
-    """bf16 autocast on CUDA; nothing on the CPU (float32 there keeps runs reproducible)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """Autocast as the job's precision asks on CUDA; nothing on the CPU (float32 there keeps
+    runs reproducible)."""
+    dtype = precision_plan(device).autocast
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
 
 
 class Dist:
@@ -440,6 +453,9 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     wrapped = dist.wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
+    # fp16 scales the loss so small gradients survive; off, the scaler passes everything through.
+    # Under FSDP2 the gradients are DTensors, whose inf check is reduced across the processes.
+    scaler = torch.amp.GradScaler(dist.device.type, enabled=precision_plan(dist.device).scaler)
     patience, max_steps = config["patience"], config["max_steps"]
 
     # e31.checkpoint and e31.resume see the whole (unsharded) state, so an FSDP run's checkpoint
@@ -457,6 +473,8 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     best_state = extra.get("best_state")
     last = extra.get("last_metrics")
     bests = extra.get("bests", {})  # {name: (step, value)}: each validation metric's best, checkpointed there
+    if extra.get("scaler") and scaler.is_enabled():
+        scaler.load_state_dict(extra["scaler"])
     improved = False
     if state is not None:
         print(f"resumed from {state.path.name} at step {step}", flush=True)
@@ -468,7 +486,8 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         improved = _improved(bests, 0, last)  # checkpointed below: a fine-tuning that only gets worse returns its start
     if improved:
         _checkpoint(
-            0, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests
+            0, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests,
+            scaler=scaler.state_dict(),
         )
 
     stopping = early = False
@@ -478,9 +497,11 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         optimizer.zero_grad(set_to_none=True)
         with autocast(dist.device):
             loss = train_loss(wrapped, step)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
+        scaler.step(optimizer)  # skipped (and the scale lowered) when fp16 gradients overflowed
+        scaler.update()
         values = {"loss": loss.item()}
         improved = False
         if step % config["eval_every"] == 0 or step == max_steps:
@@ -498,7 +519,8 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         every = config["checkpoint_every"] or None
         if stopping or improved or (every and e31.checkpoint_due(step, every_steps=every)):
             _checkpoint(
-                step, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests
+                step, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests,
+                scaler=scaler.state_dict(),
             )
         if stopping:
             if step < max_steps and not early:
@@ -650,6 +672,11 @@ def main(recipe_name, train, evaluate_staged):
     (in the process group torchrun set up, when it did)."""
     e31.should_stop()  # installs the SIGTERM handler now, so a stop while data loads is answered
     config = load_config(recipe_name)
+    # Checked (a bad $E31_PRECISION ends the run here, before data loads) and, when what runs is
+    # not what was asked, said once.
+    note = precision_plan(pick_device()).note
+    if note and int(os.environ.get("RANK", "0") or 0) == 0:
+        print(note, flush=True)
     torch.manual_seed(config["seed"])
     if config["mode"] == "evaluate":
         evaluate_staged(config)
