@@ -41,6 +41,7 @@ SPEC_FIELDS = {
     "env",
     "workdir",
     "processes",
+    "inputs",
     "precision",
     "packages",
     "train_dataset",
@@ -89,7 +90,8 @@ def spec_to_form_data(spec, team):
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
     structured = {
-        "args": (list, str), "config": (dict, str), "hyperparameters": (dict, str), "env": (dict, str), "packages": (list, str),
+        "args": (list, str), "config": (dict, str), "hyperparameters": (dict, str), "inputs": (dict, str), "env": (dict, str),
+        "packages": (list, str),
         "evaluate_jobs": (list,),
     }
     for field, value in spec.items():
@@ -107,7 +109,7 @@ def spec_to_form_data(spec, team):
         data[field] = "on" if data.get(field) else ""
     if isinstance(data.get("args"), list):
         data["args"] = shlex.join(str(a) for a in data["args"])
-    for field in ("config", "hyperparameters"):
+    for field in ("config", "hyperparameters", "inputs"):
         if isinstance(data.get(field), dict):
             data[field] = json.dumps(data[field])
     if isinstance(data.get("env"), dict):
@@ -197,6 +199,7 @@ def job_json(job, request):
         # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
         "train_dataset": job.train_label or None,
         "heldout_dataset": job.heldout_label or None,
+        "inputs": {i.name: i.label for i in job.inputs.all()},
         "staging": staging.progress() if (staging := job.shown_staging()) else None,
         "gpus": job.gpus,
         "gpu_type": job.gpu_type,
@@ -362,7 +365,7 @@ def jobs(request):
 
 
 def filtered_jobs(request, team):
-    queryset = Job.objects.filter(team=team).order_by("-created_at").prefetch_related("allocations", "models")
+    queryset = Job.objects.filter(team=team).order_by("-created_at").prefetch_related("allocations", "models", "inputs")
     params = request.query_params
     if params.get("state"):
         if params["state"] not in dict(states.CHOICES):

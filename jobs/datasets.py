@@ -21,7 +21,14 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from e31web.secrets_box import seal
-from e31web.storage import CHUNK, NotFound, StorageError, blob_key, get_storage, s3_open_range
+from e31web.storage import (
+    CHUNK,
+    NotFound,
+    StorageError,
+    blob_key,
+    get_storage,
+    s3_open_range,
+)
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
 log = logging.getLogger(__name__)
@@ -643,7 +650,8 @@ def delete_dataset(dataset):
             raise DatasetError(f"{dataset.name} is already deleted")
         # The versions locked first: a job pinning one of them now waits for this to end.
         version_ids = list(DatasetVersion.objects.select_for_update().filter(dataset=dataset).values_list("pk", flat=True))
-        pinning = Job.objects.filter(state__in=states.ACTIVE).filter(Q(train_version__in=version_ids) | Q(heldout_version__in=version_ids))
+        pinned = Q(train_version__in=version_ids) | Q(heldout_version__in=version_ids) | Q(inputs__version__in=version_ids)
+        pinning = Job.objects.filter(state__in=states.ACTIVE).filter(pinned).distinct()
         reason = in_use_refusal(dataset.name, [(job.name, job.short_id, job.state) for job in pinning.order_by("created_at")])
         if reason:
             raise DatasetInUse(reason)

@@ -19,8 +19,8 @@ from billing import meter
 from billing.models import NoRateInForce, Rate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
 from e31web.storage import get_storage
-from jobs import archive, folders, lineage, packages, spec, states, windows
-from jobs.models import Dataset, DatasetVersion, Job, Upload
+from jobs import archive, datasets, folders, lineage, packages, spec, states, windows
+from jobs.models import Dataset, DatasetVersion, Job, JobInput, Upload
 from scheduler import launch
 from scheduler.models import Node
 
@@ -342,6 +342,12 @@ class JobForm(RequestForm):
     heldout_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    inputs = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "placeholder": "training: digits\ntesting: digits-heldout@1"}),
+        label="Named inputs",
+        help_text="More data, each from a dataset, one a line as name: dataset (or dataset@2): each lands in $E31_DATA_DIR/<name> "
+        "and is SM_CHANNEL_<NAME>, as SageMaker's channels are.",
+    )
 
     # Models: where a fine-tuning starts, what an evaluation scores
     start_job = forms.ModelChoiceField(
@@ -396,9 +402,9 @@ class JobForm(RequestForm):
         super().__init__(*args, **kwargs)
         self.team = team
         self.upload_errors = upload_errors or {}
-        datasets = Dataset.objects.filter(team=team, versions__state=DatasetVersion.READY).distinct()
-        self.fields["train_dataset"].queryset = datasets
-        self.fields["heldout_dataset"].queryset = datasets
+        ready = Dataset.objects.filter(team=team, versions__state=DatasetVersion.READY).distinct()
+        self.fields["train_dataset"].queryset = ready
+        self.fields["heldout_dataset"].queryset = ready
         versions = DatasetVersion.objects.filter(dataset__team=team, state=DatasetVersion.READY)
         self.fields["train_version"].queryset = versions
         self.fields["heldout_version"].queryset = versions
@@ -471,6 +477,21 @@ class JobForm(RequestForm):
             return spec.parse_env(self.cleaned_data["env"], self.cleaned_data.get("hyperparameters") or {})
         except spec.SpecError as error:
             raise forms.ValidationError(str(error)) from None
+
+    def clean_inputs(self):
+        try:
+            refs = spec.parse_inputs(self.cleaned_data["inputs"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+        versions, problems = {}, []
+        for name, ref in refs.items():
+            try:
+                versions[name] = datasets.resolve(self.team, ref)
+            except datasets.DatasetError as error:
+                problems.append(f"input {name}: {error}.")
+        if problems:
+            raise forms.ValidationError(problems)
+        return versions
 
     def clean_packages(self):
         try:
@@ -599,6 +620,15 @@ class JobForm(RequestForm):
             self.add_error("start_job" if label == "start" else "evaluate_jobs", str(error))
 
     def _clean_data(self, cleaned):
+        # train and heldout among the named inputs are the training and held-out sets.
+        inputs = cleaned.get("inputs") or {}
+        for name, dataset_field, version_field in (("train", "train_dataset", "train_version"), ("heldout", "heldout_dataset", "heldout_version")):
+            if name in inputs:
+                if cleaned.get(dataset_field) is not None:
+                    self.add_error("inputs", f"The input {name} is the {dataset_field.replace('_', ' ')}: give it once.")
+                else:
+                    cleaned[dataset_field], cleaned[version_field] = inputs[name].dataset, inputs[name]
+        cleaned["inputs"] = {name: version for name, version in inputs.items() if name not in ("train", "heldout")}
         # A pinned version (the API's "name@2") must be of the dataset named; else the latest.
         for dataset_field, version_field in (("train_dataset", "train_version"), ("heldout_dataset", "heldout_version")):
             dataset, version = cleaned.get(dataset_field), cleaned.get(version_field)
@@ -614,8 +644,9 @@ class JobForm(RequestForm):
         evaluating = cleaned.get("kind") == Job.KIND_EVALUATE
         if evaluating and not cleaned.get("kept_heldout") and not cleaned.get("heldout_dataset") and "heldout" not in self.errors:
             self.add_error("heldout", "An evaluation scores the models on held-out data: upload files or choose a dataset.")
-        if not evaluating and not cleaned.get("kept_data") and not cleaned.get("train_dataset") and "data" not in self.errors:
-            self.add_error("data", "Give the training set: upload files or choose a dataset.")
+        given = cleaned.get("kept_data") or cleaned.get("train_dataset") or cleaned.get("inputs")
+        if not evaluating and not given and "data" not in self.errors and "inputs" not in self.errors:
+            self.add_error("data", "Give the training set: upload files or choose a dataset (or name the inputs the job reads).")
 
     def _clean_window(self, cleaned):
         not_before, deadline = cleaned.get("not_before"), cleaned.get("deadline")
@@ -635,9 +666,12 @@ class JobForm(RequestForm):
             self.add_error("args", "With a command, write the arguments in it.")
         if command and (cleaned.get("processes") or 1) > 1:
             self.add_error("processes", "A command runs once: start torchrun in it yourself for several processes.")
-        hyperparameters = cleaned.get("hyperparameters") or {}
-        known = launch.known_variables(cleaned.get("env") or {}, hyperparameters)
-        network = launch.known_variables((), hyperparameters)  # what an environment value may name
+        hyperparameters, inputs = cleaned.get("hyperparameters") or {}, list(cleaned.get("inputs") or {})
+        known = launch.known_variables(cleaned.get("env") or {}, hyperparameters, inputs)
+        network = launch.known_variables((), hyperparameters, inputs)  # what an environment value may name
+        for name in cleaned.get("env") or {}:
+            if (reason := launch.refused_env_name(name, hyperparameters, inputs)) and "env" not in self.errors:
+                self.add_error("env", reason)
         checks = (("args", cleaned.get("args") or [], known), ("command", [command], known), ("env", (cleaned.get("env") or {}).values(), network))
         for field, texts, names in checks:
             try:
@@ -704,6 +738,9 @@ class JobForm(RequestForm):
             network=bool(cleaned.get("network")),
             idle_minutes=cleaned["idle_minutes"],
             stop_if_idle=bool(cleaned.get("stop_if_idle")),
+        )
+        JobInput.objects.bulk_create(
+            [JobInput(job=job, name=name, version=version, label=version.label) for name, version in (cleaned.get("inputs") or {}).items()]
         )
         uploads = [*([cleaned["kept_code"]] if cleaned.get("kept_code") else []), *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
         uploads += cleaned.get("kept_model") or []

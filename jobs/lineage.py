@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models, transaction
 
 from jobs import states
-from jobs.models import DatasetFile, DatasetVersion, Job, JobModel, Upload
+from jobs.models import DatasetFile, DatasetVersion, Job, JobInput, JobModel, Upload
 
 # What of a job's output is its model: the files at the top of its output folder (weights, and
 # the recipe.json that describes them); other outputs (SageMaker's data/ folder, a checkpoint
@@ -64,7 +64,9 @@ def copy_job(job, user, **changes):
     }
     fields.update(name=job.name, kind=job.kind, parent=job, created_by=user)
     fields.update(changes)
-    return Job.objects.create(**fields)
+    new = Job.objects.create(**fields)
+    JobInput.objects.bulk_create([JobInput(job=new, name=i.name, version=i.version, label=i.label) for i in job.inputs.all()])
+    return new
 
 
 def share_uploads(source, target, roles):
@@ -98,7 +100,8 @@ def extend_version(version, uploads):
 
 def deleted_data(job):
     """The dataset versions the job used that are gone (their dataset was deleted), as labels."""
-    return [label for label, version in ((job.train_label, job.train_version), (job.heldout_label, job.heldout_version)) if label and version is None]
+    pinned = [(job.train_label, job.train_version), (job.heldout_label, job.heldout_version), *((i.label, i.version) for i in job.inputs.all())]
+    return [label for label, version in pinned if label and version is None]
 
 
 @transaction.atomic

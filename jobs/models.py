@@ -581,6 +581,24 @@ class Artifact(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_name_unique")]
 
 
+class JobInput(models.Model):
+    """A named input of a job besides its training and held-out sets (SageMaker's channels): a
+    dataset version staged into $E31_DATA_DIR/<name> and announced as SM_CHANNEL_<NAME>. The
+    label (NAME@N) stays when the dataset is deleted later (the version becomes None)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="inputs")
+    name = models.CharField(max_length=64)
+    version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    label = models.CharField(max_length=300)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="job_input_name_unique")]
+
+    def __str__(self):
+        return f"{self.name}: {self.label}"
+
+
 class JobModel(models.Model):
     """A model a job starts from (a fine-tuning's "start") or scores (an evaluation's models).
 

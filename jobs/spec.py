@@ -102,3 +102,26 @@ def check_variables(texts, known):
 
 def format_env(env):
     return "\n".join(f"{name}={value}" for name, value in env.items())
+
+
+def parse_inputs(text):
+    """Named inputs (SageMaker's channels), given as a mapping (JSON or YAML text, or a dict) of
+    name to the dataset that fills it: "digits", "digits@2", or {dataset: "digits@2"}. Returns
+    {name: dataset reference}; SpecError for a bad name or value."""
+    if isinstance(text, dict):
+        value = text
+    else:
+        try:
+            value = parse_config(text)
+        except SpecError as error:
+            raise SpecError(str(error).replace("the config", "the inputs", 1)) from None
+    found = {}
+    for name, ref in value.items():
+        if problem := launch.input_name_problem(name, value):
+            raise SpecError(f"input {problem}")
+        if isinstance(ref, dict) and set(ref) == {"dataset"}:
+            ref = ref["dataset"]
+        if not isinstance(ref, str) or not ref.strip():
+            raise SpecError(f"input {name}: name the dataset that fills it (digits, or digits@2 for its version 2)")
+        found[name] = ref.strip()
+    return found

@@ -34,7 +34,7 @@ PARTS = {
     },
     "data": {
         "train": "train_dataset", "heldout": "heldout_dataset", "train_files": None, "heldout_files": None,
-        "start_job": "start_job", "base_model": None, "evaluate_jobs": "evaluate_jobs",
+        "start_job": "start_job", "base_model": None, "evaluate_jobs": "evaluate_jobs", "inputs": "inputs",
     },
     "request": {
         name: name
@@ -456,6 +456,8 @@ def job_spec(job, now=None):
         data["heldout"] = job.heldout_label
     if named(Upload.HELDOUT):
         data["heldout_files"] = named(Upload.HELDOUT)
+    if inputs := {i.name: i.label for i in job.inputs.all()}:
+        data["inputs"] = inputs
     models = list(job.models.all())
     sources = [str(m.source_job_id) for m in models if m.source_job_id]
     uploaded = [f["name"] for m in models if not m.source_job_id for f in m.files]

@@ -54,19 +54,20 @@ def env_key(name):
     return "".join(c if c.isalnum() else "_" for c in str(name)).upper()
 
 
-def network_env_names(hyperparameters=()):
-    """{name: what the network sets it to} for a job with these hyperparameters (names)."""
+def network_env_names(hyperparameters=(), inputs=()):
+    """{name: what the network sets it to} for a job with these hyperparameters and named
+    inputs (names)."""
     names = dict(NETWORK_ENV)
-    for channel in CHANNELS:
+    for channel in (*CHANNELS, *inputs):
         names[f"SM_CHANNEL_{env_key(channel)}"] = f"the {channel} channel's folder ($E31_DATA_DIR/{channel})" if channel != "model" else "the models folder ($E31_MODEL_DIR)"
     for name in hyperparameters:
         names[f"SM_HP_{env_key(name)}"] = f"the hyperparameter {name}"
     return names
 
 
-def refused_env_name(name, hyperparameters=()):
+def refused_env_name(name, hyperparameters=(), inputs=()):
     """Why a job may not set the variable name (None when it may): the network sets it."""
-    what = {**E31_ENV, **network_env_names(hyperparameters)}.get(name)
+    what = {**E31_ENV, **network_env_names(hyperparameters, inputs)}.get(name)
     if what is None and name.startswith(NETWORK_PREFIX):
         return f"{name} is kept for the network (every E31_ name is) and cannot be set by the job"
     if what is not None:
@@ -74,9 +75,25 @@ def refused_env_name(name, hyperparameters=()):
     return None
 
 
-def known_variables(declared=(), hyperparameters=()):
+def known_variables(declared=(), hyperparameters=(), inputs=()):
     """The names a job's arguments and environment values may use: the network's and its own."""
-    return {*E31_NAMES, *network_env_names(hyperparameters), *DEFAULT_ENV, "OMP_NUM_THREADS", *declared}
+    return {*E31_NAMES, *network_env_names(hyperparameters, inputs), *DEFAULT_ENV, "OMP_NUM_THREADS", *declared}
+
+
+INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def input_name_problem(name, taken=()):
+    """Why a named input cannot be called name (None when it can): it is a folder of the data
+    and a variable's name (SM_CHANNEL_<NAME>), which must not be another input's (taken)."""
+    if not isinstance(name, str) or not INPUT_NAME.match(name):
+        return f"{name!r}: an input's name is letters, digits, _ and - (starting with a letter or digit), at most 64"
+    if name.lower() == "model":
+        return "'model' is the models' channel ($E31_MODEL_DIR): name the input otherwise"
+    clash = [other for other in taken if other != name and env_key(other) == env_key(name)]
+    if clash:
+        return f"{name!r} and {clash[0]!r} would both be SM_CHANNEL_{env_key(name)}: rename one"
+    return None
 
 
 VARIABLE = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -209,7 +226,7 @@ class JobDirs:
 
 
 def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable,
-                      hyperparameters=None, processes=1, precision=""):
+                      hyperparameters=None, processes=1, precision="", inputs=()):
     """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
     same places, and what the job declares (its values may name the others: $E31_DATA_DIR).
     processes: how many processes share the devices (CPU slots: each gets its share as threads).
@@ -230,11 +247,11 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
         "E31_STOP_FILE": str(dirs.stop_file),
         "E31_RESTART": str(restart),
         "E31_PRECISION": precision or "",
-        **sagemaker_environment(dirs, devices, device_type, {**(config or {}), **(hyperparameters or {})}),
+        **sagemaker_environment(dirs, devices, device_type, {**(config or {}), **(hyperparameters or {})}, inputs),
     }
     network = dict(env)
     for name, value in declared.items():
-        if refused_env_name(name, hyperparameters or ()) is None:
+        if refused_env_name(name, hyperparameters or (), inputs) is None:
             try:
                 env[name] = expand(str(value), network)
             except UnknownVariable:
@@ -249,10 +266,10 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
     return env
 
 
-def sagemaker_environment(dirs, devices, device_type, config):
+def sagemaker_environment(dirs, devices, device_type, config, inputs=()):
     """The variables of SageMaker's training toolkit, pointing at the job's places, so that a
-    script written for SageMaker runs unchanged."""
-    channels = {name: dirs.model if name == "model" else dirs.data / name for name in CHANNELS}
+    script written for SageMaker runs unchanged. inputs: the job's named inputs' names."""
+    channels = {name: dirs.model if name == "model" else dirs.data / name for name in (*CHANNELS, *inputs)}
     hosts = ["algo-1"]
     env = {
         "SM_MODEL_DIR": str(dirs.output),

@@ -1044,7 +1044,7 @@ class Runner:
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
                 config=job.config, restart=job.restarts, python=python, hyperparameters=job.hyperparameters, processes=processes,
-                precision=job.precision,
+                precision=job.precision, inputs=[i.name for i in job.inputs.all()],
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if is_smoke:
@@ -1233,7 +1233,8 @@ class Runner:
             Staging.objects.filter(pk=pk).update(state=Staging.ABANDONED, finished_at=timezone.now(), error=self.LEFT_THE_QUEUE)
             return
         items = job_manifest(job)
-        datasets = {str(v.dataset_id): v.dataset for v in (job.train_version, job.heldout_version) if v is not None}
+        versions = (job.train_version, job.heldout_version, *(i.version for i in job.inputs.select_related("version__dataset")))
+        datasets = {str(v.dataset_id): v.dataset for v in versions if v is not None}
         throttle = Throttle(0.5)
         known = set(self.cache.sizes)
         gone = []  # the job left the queue: started on another node that staged it, or cancelled

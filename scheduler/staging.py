@@ -40,7 +40,8 @@ class StagingError(Exception):
 
 
 def job_manifest(job):
-    """Every file the job needs, from its uploads and the dataset versions it pinned."""
+    """Every file the job needs, from its uploads and the dataset versions it pinned (its
+    training and held-out sets, and its named inputs, each in data/<name>/)."""
     items = []
     for upload in job.uploads.all():
         if upload.role == "model":
@@ -50,7 +51,8 @@ def job_manifest(job):
     for model in job.models.all():
         for f in model.files:
             items.append(Item(f"model/{model.label}/{f['name']}", f["size"], f["sha256"], ("storage", f["key"]), "model"))
-    for role, version in (("train", job.train_version), ("heldout", job.heldout_version)):
+    named = [(i.name, i.version) for i in job.inputs.select_related("version__dataset")]
+    for role, version in (("train", job.train_version), ("heldout", job.heldout_version), *named):
         if version is None:
             continue
         dataset = version.dataset

@@ -1,0 +1,164 @@
+"""Named inputs, as SageMaker's channels: a job reads any number of datasets, each under a name
+it chooses, staged into $E31_DATA_DIR/<name> and announced as SM_CHANNEL_<NAME>, SM_CHANNELS
+listing them all. A SageMaker script that reads SM_CHANNEL_TRAINING and SM_CHANNEL_TESTING runs
+with no wrapper."""
+
+import io
+import json
+
+import pytest
+from django.urls import reverse
+
+from jobs import datasets, spec
+from jobs.models import Job, JobInput, Upload
+from scheduler import launch
+from scheduler.staging import job_manifest
+from tests.conftest import add_dataset, upload
+from tests.test_staging import run
+
+# Pure ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.nodb
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("../up", "letters, digits"), ("", "letters, digits"), ("a b", "letters, digits"), ("x" * 65, "at most 64"),
+        ("model", "the models' channel"), ("-x", "letters, digits"),
+    ],
+)
+def test_an_input_s_name_is_a_folder_and_a_variable(name, words):
+    assert words in launch.input_name_problem(name)
+
+
+@pytest.mark.nodb
+def test_two_names_that_would_be_one_variable_are_refused():
+    assert launch.input_name_problem("train-set", ["train-set", "train_set"]) == (
+        "'train-set' and 'train_set' would both be SM_CHANNEL_TRAIN_SET: rename one"
+    )
+    assert launch.input_name_problem("training", ["training", "testing"]) is None
+
+
+@pytest.mark.nodb
+def test_inputs_are_a_mapping_of_names_to_datasets():
+    assert spec.parse_inputs("training: digits\ntesting: {dataset: digits@2}") == {"training": "digits", "testing": "digits@2"}
+    with pytest.raises(spec.SpecError, match="input testing: name the dataset"):
+        spec.parse_inputs({"testing": 3})
+    with pytest.raises(spec.SpecError, match="must be a mapping"):
+        spec.parse_inputs("- a\n- b\n")
+
+
+@pytest.mark.nodb
+def test_each_input_is_a_channel_of_the_environment(tmp_path):
+    dirs = launch.JobDirs(tmp_path)
+    env = launch.build_environment(job_id="j", dirs=dirs, devices=[0], device_type="cpu", declared={}, inputs=["training", "testing"])
+    assert env["SM_CHANNEL_TRAINING"] == str(dirs.data / "training") and env["SM_CHANNEL_TESTING"] == str(dirs.data / "testing")
+    assert json.loads(env["SM_CHANNELS"]) == ["heldout", "model", "testing", "train", "training"]
+    assert json.loads(env["SM_TRAINING_ENV"])["channel_input_dirs"]["training"] == str(dirs.data / "training")
+    assert "SM_CHANNEL_TRAINING is set by the network" in launch.refused_env_name("SM_CHANNEL_TRAINING", inputs=["training"])
+    assert launch.refused_env_name("SM_CHANNEL_TRAINING") is None  # without such an input, the job's own to set
+
+
+# Through the API -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def api(client, token, rate):
+    client.defaults["HTTP_AUTHORIZATION"] = f"Token {token}"
+    return client
+
+
+@pytest.fixture
+def two(team_a):
+    return add_dataset(team_a, "mnist-train", {"a.csv": b"x\n1\n"}), add_dataset(team_a, "mnist-test", {"b.csv": b"x\n2\n"})
+
+
+def submit(api, fields):
+    code = io.BytesIO(b"print(1)\n")
+    code.name = "train.py"
+    return api.post(reverse("api:jobs"), {"spec": json.dumps({"gpus": 1, "span_hours": 1, "entrypoint": "train.py", **fields}), "code": code})
+
+
+@pytest.mark.django_db
+def test_a_job_names_its_inputs_and_needs_no_training_set(api, two):
+    response = submit(api, {"inputs": {"training": "mnist-train", "testing": "mnist-test@1"}, "env": {"X": "$SM_CHANNEL_TESTING"}})
+    assert response.status_code == 201, response.json()
+    assert response.json()["inputs"] == {"testing": "mnist-test@1", "training": "mnist-train@1"}
+    job = Job.objects.get()
+    assert {i.name: i.version for i in job.inputs.all()} == {"training": two[0].latest_version(), "testing": two[1].latest_version()}
+    assert sorted(item.dest for item in job_manifest(job) if item.role != "code") == ["data/testing/b.csv", "data/training/a.csv"]
+    exported = api.get(reverse("api:job-spec", args=[job.pk]) + "?format=json").json()
+    assert exported["data"]["inputs"] == {"testing": "mnist-test@1", "training": "mnist-train@1"}
+
+
+@pytest.mark.django_db
+def test_train_among_the_inputs_is_the_training_set(api, two):
+    assert submit(api, {"inputs": {"train": "mnist-train"}}).status_code == 201
+    job = Job.objects.get()
+    assert job.train_version == two[0].latest_version() and not job.inputs.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        ({"inputs": {"training": "nope"}}, "input training: no dataset 'nope' in your team"),
+        ({"inputs": {"model": "mnist-train"}}, "'model' is the models' channel"),
+        ({"inputs": {"a-b": "mnist-train", "a_b": "mnist-test"}}, "would both be SM_CHANNEL_A_B"),
+        ({"inputs": {"training": "mnist-train"}, "env": {"SM_CHANNEL_TRAINING": "/x"}}, "SM_CHANNEL_TRAINING is set by the network"),
+        ({"inputs": {"train": "mnist-train"}, "train_dataset": "mnist-test"}, "give it once"),
+    ],
+)
+def test_bad_inputs_are_a_400_with_the_reason(api, two, fields, words):
+    response = submit(api, fields)
+    assert response.status_code == 400
+    assert words in json.dumps(response.json()), response.json()
+
+
+@pytest.mark.django_db
+def test_a_dataset_a_queued_job_reads_as_an_input_cannot_be_deleted(api, two):
+    assert submit(api, {"inputs": {"training": "mnist-train"}}).status_code == 201
+    with pytest.raises(datasets.DatasetInUse):
+        datasets.delete_dataset(two[0])
+
+
+# A SageMaker script, unchanged ------------------------------------------------------------------
+
+SAGEMAKER = b"""
+import argparse, json, os, shutil
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=1)
+parser.add_argument("--model-dir", default=os.environ["SM_MODEL_DIR"])
+parser.add_argument("--train", default=os.environ["SM_CHANNEL_TRAINING"])
+parser.add_argument("--test", default=os.environ["SM_CHANNEL_TESTING"])
+args = parser.parse_args()
+rows = lambda folder: sum(len(open(os.path.join(folder, f)).read().split()) - 1 for f in os.listdir(folder))
+json.dump({"train": rows(args.train), "test": rows(args.test), "epochs": args.epochs, "channels": json.loads(os.environ["SM_CHANNELS"])},
+          open(os.path.join(args.model_dir, "summary.json"), "w"))
+shutil.copy(__file__, os.path.join(args.model_dir, "code.py"))
+"""
+
+
+@pytest.mark.runs_jobs
+@pytest.mark.timeout(180)
+@pytest.mark.django_db(transaction=True)
+def test_a_sagemaker_script_reads_its_channels_unchanged(make_runner, alice, rate, team_a):
+    runner = make_runner()
+    train = add_dataset(team_a, "mnist-train", {"a.csv": b"x\n1\n2\n3\n"})
+    test = add_dataset(team_a, "mnist-test", {"b.csv": b"x\n4\n"})
+    job = Job.objects.create(team=team_a, created_by=alice, name="sm", entrypoint="train.py", span_hours=1, gpus=1, hyperparameters={"epochs": 4})
+    for name, dataset in (("training", train), ("testing", test)):
+        version = dataset.latest_version()
+        JobInput.objects.create(job=job, name=name, version=version, label=version.label)
+    code = upload(team_a, alice, Upload.CODE, "train.py", SAGEMAKER)
+    code.job = job
+    code.save()
+    job.record("state", data={"state": "queued", "from": None, "reason": "submitted"})
+    job = run([runner], job)
+    assert job.state == "succeeded", job.reason
+    from e31web.storage import get_storage
+
+    with get_storage().open(job.artifacts.get(name="summary.json").key) as stream:
+        summary = json.loads(stream.read())
+    assert summary == {"train": 3, "test": 1, "epochs": 4, "channels": ["heldout", "model", "testing", "train", "training"]}
