@@ -562,7 +562,7 @@ def job_artifact(request, job_id, name):
 
 RETRAIN_FIELDS = {
     "name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline", "preemptible", "args",
-    "hyperparameters", "config",
+    "hyperparameters", "config", "inputs",
 }
 
 
@@ -592,7 +592,7 @@ def job_retrain(request, job_id):
         lineage.weights_of(job)
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
-    changed = {k: v for k, v in raw.items() if k in ("args", "hyperparameters", "config")}
+    changed = {k: v for k, v in raw.items() if k in ("args", "hyperparameters", "config", "inputs")}
     for field, value in changed.items():
         if field == "args" and isinstance(value, list):
             raw[field] = shlex.join(str(a) for a in value)
@@ -609,7 +609,7 @@ def job_retrain(request, job_id):
     try:
         new = lineage.retrain(
             job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
-            request=form.request_fields(), work=form.work_changes(),
+            request=form.request_fields(), work=form.work_changes(), inputs=form.cleaned_data.get("inputs"),
         )
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)

@@ -105,10 +105,11 @@ def deleted_data(job):
 
 
 @transaction.atomic
-def retrain(job, user, *, new_data=(), name="", request=None, work=None):
+def retrain(job, user, *, new_data=(), name="", request=None, work=None, inputs=None):
     """A fine-tuning of `job`'s weights with its work and request, on its old training data
     plus `new_data` (kept uploads). request: overrides of the request fields (gpus, span_hours,
-    ceiling_*, not_before, deadline, ...); work: of the work's (args, hyperparameters, config)."""
+    ceiling_*, not_before, deadline, ...); work: of the work's (args, hyperparameters, config);
+    inputs: {name: dataset version} read instead of the job's (train and heldout: its sets)."""
     weights = weights_of(job)
     gone = deleted_data(job)
     if gone:
@@ -118,10 +119,16 @@ def retrain(job, user, *, new_data=(), name="", request=None, work=None):
         )
     changes = {**(work or {}), **(request or {})}
     changes.update(name=name or f"{job.name} (retrained)", kind=Job.KIND_FINETUNE)
+    inputs = dict(inputs or {})
+    for input_name, field in (("train", "train_version"), ("heldout", "heldout_version")):
+        if input_name in inputs:
+            changes[field] = inputs.pop(input_name)
     new_data = list(new_data)
     if job.train_version is not None and new_data:
         changes["train_version"] = extend_version(job.train_version, new_data)
     new = copy_job(job, user, **changes)
+    for input_name, version in inputs.items():  # a named input replaced (or added)
+        JobInput.objects.update_or_create(job=new, name=input_name, defaults={"version": version, "label": version.label})
     share_uploads(job, new, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT])
     if job.train_version is None and new_data:
         Upload.objects.filter(pk__in=[u.pk for u in new_data]).update(job=new)

@@ -49,10 +49,14 @@ class RetrainForm(RequestForm):
         required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Hyperparameters", help_text="JSON or YAML, one level; each is passed as --name value.",
     )
     config = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="JSON or YAML; the job reads it from $E31_CONFIG.")
+    inputs = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}), label="Named inputs to replace",
+        help_text="name: dataset@N, one a line: that input reads this version instead (or is added). The others stay as they were.",
+    )
 
     def __init__(self, *args, team, job=None, upload_errors=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.job = job
+        self.job, self.team = job, team
         self.upload_errors = upload_errors or {}
         self.fields["kept_data"].queryset = Upload.objects.filter(team=team, job__isnull=True, role=Upload.TRAIN)
 
@@ -73,6 +77,23 @@ class RetrainForm(RequestForm):
             return spec.parse_config(self.cleaned_data["config"])
         except spec.SpecError as error:
             raise forms.ValidationError(str(error)) from None
+
+    def clean_inputs(self):
+        from jobs import datasets
+
+        try:
+            refs = spec.parse_inputs(self.cleaned_data["inputs"])
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+        versions, problems = {}, []
+        for name, ref in refs.items():
+            try:
+                versions[name] = datasets.resolve(self.team, ref)
+            except datasets.DatasetError as error:
+                problems.append(f"input {name}: {error}.")
+        if problems:
+            raise forms.ValidationError(problems)
+        return versions
 
     def work_changes(self):
         """The work as the retraining runs it: the job's arguments, hyperparameters and config,
@@ -161,7 +182,7 @@ def job_retrain(request, job_id):
             try:
                 new = lineage.retrain(
                     job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
-                    request=form.request_fields(), work=form.work_changes(),
+                    request=form.request_fields(), work=form.work_changes(), inputs=form.cleaned_data.get("inputs"),
                 )
             except lineage.LineageError as error:
                 form.add_error(None, str(error))

@@ -361,6 +361,27 @@ def test_retrain_sends_overrides_and_new_data(fake_server, tmp_path, capsys):
 
 
 @pytest.mark.nodb
+def test_retrain_changes_hyperparameters_config_and_inputs_keeping_the_rest(fake_server, capsys):
+    sent = {}
+    fake_server[("GET", f"/api/jobs/{JOB_ID}/")] = lambda request: httpx.Response(
+        200, json={"id": JOB_ID, "hyperparameters": {"lr": 0.1, "epochs": 3}, "config": {"mode": "train", "depth": 2}}
+    )
+
+    def retrain(request):
+        sent["spec"] = json.loads(dict(httpx.QueryParams(request.read().decode()))["spec"])
+        return httpx.Response(201, json={"id": JOB_ID, "name": "again", "state": "queued"})
+
+    fake_server[("POST", f"/api/jobs/{JOB_ID}/retrain/")] = retrain
+    argv = ["retrain", JOB_ID, "--hp", "lr=0.01", "--set", "depth=4", "--set", "note=fast run", "--input", "training=digits@2", "--args=--fast"]
+    assert commands.main(argv) == 0
+    assert sent["spec"] == {
+        "args": "--fast", "hyperparameters": {"lr": 0.01, "epochs": 3}, "config": {"depth": 4, "note": "fast run"},
+        "inputs": {"training": "digits@2"},
+    }
+    assert commands.main(["retrain", JOB_ID, "--hp", "nonsense"]) != 0
+
+
+@pytest.mark.nodb
 @pytest.mark.parametrize("shape", ["list", "paged", "named"])
 def test_invoices_in_any_shape_and_their_pdfs(fake_server, tmp_path, capsys, shape):
     invoice = {"id": JOB_ID, "number": "E31-2025-0001", "period": "2025-01", "kind": "invoice", "state": "issued", "total": "12.00", "currency": "EUR"}

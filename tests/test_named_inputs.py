@@ -162,3 +162,19 @@ def test_a_sagemaker_script_reads_its_channels_unchanged(make_runner, alice, rat
     with get_storage().open(job.artifacts.get(name="summary.json").key) as stream:
         summary = json.loads(stream.read())
     assert summary == {"train": 3, "test": 1, "epochs": 4, "channels": ["heldout", "model", "testing", "train", "training"]}
+
+
+@pytest.mark.django_db
+def test_a_retraining_replaces_one_named_input_and_keeps_the_others(api, two, monkeypatch):
+    from jobs import lineage
+
+    assert submit(api, {"inputs": {"training": "mnist-train", "testing": "mnist-test"}}).status_code == 201
+    job = Job.objects.get()
+    # As if it had finished with weights (tests/test_lineage.py runs the real thing).
+    monkeypatch.setattr(lineage, "weights_of", lambda job: [{"name": "model.pt", "size": 1, "sha256": "0" * 64, "key": "k"}])
+    body = {"spec": json.dumps({"inputs": {"training": "mnist-test@1"}, "name": "again"})}
+    response = api.post(reverse("api:job-retrain", args=[job.pk]), body)
+    assert response.status_code == 201, response.json()
+    assert response.json()["inputs"] == {"testing": "mnist-test@1", "training": "mnist-test@1"}
+    refused = api.post(reverse("api:job-retrain", args=[job.pk]), {"spec": json.dumps({"inputs": {"training": "nope"}})})
+    assert refused.status_code == 400 and "input training: no dataset 'nope'" in json.dumps(refused.json())

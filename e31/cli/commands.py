@@ -236,6 +236,8 @@ def cmd_retrain(args):
         overrides["preemptible"] = args.preemptible
     if args.args is not None:
         overrides["args"] = args.args
+    if args.input:
+        overrides["inputs"] = {name: str(ref) for name, ref in assignments(args.input, "--input").items()}
     hyperparameters, config = assignments(args.hp, "--hp"), assignments(args.set, "--set")
     paths = [Path(p) for p in args.add_data or []]
     for path in paths:
@@ -481,6 +483,7 @@ def build_parser():
     p.add_argument("--args", help="the script's arguments instead of the job's, as on a command line")
     p.add_argument("--hp", action="append", metavar="NAME=VALUE", help="change a hyperparameter (repeatable); the others stay")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="change a key of the config (repeatable); the others stay")
+    p.add_argument("--input", action="append", metavar="NAME=DATASET[@N]", help="read another dataset version as this named input (repeatable)")
     p.add_argument("-f", "--follow", action="store_true")
     p.set_defaults(func=cmd_retrain)
 
