@@ -131,7 +131,9 @@ class Job(s.Serializer):
     packages = s.ListField(child=s.CharField(), help_text="The Python packages the job brings: requirements, as in requirements.txt.")
     train_dataset = nullable_str(help_text="name@version")
     heldout_dataset = nullable_str(help_text="name@version")
-    inputs = s.DictField(child=s.CharField(), help_text="The named inputs: {name: name@version}, each in $E31_DATA_DIR/<name> (SM_CHANNEL_<NAME>).")
+    inputs = s.DictField(
+        child=s.JSONField(), help_text="The named inputs: {name: dataset@version, or the list of its files}, each in $E31_DATA_DIR/<name> (SM_CHANNEL_<NAME>)."
+    )
     gpus = s.IntegerField()
     gpu_type = s.CharField(allow_blank=True)
     mode = s.CharField()

@@ -22,7 +22,7 @@ from billing.meter import AMOUNT_PLACES, SECONDS_PER_HOUR
 from e31web.api import fields as body_fields
 from jobs import datasets, specfile, states
 from jobs.forms import JobForm, keep_uploads
-from jobs.models import Job
+from jobs.models import Job, Upload
 from jobs.spec import format_env
 from jobs.views import artifact_response, get_artifact, get_job, log_response
 
@@ -80,6 +80,15 @@ class SpecJSONParser(JSONParser):
             return specfile.parse_json(stream.read().decode(encoding), max_depth=specfile.MAX_DEPTH + 1)
         except (UnicodeDecodeError, specfile.ParseError) as error:
             raise ParseError(f"JSON parse error - {error}") from None
+
+
+def job_inputs(job):
+    """{name: its dataset version (NAME@N), or the list of its files} of a job's named inputs."""
+    found = {i.name: i.label for i in job.inputs.all()}
+    for upload in job.uploads.all():
+        if upload.role == Upload.INPUT:
+            found.setdefault(upload.channel, []).append(upload.name)
+    return dict(sorted(found.items()))
 
 
 def spec_to_form_data(spec, team):
@@ -199,7 +208,7 @@ def job_json(job, request):
         # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
         "train_dataset": job.train_label or None,
         "heldout_dataset": job.heldout_label or None,
-        "inputs": {i.name: i.label for i in job.inputs.all()},
+        "inputs": job_inputs(job),
         "staging": staging.progress() if (staging := job.shown_staging()) else None,
         "gpus": job.gpus,
         "gpu_type": job.gpu_type,
@@ -365,7 +374,7 @@ def jobs(request):
 
 
 def filtered_jobs(request, team):
-    queryset = Job.objects.filter(team=team).order_by("-created_at").prefetch_related("allocations", "models", "inputs")
+    queryset = Job.objects.filter(team=team).order_by("-created_at").prefetch_related("allocations", "models", "inputs", "uploads")
     params = request.query_params
     if params.get("state"):
         if params["state"] not in dict(states.CHOICES):

@@ -106,6 +106,27 @@ def keep_uploads(request_files, data, team, user):
                 data.setlist(kept, [str(upload.pk)])  # a new script replaces the kept one
             else:
                 data.appendlist(kept, str(upload.pk))
+    for field in sorted(f for f in request_files if f.startswith(INPUT_FIELD)):
+        channel = field.removeprefix(INPUT_FIELD)
+        if problem := launch.input_name_problem(channel):
+            errors.setdefault("inputs", []).append(f"The files sent for input {problem}.")
+            continue
+        names = set()
+        for uploaded in request_files.getlist(field):
+            name = PurePosixPath(uploaded.name.replace("\\", "/")).name or "upload"
+            if uploaded.size > settings.E31_MAX_UPLOAD_BYTES:
+                errors.setdefault("inputs", []).append(f"input {channel}: {name} is larger than the limit for one file.")
+                continue
+            if name in names:
+                errors.setdefault("inputs", []).append(f"input {channel}: two files are named {name}; they land in one folder.")
+                continue
+            names.add(name)
+            key, size, sha256 = storage.save_blob(uploaded)
+            upload = Upload.objects.create(
+                team=team, uploaded_by=user, role=Upload.INPUT, channel=channel, name=name, size=size, sha256=sha256, key=key
+            )
+            created.append(upload)
+            data.appendlist("kept_inputs", str(upload.pk))
     if request_files.getlist(FOLDER_FIELD) and request_files.getlist("code"):
         errors.setdefault(FOLDER_FIELD, []).append("Send a script or an archive, or a folder, not both.")
     elif request_files.getlist(FOLDER_FIELD):
@@ -116,6 +137,10 @@ def keep_uploads(request_files, data, team, user):
             created.append(upload)
             data.setlist("kept_code", [str(upload.pk)])  # as a new script replaces the kept one
     return data, errors, created
+
+
+# A named input's files come in the field input:<name> (the form adds one per input with files).
+INPUT_FIELD = "input:"
 
 
 # A folder's files come in FOLDER_FIELD, their paths in FOLDER_PATHS, in the same order (the
@@ -342,6 +367,7 @@ class JobForm(RequestForm):
     heldout_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    kept_inputs = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     inputs = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "placeholder": "training: digits\ntesting: digits-heldout@1"}),
         label="Named inputs",
@@ -413,6 +439,7 @@ class JobForm(RequestForm):
         self.fields["kept_data"].queryset = pending.filter(role=Upload.TRAIN)
         self.fields["kept_heldout"].queryset = pending.filter(role=Upload.HELDOUT)
         self.fields["kept_model"].queryset = pending.filter(role=Upload.MODEL)
+        self.fields["kept_inputs"].queryset = pending.filter(role=Upload.INPUT)
         finished = Job.objects.filter(team=team, state__in=[states.SUCCEEDED, states.STOPPED], artifacts__isnull=False).distinct()
         self.fields["start_job"].queryset = finished
         self.fields["evaluate_jobs"].queryset = finished
@@ -485,6 +512,9 @@ class JobForm(RequestForm):
             raise forms.ValidationError(str(error)) from None
         versions, problems = {}, []
         for name, ref in refs.items():
+            if ref is None:
+                versions[name] = None  # files: sent as input:<name>
+                continue
             try:
                 versions[name] = datasets.resolve(self.team, ref)
             except datasets.DatasetError as error:
@@ -504,7 +534,7 @@ class JobForm(RequestForm):
         for field, errors in self.upload_errors.items():
             for error in errors:
                 self.add_error(field, error)
-        for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout"), ("kept_model", "base_model")):
+        for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout"), ("kept_model", "base_model"), ("kept_inputs", "inputs")):
             if self._errors.pop(kept, None):
                 self.add_error(visible, "An earlier upload is no longer available: please upload it again.")
         cleaned["kind"] = cleaned.get("kind") or Job.KIND_TRAIN
@@ -620,8 +650,26 @@ class JobForm(RequestForm):
             self.add_error("start_job" if label == "start" else "evaluate_jobs", str(error))
 
     def _clean_data(self, cleaned):
+        # Files sent for named inputs, each with its input's name; an input given as files must have some.
+        files = {}
+        for upload in cleaned.get("kept_inputs") or []:
+            files.setdefault(upload.channel, []).append(upload)
+        declared = cleaned.get("inputs") or {}
+        for name, version in declared.items():
+            if version is None and name not in files and "inputs" not in self.errors:
+                self.add_error("inputs", f"The input {name} is to be files, and none were sent for it (in the field input:{name}).")
+            elif version is not None and name in files:
+                self.add_error("inputs", f"The input {name} is the dataset {version.label} and files too: give one.")
+        for name in files:
+            if name in ("train", "heldout", "model") or (problem := launch.input_name_problem(name, [*declared, *files])):
+                self.add_error("inputs", f"Files for input {name}: " + ("send them as the training or held-out files." if name in ("train", "heldout", "model") else problem))
+        for name, uploads in files.items():
+            names = [u.name for u in uploads]
+            if dupes := sorted({n for n in names if names.count(n) > 1}):
+                self.add_error("inputs", f"input {name}: two files are named {', '.join(dupes)}.")
+        cleaned["input_files"] = files
         # train and heldout among the named inputs are the training and held-out sets.
-        inputs = cleaned.get("inputs") or {}
+        inputs = {name: version for name, version in declared.items() if version is not None}
         for name, dataset_field, version_field in (("train", "train_dataset", "train_version"), ("heldout", "heldout_dataset", "heldout_version")):
             if name in inputs:
                 if cleaned.get(dataset_field) is not None:
@@ -644,7 +692,7 @@ class JobForm(RequestForm):
         evaluating = cleaned.get("kind") == Job.KIND_EVALUATE
         if evaluating and not cleaned.get("kept_heldout") and not cleaned.get("heldout_dataset") and "heldout" not in self.errors:
             self.add_error("heldout", "An evaluation scores the models on held-out data: upload files or choose a dataset.")
-        given = cleaned.get("kept_data") or cleaned.get("train_dataset") or cleaned.get("inputs")
+        given = cleaned.get("kept_data") or cleaned.get("train_dataset") or cleaned.get("inputs") or files
         if not evaluating and not given and "data" not in self.errors and "inputs" not in self.errors:
             self.add_error("data", "Give the training set: upload files or choose a dataset (or name the inputs the job reads).")
 
@@ -666,7 +714,8 @@ class JobForm(RequestForm):
             self.add_error("args", "With a command, write the arguments in it.")
         if command and (cleaned.get("processes") or 1) > 1:
             self.add_error("processes", "A command runs once: start torchrun in it yourself for several processes.")
-        hyperparameters, inputs = cleaned.get("hyperparameters") or {}, list(cleaned.get("inputs") or {})
+        hyperparameters = cleaned.get("hyperparameters") or {}
+        inputs = sorted({*(cleaned.get("inputs") or {}), *(cleaned.get("input_files") or {})})
         known = launch.known_variables(cleaned.get("env") or {}, hyperparameters, inputs)
         network = launch.known_variables((), hyperparameters, inputs)  # what an environment value may name
         for name in cleaned.get("env") or {}:
@@ -743,6 +792,7 @@ class JobForm(RequestForm):
             [JobInput(job=job, name=name, version=version, label=version.label) for name, version in (cleaned.get("inputs") or {}).items()]
         )
         uploads = [*([cleaned["kept_code"]] if cleaned.get("kept_code") else []), *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
+        uploads += cleaned.get("kept_inputs") or []
         uploads += cleaned.get("kept_model") or []
         Upload.objects.filter(pk__in=[u.pk for u in uploads]).update(job=job)
         for label, files, source, description in self.models:

@@ -72,7 +72,10 @@ def copy_job(job, user, **changes):
 def share_uploads(source, target, roles):
     """The uploads of `source` in roles, attached to `target` too (new rows, the same blobs)."""
     Upload.objects.bulk_create(
-        Upload(team_id=target.team_id, uploaded_by=u.uploaded_by, job=target, role=u.role, name=u.name, key=u.key, size=u.size, sha256=u.sha256)
+        Upload(
+            team_id=target.team_id, uploaded_by=u.uploaded_by, job=target, role=u.role, channel=u.channel, name=u.name, key=u.key,
+            size=u.size, sha256=u.sha256,
+        )
         for u in source.uploads.filter(role__in=roles)
     )
 
@@ -129,7 +132,7 @@ def retrain(job, user, *, new_data=(), name="", request=None, work=None, inputs=
     new = copy_job(job, user, **changes)
     for input_name, version in inputs.items():  # a named input replaced (or added)
         JobInput.objects.update_or_create(job=new, name=input_name, defaults={"version": version, "label": version.label})
-    share_uploads(job, new, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT])
+    share_uploads(job, new, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT, Upload.INPUT])
     if job.train_version is None and new_data:
         Upload.objects.filter(pk__in=[u.pk for u in new_data]).update(job=new)
     elif new_data:
@@ -198,7 +201,7 @@ def smoke_run(job):
         ceiling_amount=None, ceiling_gpu_hours=None, not_before=None, deadline=None, early_stop_metric="", early_stop_patience=None,
         created_at=job.created_at - timedelta(microseconds=1),  # ahead of its job in the queue
     )
-    share_uploads(job, smoke, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT])
+    share_uploads(job, smoke, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT, Upload.INPUT])
     for model in job.models.all():
         pin_model(smoke, model.label, model.files, source_job=model.source_job, description=model.description)
     Job.objects.filter(pk=job.pk).update(smoke_run=smoke, wait_reason="waiting for its smoke run to succeed")

@@ -541,13 +541,15 @@ class Upload(models.Model):
     TRAIN = "train"
     HELDOUT = "heldout"
     MODEL = "model"
-    ROLES = [(CODE, "Code"), (TRAIN, "Training data"), (HELDOUT, "Held-out data"), (MODEL, "Model weights")]
+    INPUT = "input"  # a file of a named input (channel)
+    ROLES = [(CODE, "Code"), (TRAIN, "Training data"), (HELDOUT, "Held-out data"), (MODEL, "Model weights"), (INPUT, "A named input's file")]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="uploads")
     uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE, related_name="uploads")
     role = models.CharField(max_length=10, choices=ROLES)
+    channel = models.CharField(max_length=64, blank=True, default="", help_text="the named input a file of role input belongs to")
     name = models.CharField(max_length=255)
     key = models.CharField(max_length=700)
     size = models.PositiveBigIntegerField()
@@ -579,6 +581,12 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_name_unique")]
+
+
+def input_names(job):
+    """The names of a job's named inputs: from datasets (JobInput) and from files (uploads)."""
+    from_files = {u.channel for u in job.uploads.all() if u.role == Upload.INPUT and u.channel}
+    return sorted({i.name for i in job.inputs.all()} | from_files)
 
 
 class JobInput(models.Model):

@@ -106,8 +106,9 @@ def format_env(env):
 
 def parse_inputs(text):
     """Named inputs (SageMaker's channels), given as a mapping (JSON or YAML text, or a dict) of
-    name to the dataset that fills it: "digits", "digits@2", or {dataset: "digits@2"}. Returns
-    {name: dataset reference}; SpecError for a bad name or value."""
+    name to the dataset that fills it: "digits", "digits@2", or {dataset: "digits@2"}; or
+    {files: [...]}, files sent with the job. Returns {name: dataset reference, or None for
+    files}; SpecError for a bad name or value."""
     if isinstance(text, dict):
         value = text
     else:
@@ -121,7 +122,10 @@ def parse_inputs(text):
             raise SpecError(f"input {problem}")
         if isinstance(ref, dict) and set(ref) == {"dataset"}:
             ref = ref["dataset"]
+        elif isinstance(ref, dict) and set(ref) == {"files"}:
+            found[name] = None  # files sent with the job, in the field input:<name>
+            continue
         if not isinstance(ref, str) or not ref.strip():
-            raise SpecError(f"input {name}: name the dataset that fills it (digits, or digits@2 for its version 2)")
+            raise SpecError(f"input {name}: name the dataset that fills it (digits, or digits@2 for its version 2), or its files ({{files: [a.csv]}})")
         found[name] = ref.strip()
     return found

@@ -456,8 +456,12 @@ def job_spec(job, now=None):
         data["heldout"] = job.heldout_label
     if named(Upload.HELDOUT):
         data["heldout_files"] = named(Upload.HELDOUT)
-    if inputs := {i.name: i.label for i in job.inputs.all()}:
-        data["inputs"] = inputs
+    inputs = {i.name: i.label for i in job.inputs.all()}
+    for upload in uploads:
+        if upload.role == Upload.INPUT:
+            inputs.setdefault(upload.channel, {"files": []})["files"].append(upload.name)
+    if inputs:
+        data["inputs"] = dict(sorted(inputs.items()))
     models = list(job.models.all())
     sources = [str(m.source_job_id) for m in models if m.source_job_id]
     uploaded = [f["name"] for m in models if not m.source_job_id for f in m.files]

@@ -116,6 +116,7 @@ def job_new(request):
         "kept_data": form.kept("kept_data"),
         "kept_heldout": form.kept("kept_heldout"),
         "kept_model": form.kept("kept_model"),
+        "kept_inputs": form.kept("kept_inputs"),
         **previous_right_size(team, form["name"].value()),
     }
     if request.method == "GET" and estimate_form.estimate is not None:

@@ -35,7 +35,7 @@ from e31 import unpack
 from e31web.storage import get_storage
 from jobs import archive, lineage, states
 from jobs.logs import log_key, stored_bytes, stream_log
-from jobs.models import Artifact, Job, JobEvent, Utilization
+from jobs.models import Artifact, Job, JobEvent, Utilization, input_names
 from notifications import events as notifications
 from scheduler import checkpoints, jobfiles, sampling, smoke, stopping, utilization
 from scheduler.cache import BlobCache
@@ -1044,7 +1044,7 @@ class Runner:
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
                 config=job.config, restart=job.restarts, python=python, hyperparameters=job.hyperparameters, processes=processes,
-                precision=job.precision, inputs=[i.name for i in job.inputs.all()],
+                precision=job.precision, inputs=input_names(job),
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if is_smoke:

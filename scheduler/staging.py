@@ -46,7 +46,7 @@ def job_manifest(job):
     for upload in job.uploads.all():
         if upload.role == "model":
             continue  # pinned into the job's models when it was submitted
-        folder = "code" if upload.role == "code" else f"data/{upload.role}"
+        folder = "code" if upload.role == "code" else f"data/{upload.channel}" if upload.role == "input" else f"data/{upload.role}"
         items.append(Item(f"{folder}/{upload.name}", upload.size, upload.sha256, ("storage", upload.key), upload.role))
     for model in job.models.all():
         for f in model.files:

@@ -178,3 +178,79 @@ def test_a_retraining_replaces_one_named_input_and_keeps_the_others(api, two, mo
     assert response.json()["inputs"] == {"testing": "mnist-test@1", "training": "mnist-test@1"}
     refused = api.post(reverse("api:job-retrain", args=[job.pk]), {"spec": json.dumps({"inputs": {"training": "nope"}})})
     assert refused.status_code == 400 and "input training: no dataset 'nope'" in json.dumps(refused.json())
+
+
+# An input of files sent with the job -------------------------------------------------------------
+
+
+def submit_files(api, fields, files):
+    code = io.BytesIO(b"print(1)\n")
+    code.name = "train.py"
+    payload = {"spec": json.dumps({"gpus": 1, "span_hours": 1, "entrypoint": "train.py", **fields}), "code": code}
+    for field, items in files.items():
+        payload[field] = []
+        for name, content in items:
+            handle = io.BytesIO(content)
+            handle.name = name
+            payload[field].append(handle)
+    return api.post(reverse("api:jobs"), payload)
+
+
+@pytest.mark.django_db
+def test_an_input_may_be_files_sent_with_the_job(api, two):
+    response = submit_files(
+        api, {"inputs": {"training": "mnist-train", "testing": {"files": ["t1.csv", "t2.csv"]}}},
+        {"input:testing": [("t1.csv", b"x\n1\n"), ("t2.csv", b"x\n2\n")]},
+    )
+    assert response.status_code == 201, response.json()
+    assert response.json()["inputs"] == {"testing": ["t1.csv", "t2.csv"], "training": "mnist-train@1"}
+    job = Job.objects.get()
+    assert sorted(i.dest for i in job_manifest(job) if i.role != "code") == ["data/testing/t1.csv", "data/testing/t2.csv", "data/training/a.csv"]
+    exported = api.get(reverse("api:job-spec", args=[job.pk]) + "?format=json").json()["data"]["inputs"]
+    assert exported == {"testing": {"files": ["t1.csv", "t2.csv"]}, "training": "mnist-train@1"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields,files,words",
+    [
+        ({"inputs": {"testing": {"files": ["t.csv"]}}}, {}, "The input testing is to be files, and none were sent"),
+        ({"inputs": {"testing": "mnist-test"}}, {"input:testing": [("t.csv", b"x")]}, "is the dataset mnist-test@1 and files too"),
+        ({}, {"input:../up": [("t.csv", b"x")]}, "an input's name is letters"),
+        ({}, {"input:testing": [("t.csv", b"x"), ("t.csv", b"y")]}, "two files are named t.csv"),
+    ],
+)
+def test_bad_input_files_are_a_400_with_the_reason(api, two, fields, files, words):
+    response = submit_files(api, {"train_dataset": "mnist-train", **fields}, files)
+    assert response.status_code == 400 and words in json.dumps(response.json()), response.json()
+
+
+@pytest.mark.nodb
+def test_the_e31_command_sends_an_input_s_files(tmp_path):
+    from e31.cli.spec import local_refs
+
+    (tmp_path / "t.csv").write_text("x\n1\n")
+    text = "work: {code: train.py}\ndata:\n  inputs:\n    training: digits\n    testing:\n      files: [t.csv]\n"
+    refs = local_refs(text, "job.yaml", tmp_path)
+    assert [(r.field, r.text, r.line) for r in refs] == [("code", "train.py", 1), ("input:testing", "t.csv", 6)]
+
+
+@pytest.mark.runs_jobs
+@pytest.mark.timeout(180)
+@pytest.mark.django_db(transaction=True)
+def test_a_script_reads_an_input_of_sent_files(make_runner, alice, rate, team_a, client):
+    train = add_dataset(team_a, "mnist-train", {"a.csv": b"x\n1\n2\n3\n"})
+    client.force_login(alice)
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    response = client.post(reverse("jobs:new"), {
+        "code": SimpleUploadedFile("train.py", SAGEMAKER), "inputs": f"training: {train.name}", "name": "files-in",
+        "input:testing": [SimpleUploadedFile("b.csv", b"x\n4\n5\n")], "gpus": 1, "mode": "span", "span_hours": "0.25", "stop_on_nan": "on",
+    })
+    assert response.status_code == 302, response.context["form"].errors if response.context else response
+    job = run([make_runner()], Job.objects.get(name="files-in"))
+    assert job.state == "succeeded", job.reason
+    from e31web.storage import get_storage
+
+    with get_storage().open(job.artifacts.get(name="summary.json").key) as stream:
+        assert json.loads(stream.read())["test"] == 2

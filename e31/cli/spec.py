@@ -1,8 +1,9 @@
 """The local files a job spec names, with the line each is named on.
 
 The server parses and checks the spec; the client only finds what it must upload:
-work.code, data.train_files, data.heldout_files and data.base_model, each absent, a string or
-a list of strings, relative to the spec file's folder.
+work.code, data.train_files, data.heldout_files, data.base_model and each named input's
+data.inputs.<name>.files, each absent, a string or a list of strings, relative to the spec
+file's folder.
 """
 
 import io
@@ -90,8 +91,12 @@ def local_refs(text, spec_name, base_dir):
     if not isinstance(root, yaml.MappingNode):
         raise CliError(f"{spec_name} line {line_of(root)}: the spec must be a mapping (name: ..., work: ..., ...).", USAGE)
     refs = []
-    for (section, key), field in LOCAL_FIELDS.items():
-        node = mapping_get(mapping_get(root, section), key)
+    places = [((section, key), field, mapping_get(mapping_get(root, section), key)) for (section, key), field in LOCAL_FIELDS.items()]
+    # A named input's files (data.inputs.<name>.files) go in the field input:<name>.
+    inputs = mapping_get(mapping_get(root, "data"), "inputs")
+    for name_node, value_node in inputs.value if isinstance(inputs, yaml.MappingNode) else []:
+        places.append((("data", f"inputs.{name_node.value}.files"), f"input:{name_node.value}", mapping_get(value_node, "files")))
+    for (section, key), field, node in places:
         if node is None:
             continue
         values = node.value if isinstance(node, yaml.SequenceNode) else [node]
