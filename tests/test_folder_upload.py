@@ -269,3 +269,30 @@ def test_the_page_offers_a_folder_only_where_javascript_runs(client_a):
     assert 'type="file" name="code_folder"' in page and "webkitdirectory" in page and "multiple" in page
     assert "js/folder.js" in page
     assert "myproj/src/train.py is src/train.py" in page
+
+
+@pytest.mark.django_db
+def test_the_api_takes_a_folder_with_its_paths_too(client, token, rate, dataset):
+    import io
+    import json
+    import zipfile
+
+    from django.urls import reverse
+
+    from e31web.storage import get_storage
+    from jobs.models import Job
+
+    client.defaults["HTTP_AUTHORIZATION"] = f"Token {token}"
+    files = []
+    for name, content in (("train.py", b"import pkg.m\n"), ("__init__.py", b""), ("m.py", b"X = 1\n")):
+        handle = io.BytesIO(content)
+        handle.name = name
+        files.append(handle)
+    spec = {"gpus": 1, "span_hours": 1, "entrypoint": "train.py", "train_dataset": "numbers"}
+    response = client.post(
+        reverse("api:jobs"), {"spec": json.dumps(spec), "code_folder": files, "code_paths": ["proj/train.py", "proj/pkg/__init__.py", "proj/pkg/m.py"]}
+    )
+    assert response.status_code == 201, response.json()
+    code = Job.objects.get().uploads.get(role="code")
+    with get_storage().open(code.key) as stream:
+        assert sorted(zipfile.ZipFile(io.BytesIO(stream.read())).namelist()) == ["pkg/__init__.py", "pkg/m.py", "train.py"]
