@@ -285,7 +285,38 @@ class RequestForm(forms.Form):
         )
 
 
-class JobForm(RequestForm):
+class WorkTextFields:
+    """The work's text fields a job form and a retraining share: each parsed by jobs.spec, its
+    error on the field; named inputs resolved to the team's dataset versions (None: files)."""
+
+    def _parsed(self, parse, field, *args):
+        try:
+            return parse(self.cleaned_data[field], *args)
+        except spec.SpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_args(self):
+        return self._parsed(spec.parse_args, "args")
+
+    def clean_config(self):
+        return self._parsed(spec.parse_config, "config")
+
+    def clean_hyperparameters(self):
+        return self._parsed(spec.parse_hyperparameters, "hyperparameters")
+
+    def clean_inputs(self):
+        versions, problems = {}, []
+        for name, ref in self._parsed(spec.parse_inputs, "inputs").items():
+            try:
+                versions[name] = None if ref is None else datasets.resolve(self.team, ref)  # None: files, as input:<name>
+            except datasets.DatasetError as error:
+                problems.append(f"input {name}: {error}.")
+        if problems:
+            raise forms.ValidationError(problems)
+        return versions
+
+
+class JobForm(WorkTextFields, RequestForm):
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the entrypoint's name.")
 
     # Work
@@ -469,24 +500,6 @@ class JobForm(RequestForm):
             raise forms.ValidationError("The name cannot contain control characters (such as line breaks).")
         return name.strip()
 
-    def clean_args(self):
-        try:
-            return spec.parse_args(self.cleaned_data["args"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
-    def clean_config(self):
-        try:
-            return spec.parse_config(self.cleaned_data["config"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
-    def clean_hyperparameters(self):
-        try:
-            return spec.parse_hyperparameters(self.cleaned_data["hyperparameters"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
     def clean_command(self):
         command = self.cleaned_data["command"].strip()
         if "\n" in command or "\r" in command or "\x00" in command:
@@ -500,28 +513,7 @@ class JobForm(RequestForm):
             raise forms.ValidationError(f"{str(error)[0].upper()}{str(error)[1:]}.") from None
 
     def clean_env(self):
-        try:
-            return spec.parse_env(self.cleaned_data["env"], self.cleaned_data.get("hyperparameters") or {})
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
-    def clean_inputs(self):
-        try:
-            refs = spec.parse_inputs(self.cleaned_data["inputs"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-        versions, problems = {}, []
-        for name, ref in refs.items():
-            if ref is None:
-                versions[name] = None  # files: sent as input:<name>
-                continue
-            try:
-                versions[name] = datasets.resolve(self.team, ref)
-            except datasets.DatasetError as error:
-                problems.append(f"input {name}: {error}.")
-        if problems:
-            raise forms.ValidationError(problems)
-        return versions
+        return self._parsed(spec.parse_env, "env", self.cleaned_data.get("hyperparameters") or {})
 
     def clean_packages(self):
         try:

@@ -16,7 +16,7 @@ from accounts.access import require_team
 from e31web.parsers import read_json
 from e31web.storage import get_storage
 from jobs import evaluation, lineage, spec
-from jobs.forms import MultipleFileInput, RequestForm, keep_uploads
+from jobs.forms import MultipleFileInput, RequestForm, WorkTextFields, keep_uploads
 from jobs.models import Job, Upload
 from jobs.views import get_job
 from scheduler import launch
@@ -33,7 +33,7 @@ def plain(number):
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-class RetrainForm(RequestForm):
+class RetrainForm(WorkTextFields, RequestForm):
     """Retrain a finished job overnight: the same work, its weights as the starting model, its
     training data plus new files, and a request (prefilled from the job)."""
 
@@ -60,41 +60,6 @@ class RetrainForm(RequestForm):
         self.upload_errors = upload_errors or {}
         self.fields["kept_data"].queryset = Upload.objects.filter(team=team, job__isnull=True, role=Upload.TRAIN)
 
-    def clean_args(self):
-        try:
-            return spec.parse_args(self.cleaned_data["args"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
-    def clean_hyperparameters(self):
-        try:
-            return spec.parse_hyperparameters(self.cleaned_data["hyperparameters"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
-    def clean_config(self):
-        try:
-            return spec.parse_config(self.cleaned_data["config"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-
-    def clean_inputs(self):
-        from jobs import datasets
-
-        try:
-            refs = spec.parse_inputs(self.cleaned_data["inputs"])
-        except spec.SpecError as error:
-            raise forms.ValidationError(str(error)) from None
-        versions, problems = {}, []
-        for name, ref in refs.items():
-            try:
-                versions[name] = datasets.resolve(self.team, ref)
-            except datasets.DatasetError as error:
-                problems.append(f"input {name}: {error}.")
-        if problems:
-            raise forms.ValidationError(problems)
-        return versions
-
     def work_changes(self):
         """The work as the retraining runs it: the job's arguments, hyperparameters and config,
         as changed on the form (a field not sent is the job's)."""
@@ -107,6 +72,8 @@ class RetrainForm(RequestForm):
     def _clean_work(self, cleaned):
         """A changed config is checked as a submitted one is: a recipe's by the recipe; the
         arguments' variables must be the job's."""
+        if any(version is None for version in (cleaned.get("inputs") or {}).values()):
+            self.add_error("inputs", "A retraining reads datasets as its named inputs (name: dataset@N), not files.")
         if self.job is None or any(f in self.errors for f in ("args", "hyperparameters", "config")):
             return
         work = self.work_changes()

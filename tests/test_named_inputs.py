@@ -178,6 +178,8 @@ def test_a_retraining_replaces_one_named_input_and_keeps_the_others(api, two, mo
     assert response.json()["inputs"] == {"testing": "mnist-test@1", "training": "mnist-test@1"}
     refused = api.post(reverse("api:job-retrain", args=[job.pk]), {"spec": json.dumps({"inputs": {"training": "nope"}})})
     assert refused.status_code == 400 and "input training: no dataset 'nope'" in json.dumps(refused.json())
+    files = api.post(reverse("api:job-retrain", args=[job.pk]), {"spec": json.dumps({"inputs": {"training": {"files": ["a.csv"]}}})})
+    assert files.status_code == 400 and "reads datasets as its named inputs" in json.dumps(files.json())
 
 
 # An input of files sent with the job -------------------------------------------------------------
