@@ -187,6 +187,39 @@ def test_a_job_s_own_network_refuses_the_node_s_addresses_and_the_operator_s_net
 
 
 @pytest.mark.nodb
+def test_on_cgroup_v2_an_allocation_gets_memory_swap_processes_and_cpu_limits_in_one_folder(tmp_path, monkeypatch):
+    """This machine has cgroup v1, so the v2 writes are checked against a tree laid out as the
+    kernel lays out a v2 hierarchy: the node's folder under e31/, controllers enabled on the way
+    down, one folder per allocation with memory.max, no swap, pids.max and cpu.max = the slots."""
+    from scheduler import isolation
+
+    monkeypatch.setattr(isolation, "CGROUP_ROOT", tmp_path)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
+    cgroups = isolation.Cgroups("node-7f3a", top="e31")
+    assert cgroups.kind == "v2" and cgroups.parents == {"unified": tmp_path / "e31" / "node-7f3a"}
+    [folder] = cgroups.create("alloc-12", Limits(3 * 2**30, 512, 1024, 2**30, 2**31, cpus=1.5))
+    assert folder == tmp_path / "e31" / "node-7f3a" / "alloc-12"
+    for level in (tmp_path, tmp_path / "e31", tmp_path / "e31" / "node-7f3a"):
+        assert (level / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert (folder / "memory.max").read_text() == str(3 * 2**30)
+    assert (folder / "memory.swap.max").read_text() == "0"
+    assert (folder / "pids.max").read_text() == "512"
+    assert (folder / "cpu.max").read_text() == "150000 100000"
+    assert cgroups.cpu_limit("alloc-12") == 1.5
+    (folder / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 40\nnr_throttled 7\n")
+    (folder / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (folder / "cgroup.procs").write_text("4242\n4243\n")
+    assert cgroups.cpu_seconds("alloc-12") == 2.5 and cgroups.throttled("alloc-12") == 7
+    assert cgroups.oom_kills("alloc-12") == 1 and cgroups.pids("alloc-12") == {4242, 4243}
+    # Another system's runner on the same machine keeps its own folder: neither sees the other's.
+    other = isolation.Cgroups("node-09bc", top="e31")
+    other.create("alloc-12", Limits(None, 64, 64, 2**20, 2**20))
+    assert cgroups.leftovers() == {"alloc-12"} and other.leftovers() == {"alloc-12"}
+    assert not (tmp_path / "e31" / "node-09bc" / "alloc-12" / "memory.max").exists()  # no memory limit asked
+    assert (tmp_path / "e31" / "node-09bc" / "alloc-12" / "cpu.max").exists() is False  # nor a CPU one
+
+
+@pytest.mark.nodb
 def test_mount_plan_hides_the_network_s_folders_and_binds_back_what_the_job_needs():
     reachable = {"/root": False, "/tmp/pytest-of-root": False}
     plan = mount_plan(

@@ -321,6 +321,32 @@ def test_a_registered_bucket_is_scanned_staged_and_read_by_the_job(make_runner, 
     assert not any(name.startswith(("AWS_", "E31_S3", "E31_STORAGE")) for name in env)
 
 
+READ_CHANNEL = b"""
+import json, os
+root = os.environ["SM_CHANNEL_CORPUS"]
+print(json.dumps(sorted((os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
+                        for d, _, files in os.walk(root) for f in files)))
+print(json.dumps([root, os.environ["SM_CHANNELS"]]))
+"""
+
+
+def test_a_registered_bucket_is_a_named_input_too(make_runner, alice, rate, team_a, seaweed, team_bucket, s3_storage):
+    """A named input may be a prefix the team registered (SageMaker's S3 channels): staged from
+    the team's bucket into data/<name> like any dataset version, with no training set at all."""
+    from jobs.models import JobInput
+
+    dataset, version = register(team_a, seaweed, team_bucket)
+    runner = make_runner()
+    job = make_job(alice, script=READ_CHANNEL)
+    JobInput.objects.create(job=job, name="corpus", version=version, label=version.label)
+    job = run([runner], job)
+    assert job.state == "succeeded", job.reason
+    assert files_seen(job) == [("nested/extra.txt", 6), ("shard-0.txt", 8000), ("shard-1.txt", 8000), ("shard-2.txt", 8000)]
+    root, channels = json.loads(job.events.filter(kind="log").order_by("seq")[1].text)
+    assert root.endswith("/data/corpus") and "corpus" in json.loads(channels)
+    assert job.stagings.get().bytes_total >= 3 * 8000 + 6
+
+
 def test_a_corrupted_object_fails_the_job_before_any_charge(make_runner, alice, rate, team_a, seaweed, team_bucket):
     dataset, version = register(team_a, seaweed, team_bucket)
     seaweed.client().put_object(Bucket=team_bucket, Key="corpus/shard-1.txt", Body=b"tampered" * 1000)
