@@ -15,7 +15,10 @@ E31_CHECKPOINT_DIR  checkpoint() writes here and resume() reads here; a file tha
 E31_CONFIG          path of a JSON file: the job's configuration (hyperparameters).
 E31_METRICS_FILE    log_metric() appends one JSON line per call to this file.
 E31_STOP_FILE       created (with JSON {"reason": ..., "deadline": <unix time>}) when the
-                    network asks the job to stop; see should_stop().
+                    network asks the job to stop; see should_stop() and stop_notice().
+E31_EARLY_STOP_METRIC, E31_EARLY_STOP_MODE
+                    the metric the network watches to stop the job early, and "min" or
+                    "max"; unset when it watches none (see e31/best.py).
 E31_RESTART         how many times the job was restarted: "0" on the first run.
 E31_NUM_DEVICES     how many devices (GPUs, or CPU slots) the job holds.
 
@@ -65,6 +68,7 @@ __all__ = [
     "log_metric",
     "should_stop",
     "stop_reason",
+    "stop_notice",
     "checkpoint_due",
     "Resumed",
 ]
@@ -84,6 +88,7 @@ class _State:
         self.previous_handler = None
         self.file_seen = False  # $E31_STOP_FILE has appeared
         self.file_reason = None  # the reason read from it
+        self.file_notice = None  # all of it, as read
 
 
 _state = _State()
@@ -401,6 +406,7 @@ def _stop_requested():
             content = None  # still being written, or gone: the stop holds all the same
         if isinstance(content, dict):
             _state.file_reason = str(content.get("reason") or "stop requested")
+            _state.file_notice = content
         return True
     return _state.sigterm
 
@@ -426,6 +432,16 @@ def stop_reason():
     if _state.file_reason is not None:
         return _state.file_reason
     return "stop requested" if _state.file_seen else "SIGTERM received"
+
+
+def stop_notice():
+    """The network's stop notice, as it wrote it to $E31_STOP_FILE: {"reason": ..., "deadline":
+    <unix time>} and, when it stopped the job early on the metric it watches, "early_stop":
+    {"metric", "mode", "best", "best_step"} (e31.best reads it). None when the job is not asked
+    to stop, or only by SIGTERM."""
+    if not _stop_requested():
+        return None
+    return dict(_state.file_notice) if _state.file_notice is not None else None
 
 
 def checkpoint_due(step, *, every_steps=None, every_seconds=None):

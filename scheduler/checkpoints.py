@@ -249,16 +249,28 @@ def latest(job_id):
     return Checkpoint.objects.filter(job_id=job_id, pruned_at__isnull=True).order_by("-written_at", "-id").first()
 
 
-def restore(job, folder):
-    """Put the job's latest checkpoint in its checkpoint folder; returns it, or None."""
+def restore(job, folder, best_step=None):
+    """Put the job's latest checkpoint in its checkpoint folder; returns it, or None.
+
+    best_step: the best step of the metric early stopping watches, for a recipe (it returns
+    those weights itself when the network stops it on that metric): the kept checkpoint holding
+    it (or the latest before it) is put back too, older than the latest, which is still the one
+    resumed from."""
     checkpoint = latest(job.pk)
     if checkpoint is None:
         return None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    _put_back(checkpoint, folder)
+    best = best_kept(job.pk, best_step) if best_step is not None else None
+    if best is not None and best.name != checkpoint.name:
+        _put_back(best, folder)
+    return checkpoint
+
+
+def _put_back(checkpoint, folder):
     target = folder / checkpoint.name
     get_storage().download(checkpoint.key, target)
     # Its time is when it was written, so scripts that pick the newest file pick it.
     stamp = checkpoint.written_at.timestamp()
     os.utime(target, (stamp, stamp))
-    return checkpoint

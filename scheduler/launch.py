@@ -42,9 +42,13 @@ E31_ENV = {
     "E31_STOP_FILE": "the stop notice's file", "E31_RESTART": "how often it was restarted", "E31_ALLOCATION_ID": "this run's id",
     "E31_PRECISION": "the job's precision: fp32, bf16, fp16, or empty for the default",
     "E31_SMOKE": "1 in a script's smoke run, unset otherwise",
+    "E31_EARLY_STOP_METRIC": "the metric the network watches to stop the job early, unset when none",
+    "E31_EARLY_STOP_MODE": "min or max: how that metric gets better, unset when none",
 }
-# What arguments may name: not E31_SMOKE, unset in a full run (where naming it would fail the start).
-E31_NAMES = tuple(name for name in E31_ENV if name != "E31_SMOKE")
+# Set only in some runs: naming one in the arguments would fail the start of the others.
+SOMETIMES_SET = ("E31_SMOKE", "E31_EARLY_STOP_METRIC", "E31_EARLY_STOP_MODE")
+# What arguments may name: not those, unset in some runs.
+E31_NAMES = tuple(name for name in E31_ENV if name not in SOMETIMES_SET)
 # The job's own, if it does not set them.
 DEFAULT_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
@@ -226,11 +230,13 @@ class JobDirs:
 
 
 def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable,
-                      hyperparameters=None, processes=1, precision="", inputs=()):
+                      hyperparameters=None, processes=1, precision="", inputs=(), early_stop=None):
     """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
     same places, and what the job declares (its values may name the others: $E31_DATA_DIR).
     processes: how many processes share the devices (CPU slots: each gets its share as threads).
-    precision: the job's (fp32, bf16, fp16; "": not chosen), as E31_PRECISION."""
+    precision: the job's (fp32, bf16, fp16; "": not chosen), as E31_PRECISION.
+    early_stop: (metric, mode) the network watches to stop it early, as E31_EARLY_STOP_METRIC
+    and E31_EARLY_STOP_MODE (a recipe returns that metric's best weights; see e31/best.py)."""
     env = {
         "PATH": os.pathsep.join([str(Path(python).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(dirs.root),
@@ -249,6 +255,8 @@ def build_environment(*, job_id, dirs, devices, device_type, declared, config=No
         "E31_PRECISION": precision or "",
         **sagemaker_environment(dirs, devices, device_type, {**(config or {}), **(hyperparameters or {})}, inputs),
     }
+    if early_stop is not None:
+        env["E31_EARLY_STOP_METRIC"], env["E31_EARLY_STOP_MODE"] = early_stop
     network = dict(env)
     for name, value in declared.items():
         if refused_env_name(name, hyperparameters or (), inputs) is None:

@@ -323,8 +323,7 @@ class RunningJob:
             verdict = self.watch.add(step, values)
             if verdict is not None and self.stop is None:
                 state = states.FAILED if verdict.failed else states.SUCCEEDED
-                self.request_stop(Allocation.EARLY_STOP, state, verdict.message)
-                self.stop.on_metric = not verdict.failed
+                self.request_stop(Allocation.EARLY_STOP, state, verdict.message, on_metric=not verdict.failed)
         return len(chunk) == limit
 
     def tick(self, now_monotonic):
@@ -441,18 +440,25 @@ class RunningJob:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def request_stop(self, reason, state, message, release_at=None):
+    def request_stop(self, reason, state, message, release_at=None, on_metric=False):
+        """on_metric: early stopping on the job's metric; the notice says so (and the best point
+        so far), so that a recipe returns the weights of its best step itself."""
         if self.stop is not None:
             return
         log.info("stopping job %s: %s", self.job.pk, message)
         self.job.record("notice", data={"text": message})
-        self.write_stop_file(message)
+        early_stop = stopping.early_stop_notice(self.watch.metric, self.watch.mode, self.watch.best()) if on_metric else None
+        self.write_stop_file(message, early_stop)
         self.signal_group(signal.SIGTERM)
-        self.stop = StopRequest(reason, state, message, time.monotonic(), release_at)
+        self.stop = StopRequest(reason, state, message, time.monotonic(), release_at, on_metric=on_metric)
 
-    def write_stop_file(self, message):
-        """The notice the SDK's should_stop() sees, written whole (temporary name, rename)."""
-        notice = json.dumps({"reason": message, "deadline": time.time() + settings.E31_STOP_GRACE_SECONDS}).encode()
+    def write_stop_file(self, message, early_stop=None):
+        """The notice the SDK's should_stop() sees, written whole (temporary name, rename);
+        early_stop: what a stop on the job's metric adds (stopping.early_stop_notice)."""
+        content = {"reason": message, "deadline": time.time() + settings.E31_STOP_GRACE_SECONDS}
+        if early_stop is not None:
+            content["early_stop"] = early_stop
+        notice = json.dumps(content).encode()
         # The runner may be root and the folder is the job's: every step refuses a symlink the
         # job put in its place, so the notice is never written anywhere else.
         opened = []
@@ -671,8 +677,10 @@ class RunningJob:
         a job stopped early on its metric; (None, None) for any other end."""
         best = self.watch.best() if self.stop is not None and self.stop.on_metric else None
         if best is None or self.job.recipe:
-            # A recipe writes its own outputs (weights beside recipe.json, which a retraining and
-            # a comparison need); its own patience returns its best weights.
+            # A recipe returns them itself, told by the stop notice (e31.recipes.common.fit): its
+            # output is the best step's weights beside recipe.json (which a retraining and a
+            # comparison need), LoRA merged, the last ones under last/, named in its log and its
+            # metrics.json. Stored as they are.
             return None, None
         return best, checkpoints.best_kept(self.job.pk, best[0])
 
@@ -775,6 +783,11 @@ def last_step_logged(job):
         if isinstance(step, int) and not isinstance(step, bool):
             return step
     return None
+
+
+def early_stop_watched(job):
+    """(metric, mode) the network watches to stop the job early, or None."""
+    return (job.early_stop_metric, job.early_stop_mode) if job.early_stop_metric and job.early_stop_patience else None
 
 
 def metric_watch(job):
@@ -1022,7 +1035,11 @@ class Runner:
         try:
             linked = self.stage(job, dirs)
             is_smoke = self.cut_for_smoke(job, dirs)
-            restored = checkpoints.restore(job, dirs.checkpoints)
+            watch = metric_watch(job)
+            # A recipe returns its best weights itself when the network stops it early on its
+            # metric: the checkpoint holding them goes back too, if it is not the latest.
+            best = watch.best() if job.recipe else None
+            restored = checkpoints.restore(job, dirs.checkpoints, best_step=best[0] if best else None)
             if restored is not None:
                 at = f" (step {restored.step})" if restored.step is not None else ""
                 job.record("resume", data={"name": restored.name, "step": restored.step, "text": f"resumed from {restored.name}{at}"})
@@ -1044,7 +1061,7 @@ class Runner:
             env = build_environment(
                 job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
                 config=job.config, restart=job.restarts, python=python, hyperparameters=job.hyperparameters, processes=processes,
-                precision=job.precision, inputs=input_names(job),
+                precision=job.precision, inputs=input_names(job), early_stop=early_stop_watched(job),
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if is_smoke:
@@ -1093,7 +1110,7 @@ class Runner:
             shutil.rmtree(dirs.root, ignore_errors=True)
             raise
         running = RunningJob(
-            allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=metric_watch(job), ranked=torchrun, sandbox=sandbox,
+            allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=watch, ranked=torchrun, sandbox=sandbox,
             disk_pool=self.disk_pool,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends

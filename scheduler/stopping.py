@@ -8,6 +8,18 @@ metric, says which weights come back (those of its best step) and in what words.
 import math
 from dataclasses import dataclass, field
 
+# What a job stopped early on its metric gets back: the checkpoint at its best step (or the
+# latest kept before it), its own output beside it under last/. The runner carries this out for
+# a script; a recipe does it itself (e31/recipes/common.py). The words both use are e31.best's,
+# which the job's own Python imports too.
+from e31.best import (  # noqa: F401
+    LAST,
+    best_report,
+    early_stop_notice,
+    returned_message,
+    unmatched_message,
+)
+
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -112,51 +124,3 @@ class Watch:
     def _better(self, value, best):
         return value < best if self.mode == "min" else value > best
 
-
-# What a job stopped early on its metric gets back: the checkpoint at its best step (or the
-# latest kept before it), its own output beside it under last/. The runner carries this out.
-
-LAST = "last/"
-
-
-def returned_message(metric, best, checkpoint_name, checkpoint_step, last_step=None, last_kept=True):
-    """The log's line for the weights returned. best: (step, value) of the metric's best point;
-    last_kept: the job left output files of its own (kept under last/)."""
-    best_step, value = best
-    where = f"the best {metric} ({value:.6g}, at step {best_step})"
-    if checkpoint_step == best_step:
-        what = f"the weights returned are those of {where}: checkpoint {checkpoint_name}"
-    else:
-        what = (
-            f"the weights returned are those of step {checkpoint_step} (checkpoint {checkpoint_name}), the latest kept "
-            f"at or before {where}"
-        )
-    if not last_kept:
-        return f"{what}; the job left no output files of its own"
-    last = f" (its last metric point: step {last_step})" if last_step is not None else ""
-    return f"{what}; the job's own output, as it was when it stopped{last}, is kept under {LAST}"
-
-
-def unmatched_message(metric, best, own_output=True):
-    """The log's line when no checkpoint holds the best point's weights, nor any before it.
-    own_output: the job left output files of its own (returned as they are)."""
-    best_step, value = best
-    if best_step is None:
-        why = f"the best {metric} ({value:.6g}) was logged without a step, so no checkpoint can be matched to it"
-    else:
-        why = f"no checkpoint at or before step {best_step}, where {metric} was best ({value:.6g}), was kept"
-    if not own_output:
-        return f"{why}: the best weights cannot be returned, and the job left no output files of its own"
-    return f"{why}: the best weights cannot be returned; the job's own output, as it was when it stopped, is returned instead"
-
-
-def best_report(metric, mode, best, checkpoint_name, checkpoint_step, values, last_step=None):
-    """metrics.json of a job stopped early on its metric: which weights came back and why, and
-    the values the job logged at their step (as logged; {} when it logged none there)."""
-    return {
-        "early_stop": {
-            "metric": metric, "mode": mode, "best": best[1], "best_step": best[0],
-            "weights": checkpoint_name, "weights_step": checkpoint_step, "last": LAST, "last_step": last_step,
-        },
-        "metrics": values,
-    }

@@ -7,10 +7,15 @@ E31_MODEL_DIR   models the network staged for the job. In train mode, start/ (wh
                 and recipe.json, written by an earlier run of the same recipe.
 E31_PRECISION   fp32, bf16 or fp16 (unset: bf16 on CUDA): autocast on CUDA, fp16 with loss
                 scaling; on the CPU the recipes run fp32 whatever it says, and the log says so.
+E31_EARLY_STOP_METRIC, E31_EARLY_STOP_MODE
+                the metric the network watches to stop the run early, and its mode: the run
+                checkpoints at each new best of it and, stopped on it (the stop notice says so,
+                see e31/best.py), returns the weights of its best step.
 What a training run writes to $E31_OUTPUT_DIR: model.safetensors (plain weights; LoRA adapters
 merged in), recipe.json (architecture and data description), adapters.safetensors (LoRA only)
-and metrics.json (the final evaluation); when early stopping went back to better weights, the
-last ones in last/. An evaluation run writes evaluation.json.
+and metrics.json (the final evaluation); when early stopping (its own, or the network's on the
+metric it watches) went back to better weights, the last ones in last/. An evaluation run writes
+evaluation.json.
 """
 
 import contextlib
@@ -24,6 +29,7 @@ import torch
 from torch import nn
 
 import e31
+from e31 import best as returned
 from e31.recipes import precision, validate
 
 FORMAT = 1
@@ -443,10 +449,12 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     train_loss(module, step) returns the loss of the step's batch (a function of the step alone,
     so a resumed run sees the batches an uninterrupted one would). evaluate() returns metrics
     with "val_loss" in them, computed on fixed data. Checkpoints through the SDK every
-    checkpoint_every steps, at each new best of a validation metric (so a job the network stops
-    early on its metric gets the weights of its best step back: see scheduler/stopping.py) and
-    when the network asks the job to stop; stops early after `patience` evaluations without a
-    better val_loss and then goes back to the best weights, keeping the last ones for last/.
+    checkpoint_every steps, at each new best of a validation metric (of the metric the network
+    watches, in its mode: see network_watch) and when the network asks the job to stop; stops
+    early after `patience` evaluations without a better val_loss and then goes back to the best
+    weights, keeping the last ones for last/. Stopped by the network early on the metric it
+    watches, it goes back to the weights of that metric's best step (the checkpoint taken at it,
+    or the latest before it: see network_best) the same way.
     Returns (final metrics, stopped): stopped is True when the run stopped on the network's
     request, before its end (the checkpoint is written; a restart resumes it).
     """
@@ -457,6 +465,7 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     # Under FSDP2 the gradients are DTensors, whose inf check is reduced across the processes.
     scaler = torch.amp.GradScaler(dist.device.type, enabled=precision_plan(dist.device).scaler)
     patience, max_steps = config["patience"], config["max_steps"]
+    watch = network_watch(os.environ)
 
     # e31.checkpoint and e31.resume see the whole (unsharded) state, so an FSDP run's checkpoint
     # does not depend on how many processes wrote it, and a restart with another number resumes it.
@@ -473,6 +482,7 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     best_state = extra.get("best_state")
     last = extra.get("last_metrics")
     bests = extra.get("bests", {})  # {name: (step, value)}: each validation metric's best, checkpointed there
+    watched = extra.get("watched")  # (step, value): the best of the metric the network watches, in its mode
     if extra.get("scaler") and scaler.is_enabled():
         scaler.load_state_dict(extra["scaler"])
     improved = False
@@ -482,15 +492,17 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         # The starting point, measured before any step: equal to the previous run's final evaluation.
         last = evaluate()
         e31.log_metric(0, **last)
+        watched = _watched(watch, watched, 0, last)
         best, best_step, best_state = last["val_loss"], 0, _snapshot(model, dist) if patience else None
-        improved = _improved(bests, 0, last)  # checkpointed below: a fine-tuning that only gets worse returns its start
+        improved = _improved(bests, 0, last, watch)  # checkpointed below: a fine-tuning that only gets worse returns its start
     if improved:
         _checkpoint(
             0, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests,
-            scaler=scaler.state_dict(),
+            scaler=scaler.state_dict(), watched=watched,
         )
 
     stopping = early = False
+    network = None  # (metric, mode, best point) when the network stopped the run early on its metric
     while step < max_steps and not early:
         step += 1
         model.train()
@@ -513,20 +525,26 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
             else:
                 bad += 1
             early = bool(patience) and bad >= patience
-            improved = dist.any(_improved(bests, step, last))  # every process takes part in the checkpoint, or none
+            improved = dist.any(_improved(bests, step, last, watch))  # every process takes part in the checkpoint, or none
         e31.log_metric(step, **values)
+        watched = _watched(watch, watched, step, values)
         stopping = dist.any(e31.should_stop())
         every = config["checkpoint_every"] or None
         if stopping or improved or (every and e31.checkpoint_due(step, every_steps=every)):
             _checkpoint(
                 step, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests,
-                scaler=scaler.state_dict(),
+                scaler=scaler.state_dict(), watched=watched,
             )
         if stopping:
+            network = _stopped_on_metric(dist, watch, watched)
+            if network is not None:
+                break  # the run's end: the weights of the metric's best step go back (below)
             if step < max_steps and not early:
                 print(f"stopping at step {step} of {max_steps}: {e31.stop_reason()}; checkpoint saved", flush=True)
                 return last, True
             break
+    if network is not None:
+        return network_best(model, dist, evaluate, network, step)
     if early:
         print(f"early stop at step {step}: no better val_loss in {patience} evaluations", flush=True)
     if last is None:
@@ -551,7 +569,7 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
     return last, False
 
 
-LAST = "last/"  # where the last weights go when early stopping returns better ones
+LAST = returned.LAST  # where the last weights go when early stopping returns better ones
 
 
 class _Final(dict):
@@ -561,15 +579,90 @@ class _Final(dict):
     last_state = None
 
 
-def _improved(bests, step, metrics):
+def network_watch(environ):
+    """(metric, mode) the network watches to stop the run early ($E31_EARLY_STOP_METRIC and
+    $E31_EARLY_STOP_MODE in environ), or None."""
+    metric = (environ.get("E31_EARLY_STOP_METRIC") or "").strip()
+    mode = (environ.get("E31_EARLY_STOP_MODE") or "min").strip()
+    return (metric, mode if mode in returned.MODES else "min") if metric else None
+
+
+def _watched(watch, watched, step, values):
+    """The best point of the watched metric after a step's values (watch: network_watch())."""
+    if watch is None or watch[0] not in values:
+        return watched
+    return returned.track(watched, step, values[watch[0]], watch[1])
+
+
+def _stopped_on_metric(dist, watch, watched):
+    """The run is told to stop: (metric, mode, its best point) when the network stopped it early
+    on the metric it watches, else None (a cancel, its ceiling, a preemption). The best point is
+    the network's (the notice's, counting the runs before a restart) or this run's own, if a
+    better one came after the notice was written. In every process (a run of several agrees:
+    each returns a value, or none does); only the first's best point is used."""
+    found = returned.early_stop_of(e31.stop_notice())
+    if not dist.any(found is not None):
+        return None
+    if found is None:
+        return ("", "min", None)  # another process's notice: this one only takes part
+    metric, mode, best = found
+    if watch == (metric, mode):
+        best = returned.better_of(best, watched, mode)
+    return metric, mode, best
+
+
+def network_best(model, dist, evaluate, network, step):
+    """The network stopped the run early on its metric at `step`: go back to the weights of the
+    metric's best step, from the checkpoint taken at it (the run checkpoints at each new best) or
+    the latest one before it, and keep the last weights for last/; the log and metrics.json say
+    which, in the words the network uses for a script (e31.best). Without such a checkpoint the
+    last weights are the output, and the log says why. Returns (final metrics, False)."""
+    metric, mode, best = network
+    path = weights_step = None
+    if dist.writer and best is not None:
+        found = {int(m.group(1)): p for p in e31._checkpoint_dir().glob("step-*.pt") if (m := e31.STEP_FILE.match(p.name))}
+        weights_step = returned.at_or_before(found, best[0])
+        path = found.get(weights_step)
+    if not dist.any(path is not None):
+        if dist.writer:
+            why = returned.unmatched_message(metric, best) if best is not None else f"no point of {metric} is known: the last weights are returned"
+            print(why, flush=True)
+        return evaluate(), False  # the run's end all the same: its last weights, evaluated, as its output
+    last_state = _snapshot(model, dist) if dist.sharded or dist.writer else None
+    state = _checkpoint_model(path) if path is not None else {}
+    if dist.sharded or dist.writer:  # under DDP each process has its own copy: only the first's is written
+        dist.load_model_state(model, state)
+    final = _Final(evaluate())
+    if dist.writer:
+        final["early_stop"] = returned.best_report(metric, mode, best, path.name, weights_step, {}, last_step=step)["early_stop"]
+        final.last_state = last_state
+        print(returned.returned_message(metric, best, path.name, weights_step, last_step=step), flush=True)
+    return final, False
+
+
+def _checkpoint_model(path):
+    """The model's state dict in an SDK checkpoint file (the whole, unsharded state)."""
+    try:
+        with _checkpoint_globals():
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        fail(f"cannot read the checkpoint {path.name}: {error}")
+    if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
+        fail(f"the checkpoint {path.name} holds no model state")
+    return payload["model"]
+
+
+def _improved(bests, step, metrics, watch=None):
     """Note each metric of an evaluation that is at its best so far (lower is better, higher for
-    an accuracy) in bests; True if any is."""
+    an accuracy; for the metric the network watches, as its mode says: watch is (metric, mode))
+    in bests; True if any is."""
     better = False
     for name, value in metrics.items():
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
         previous = bests.get(name)
-        if previous is None or (value > previous[1] if "accuracy" in name else value < previous[1]):
+        higher = watch[1] == "max" if watch is not None and name == watch[0] else "accuracy" in name
+        if previous is None or (value > previous[1] if higher else value < previous[1]):
             bests[name] = (step, float(value))
             better = True
     return better
@@ -584,8 +677,11 @@ def _checkpoint(step, model, optimizer, dist, *, bests, **extra):
     written = e31.checkpoint(step, model=held, optimizer=held_optimizer, keep_local=None, bests=bests, **extra)
     if written is None:
         return
-    spared = {best_step for best_step, _ in bests.values()}
     found = sorted((int(m.group(1)), p) for p in written.parent.iterdir() if (m := e31.STEP_FILE.match(p.name)))
+    spared = {best_step for best_step, _ in bests.values()}
+    watched = extra.get("watched")
+    if watched is not None:  # the one holding the watched metric's best (or the latest before it): network_best reads it
+        spared.add(returned.at_or_before([older for older, _ in found], watched[0]))
     for older, path in found[:-2]:
         if older not in spared:
             path.unlink(missing_ok=True)
