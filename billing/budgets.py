@@ -6,6 +6,7 @@ and the worst case of the allocations still running (what they may still spend: 
 cost cap, or its limit at its rate), so two jobs cannot both squeeze under it.
 """
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -15,10 +16,12 @@ WARNING_PERCENT = 80
 ZERO = Decimal(0)
 
 
-def worst_case(gpus, rate_per_gpu_hour, limit_seconds=None, cost_cap=None):
+def worst_case(
+    gpus: int, rate_per_gpu_hour: Decimal, limit_seconds: int | None = None, cost_cap: Decimal | None = None
+) -> Decimal | None:
     """The most an allocation (or a job still to be placed) may cost: its held-time limit x GPUs
     x rate, never more than its cost cap. None when nothing bounds it."""
-    amounts = []
+    amounts: list[Decimal] = []
     if limit_seconds is not None:
         amounts.append(meter.charge(gpus, limit_seconds, rate_per_gpu_hour))
     if cost_cap is not None:
@@ -35,12 +38,12 @@ class Spend:
     running_worst_case: Decimal = ZERO  # the most the allocations running now may cost in all
 
     @property
-    def so_far(self):
+    def so_far(self) -> Decimal:
         """What the month has cost so far, running jobs included (the billing page's figure)."""
         return self.released + self.running_so_far
 
     @property
-    def committed(self):
+    def committed(self) -> Decimal:
         """What the month may cost at most with what runs now (the scheduler's figure)."""
         return self.released + max(self.running_worst_case, self.running_so_far)
 
@@ -54,18 +57,21 @@ class Candidate:
     worst_case: Decimal | None
 
 
-def format_money(amount, currency):
+def format_money(amount: Decimal, currency: str) -> str:
     return f"{currency} {meter.round_money(amount):,}"
 
 
-def hold_back(candidates, budgets, spends, currency="USD", cumulative=True):
+def hold_back(
+    candidates: Iterable[Candidate], budgets: Mapping[str, Decimal | None], spends: Mapping[str, Spend], currency: str = "USD",
+    cumulative: bool = True,
+) -> dict[str, str]:
     """{job id: reason} for the candidates that must not start: their worst case would take
     their team's month past its budget. budgets: {team: Decimal or None}; spends: {team: Spend}.
 
     cumulative: candidates are taken in order and each one allowed adds its worst case to its
     team's spend, so jobs started in the same cycle cannot together overrun the budget."""
-    committed = {}
-    held = {}
+    committed: dict[str, Decimal] = {}
+    held: dict[str, str] = {}
     for candidate in candidates:
         budget = budgets.get(candidate.team)
         if budget is None:
@@ -101,7 +107,7 @@ class Status:
     committed: Decimal  # with the running jobs' worst case
 
     @property
-    def percent(self):
+    def percent(self) -> int | None:
         """Of the budget spent so far, in whole percent (None without a budget)."""
         if self.budget is None:
             return None
@@ -110,7 +116,7 @@ class Status:
         return int(self.spent * 100 / self.budget)
 
     @property
-    def level(self):
+    def level(self) -> str:
         """'' (no budget or under 80%), 'warning' (80% or more), 'over' (100% or more)."""
         percent = self.percent
         if percent is None:
@@ -122,18 +128,18 @@ class Status:
         return ""
 
     @property
-    def remaining(self):
+    def remaining(self) -> Decimal | None:
         """What the budget leaves for new jobs: less what is spent and what running jobs may still cost."""
         if self.budget is None:
             return None
         return max(ZERO, self.budget - self.committed)
 
     @property
-    def bar_percent(self):
+    def bar_percent(self) -> int | None:
         return None if self.percent is None else min(100, self.percent)
 
 
-def status(budget, spend):
+def status(budget: Decimal | None, spend: Spend) -> Status:
     return Status(
         budget=None if budget is None else Decimal(budget), spent=spend.so_far, committed=spend.committed
     )

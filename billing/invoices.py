@@ -9,9 +9,11 @@ numbered), the issued invoice's stored rows, its PDF and its CSV.
 
 import csv
 import io
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from billing import meter, statements
 
@@ -49,15 +51,15 @@ class Line:
     rates: tuple[Decimal, ...] = ()
 
     @property
-    def hours(self):
+    def hours(self) -> Decimal:
         return Decimal(self.seconds) / 3600
 
     @property
-    def duration(self):
+    def duration(self) -> str:
         return meter.format_duration(self.seconds)
 
     @property
-    def rates_text(self):
+    def rates_text(self) -> str:
         return " ".join(str(r) for r in self.rates)
 
 
@@ -76,44 +78,44 @@ class Document:
     issued_at: datetime | None = None
     corrects_number: str = ""
     reason: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
-    def subtotal(self):
+    def subtotal(self) -> Decimal:
         return sum((line.amount for line in self.lines if line.kind == USAGE), ZERO)
 
     @property
-    def credits(self):
+    def credits(self) -> Decimal:
         return sum((line.amount for line in self.lines if line.kind == CREDIT), ZERO)
 
     @property
-    def total(self):
+    def total(self) -> Decimal:
         return sum((line.amount for line in self.lines), ZERO)
 
     @property
-    def month(self):
+    def month(self) -> str:
         return f"{self.period_start:%Y-%m}"
 
     @property
-    def title(self):
+    def title(self) -> str:
         if self.kind == "credit_note":
             return "Credit note"
         return "Invoice" if self.state == "issued" else "Statement"
 
 
-def number(year, sequence):
+def number(year: int, sequence: int) -> str:
     """The invoice number: the year of issue and the team's sequence within it."""
     return f"{year:04d}-{sequence:04d}"
 
 
-def queue_seconds(submitted_at, first_start):
+def queue_seconds(submitted_at: datetime | None, first_start: datetime | None) -> int:
     """Seconds from submission to the first allocation's start (0 when not known)."""
     if submitted_at is None or first_start is None:
         return 0
     return meter.held_seconds(submitted_at, first_start)
 
 
-def staging_seconds(intervals):
+def staging_seconds(intervals: Iterable[tuple[datetime | None, datetime | None]]) -> int | None:
     """Whole seconds a job's stagings took: the sum over (started_at, finished_at) pairs of
     the finished ones; None when there were none."""
     spans = [(a, b) for a, b in intervals if a is not None and b is not None]
@@ -122,14 +124,14 @@ def staging_seconds(intervals):
     return sum(meter.held_seconds(a, b) for a, b in spans)
 
 
-def lines(usages, times=None):
+def lines(usages: Iterable[Usage], times: Mapping[str, JobTimes] | None = None) -> tuple[Line, ...]:
     """The lines of the usages: per job, in the order of its first record, a usage line, a
     credit line when it has a credit, then its queue and staging times (amount 0)."""
     times = times or {}
-    by_job = {}
+    by_job: dict[str, list[Usage]] = {}
     for usage in usages:
         by_job.setdefault(usage.job_id, []).append(usage)
-    out = []
+    out: list[Line] = []
     for job_id, items in by_job.items():
         name = items[0].job_name
         out.append(
@@ -169,7 +171,7 @@ def lines(usages, times=None):
     return tuple(out)
 
 
-def credit_note_lines(original_lines, reason):
+def credit_note_lines(original_lines: Iterable[Line], reason: str) -> tuple[Line, ...]:
     """A credit note reversing an invoice: each billed line negated (the informational ones
     left out), with the reason."""
     return tuple(
@@ -187,7 +189,7 @@ CSV_HEADER = [
 ]
 
 
-def render_csv(document):
+def render_csv(document: Document) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(CSV_HEADER)
@@ -209,20 +211,21 @@ def render_csv(document):
 # PDF -----------------------------------------------------------------------------------------
 
 
-def _money(value, currency):
+def _money(value: Decimal, currency: str) -> str:
     value = Decimal(value).quantize(meter.CENTS)
     sign = "-" if value < 0 else ""
     return f"{sign}{currency} {abs(value):,.2f}"
 
 
-def _rate(value):
+def _rate(value: Decimal) -> str:
     value = Decimal(value).normalize()
-    if value.as_tuple().exponent > -2:
+    exponent = value.as_tuple().exponent  # a str ('n', 'N', 'F') for NaN and infinities
+    if isinstance(exponent, int) and exponent > -2:
         value = value.quantize(meter.CENTS)
     return f"{value:,f}"
 
 
-def render_pdf(document):
+def render_pdf(document: Document) -> bytes:
     """The document as a PDF (A4): bytes."""
     from reportlab.lib import colors
     from reportlab.lib.enums import TA_RIGHT
@@ -246,7 +249,7 @@ def render_pdf(document):
     right = ParagraphStyle("right", parent=styles["Normal"], alignment=TA_RIGHT, fontSize=9.5, leading=13)
     brand = ParagraphStyle("brand", parent=styles["Title"], alignment=0, fontSize=20, leading=24, spaceAfter=0, textColor=colors.HexColor("#1f3a5f"))
 
-    def esc(text):
+    def esc(text: object) -> str:
         return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
     last_day = document.period_end - timedelta(seconds=1)
@@ -330,7 +333,7 @@ def render_pdf(document):
         )
     )
 
-    def footer(canvas, doc_):
+    def footer(canvas: Any, doc_: Any) -> None:  # reportlab's Canvas and doc template (reportlab has no type hints)
         canvas.saveState()
         canvas.setFont("Helvetica", 7.5)
         canvas.setFillColor(colors.HexColor("#666666"))

@@ -7,6 +7,7 @@ amounts keep 8 decimal places here and are rounded once, per invoice line, elsew
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
 SECONDS_PER_HOUR = 3600
@@ -16,12 +17,12 @@ AMOUNT_PLACES = Decimal("0.00000001")
 CENTS = Decimal("0.01")
 
 
-def held_seconds(started_at, ended_at):
+def held_seconds(started_at: datetime, ended_at: datetime) -> int:
     """Whole seconds between two datetimes (never negative)."""
     return max(0, math.floor((ended_at - started_at).total_seconds()))
 
 
-def charge(gpus, seconds, rate_per_gpu_hour, cap=None):
+def charge(gpus: int, seconds: int, rate_per_gpu_hour: Decimal, cap: Decimal | None = None) -> Decimal:
     """GPUs x held seconds x rate (per GPU-hour); never more than cap when a cap is given."""
     amount = Decimal(gpus * seconds) * Decimal(rate_per_gpu_hour) / SECONDS_PER_HOUR
     amount = amount.quantize(AMOUNT_PLACES, rounding=ROUND_HALF_EVEN)
@@ -30,12 +31,12 @@ def charge(gpus, seconds, rate_per_gpu_hour, cap=None):
     return amount
 
 
-def round_money(amount):
+def round_money(amount: Decimal) -> Decimal:
     """Round once, half-even, to the currency's minor unit."""
     return Decimal(amount).quantize(CENTS, rounding=ROUND_HALF_EVEN)
 
 
-def seconds_for_money(amount, gpus, rate_per_gpu_hour):
+def seconds_for_money(amount: Decimal, gpus: int, rate_per_gpu_hour: Decimal) -> int | None:
     """The most whole seconds of gpus that amount pays for at the rate."""
     rate = Decimal(rate_per_gpu_hour)
     if rate <= 0:
@@ -53,7 +54,7 @@ class Request:
     ceiling_gpu_hours: Decimal | None = None  # "until done", capped by GPU-hours
 
 
-def held_limit_seconds(request, rate_per_gpu_hour):
+def held_limit_seconds(request: Request, rate_per_gpu_hour: Decimal) -> int | None:
     """How long compute may be held for the request at the rate; None when unbounded."""
     limits = []
     if request.span_hours is not None:
@@ -67,7 +68,9 @@ def held_limit_seconds(request, rate_per_gpu_hour):
     return min(limits) if limits else None
 
 
-def remaining_allowance(request, rate_per_gpu_hour, held_before=0, spent_before=Decimal(0)):
+def remaining_allowance(
+    request: Request, rate_per_gpu_hour: Decimal, held_before: int = 0, spent_before: Decimal = Decimal(0)
+) -> tuple[int | None, Decimal | None]:
     """(held seconds, money) a new allocation may use after earlier ones held held_before
     seconds and were billed spent_before (credits already taken off); None where unbounded."""
     limit = held_limit_seconds(request, rate_per_gpu_hour)
@@ -79,7 +82,7 @@ def remaining_allowance(request, rate_per_gpu_hour, held_before=0, spent_before=
     return limit, cap
 
 
-def cost_cap(request, rate_per_gpu_hour):
+def cost_cap(request: Request, rate_per_gpu_hour: Decimal) -> Decimal | None:
     """The most the job may be billed: its money ceiling, or what its GPU-hour ceiling costs."""
     caps = []
     if request.ceiling_amount is not None:
@@ -96,7 +99,7 @@ class Estimate:
     gpu_hours: Decimal
 
 
-def estimate(request, rate_per_gpu_hour):
+def estimate(request: Request, rate_per_gpu_hour: Decimal) -> Estimate:
     """What a request costs at most: span x GPUs x rate, or the ceiling for "until done"."""
     rate = Decimal(rate_per_gpu_hour)
     gpus = Decimal(request.gpus)
@@ -113,14 +116,17 @@ def estimate(request, rate_per_gpu_hour):
     raise ValueError("a request needs a span or a ceiling")
 
 
-def format_duration(seconds):
+def format_duration(seconds: float) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours:d}:{minutes:02d}:{secs:02d}"
 
 
-def lost_time_credit(gpus, rate_per_gpu_hour, started_at, ended_at, last_checkpoint_at, charged):
+def lost_time_credit(
+    gpus: int, rate_per_gpu_hour: Decimal, started_at: datetime, ended_at: datetime, last_checkpoint_at: datetime | None,
+    charged: Decimal,
+) -> tuple[int, Decimal]:
     """What the network owes back when it took a job's compute away (node lost, preempted):
     the held time since the job's last checkpoint in this allocation (all of it when the
     allocation saved none), at the allocation's rate, never more than was charged.

@@ -1,7 +1,8 @@
 """Monthly usage statements: pure functions over plain records, no database."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from decimal import Decimal
 
 from billing import meter
@@ -35,15 +36,15 @@ class Line:
     credit: Decimal = Decimal("0.00")  # lost through the network's fault, rounded once
 
     @property
-    def billed(self):
+    def billed(self) -> Decimal:
         return self.amount - self.credit
 
     @property
-    def held_hours(self):
+    def held_hours(self) -> Decimal:
         return Decimal(self.held_seconds) / 3600
 
     @property
-    def gpu_hours(self):
+    def gpu_hours(self) -> Decimal:
         return Decimal(self.gpu_seconds) / 3600
 
 
@@ -53,18 +54,18 @@ class Statement:
     total: Decimal  # the sum of the rounded lines, less their credits
 
     @property
-    def credits(self):
+    def credits(self) -> Decimal:
         return sum((line.credit for line in self.lines), Decimal("0.00"))
 
     @property
-    def held_seconds(self):
+    def held_seconds(self) -> int:
         return sum(line.held_seconds for line in self.lines)
 
 
-def statement(usages):
+def statement(usages: Iterable[Usage]) -> Statement:
     """One line per job (its allocations summed), each amount and credit rounded once; the
     total sums what the lines bill (amount less credit)."""
-    by_job = {}
+    by_job: dict[str, list[Usage]] = {}
     for usage in usages:
         by_job.setdefault(usage.job_id, []).append(usage)
     lines = []
@@ -87,13 +88,13 @@ def statement(usages):
     return Statement(lines=lines, total=sum((line.billed for line in lines), Decimal("0.00")))
 
 
-def month_bounds(year, month):
+def month_bounds(year: int, month: int) -> tuple[datetime, datetime]:
     start = datetime(year, month, 1, tzinfo=timezone.utc)
     end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=timezone.utc)
     return start, end
 
 
-def parse_month(text, today):
+def parse_month(text: str, today: date) -> tuple[int, int]:
     """'YYYY-MM' to (year, month); today's month when empty. ValueError on anything else."""
     if not text:
         return today.year, today.month

@@ -50,8 +50,10 @@ now, one with no expected end is never counted on.
 """
 
 import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any, TypeAlias, TypedDict, cast, overload
 
 POLICIES = {"fifo", "sjf", "easy", "edf", "ours"}
 POLICY_ORDER = ("fifo", "sjf", "easy", "edf", "ours")  # for tables
@@ -67,6 +69,11 @@ URGENT_SLACK = 1800.0  # a deadline job with less slack than this goes before th
 GPU_WEIGHT = 0.5  # size = expected seconds x GPUs^GPU_WEIGHT
 INF = math.inf
 
+Part: TypeAlias = tuple[str, tuple[int, ...]]  # (node id, device indices)
+Parts: TypeAlias = tuple[Part, ...]  # where a job starts: one part per node
+# [time, node id, devices, allocation id or None]: a list, so that a preemption can move its time.
+_Release: TypeAlias = list[Any]
+
 
 @dataclass(frozen=True)
 class QueuedJob:
@@ -79,7 +86,7 @@ class QueuedJob:
     expected_seconds: float = 3600.0
     team: str = ""
     preemptible: bool = False
-    staged_on: frozenset | None = None  # nodes holding its data; None: it needs no staging
+    staged_on: frozenset[str] | None = None  # nodes holding its data; None: it needs no staging
     staging_note: str = ""  # why it is not staged yet
 
 
@@ -114,26 +121,32 @@ class Placement:
     job_id: str
     parts: tuple[tuple[str, tuple[int, ...]], ...]
 
-    def __init__(self, job_id, parts, devices=None):
+    @overload
+    def __init__(self, job_id: str, parts: Iterable[tuple[str, Iterable[int]]]) -> None: ...
+
+    @overload
+    def __init__(self, job_id: str, parts: str, devices: Iterable[int]) -> None: ...
+
+    def __init__(self, job_id: str, parts: Iterable[tuple[str, Iterable[int]]] | str, devices: Iterable[int] | None = None) -> None:
         # Placement(job, parts) or, for one node, Placement(job, node_id, devices).
         if devices is not None:
-            parts = ((parts, tuple(devices)),)
+            parts = ((cast(str, parts), tuple(devices)),)
         object.__setattr__(self, "job_id", job_id)
-        object.__setattr__(self, "parts", tuple((node, tuple(devs)) for node, devs in parts))
+        object.__setattr__(self, "parts", tuple((node, tuple(devs)) for node, devs in cast("Iterable[tuple[str, Iterable[int]]]", parts)))
 
     @property
-    def node_id(self):
+    def node_id(self) -> str:
         return self._one()[0]
 
     @property
-    def devices(self):
+    def devices(self) -> tuple[int, ...]:
         return self._one()[1]
 
     @property
-    def gpus(self):
+    def gpus(self) -> int:
         return sum(len(devices) for _, devices in self.parts)
 
-    def _one(self):
+    def _one(self) -> Part:
         if len(self.parts) != 1:
             raise ValueError(f"placement of job {self.job_id} spans {len(self.parts)} nodes: read .parts")
         return self.parts[0]
@@ -152,11 +165,11 @@ class Plan:
 
 # Texts ------------------------------------------------------------------------------------------
 
-def _devices(n):
+def _devices(n: int) -> str:
     return f"{n} device" if n == 1 else f"{n} devices"
 
 
-def _when(t, now=None):
+def _when(t: float, now: float | None = None) -> str:
     if t == INF:
         return "an unknown time"
     moment = datetime.fromtimestamp(t, timezone.utc)
@@ -165,7 +178,7 @@ def _when(t, now=None):
     return f"{moment:%Y-%m-%d %H:%M} UTC"
 
 
-def _span(seconds):
+def _span(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -179,24 +192,24 @@ def _span(seconds):
     return f"{hours / 24:.1f}".rstrip("0").rstrip(".") + " days"
 
 
-def _seconds(t):
+def _seconds(t: float | datetime) -> float:
     """Times are floats; a datetime from older callers is taken as its epoch seconds."""
     return t.timestamp() if hasattr(t, "timestamp") else t
 
 
 # Fair share -------------------------------------------------------------------------------------
 
-def decayed_usage(records, now, half_life=DEFAULT_HALF_LIFE):
+def decayed_usage(records: Iterable[tuple[str, float, float]], now: float, half_life: float = DEFAULT_HALF_LIFE) -> dict[str, float]:
     """GPU-seconds per team, each record weighed by 2^(-age/half_life) from when it ended.
     records: iterable of (team, gpu_seconds, ended_at)."""
-    usage = {}
+    usage: dict[str, float] = {}
     for team, gpu_seconds, ended_at in records:
         weight = 2.0 ** (-max(0.0, now - ended_at) / half_life)
         usage[team] = usage.get(team, 0.0) + gpu_seconds * weight
     return usage
 
 
-def fair_share_factor(team, usage, shares=None):
+def fair_share_factor(team: str, usage: Mapping[str, float] | None, shares: Mapping[str, float] | None = None) -> float:
     """Slurm's classic fair-share factor F = 2^(-U/S): U the team's share of all decayed usage,
     S its share of the cluster (operator-set shares, normalised; equal by default). 1.0 for a
     team that used nothing, 0.5 for one that used exactly its share, towards 0 for heavy users."""
@@ -208,7 +221,7 @@ def fair_share_factor(team, usage, shares=None):
     return 2.0 ** (-(usage.get(team, 0.0) / total) / s[team])
 
 
-def _normalised_shares(shares, teams):
+def _normalised_shares(shares: Mapping[str, float] | None, teams: Iterable[str]) -> dict[str, float]:
     raw = {t: (shares.get(t, 1.0) if shares else 1.0) for t in teams}
     if shares:
         raw.update({t: v for t, v in shares.items()})
@@ -216,7 +229,10 @@ def _normalised_shares(shares, teams):
     return {t: max(v, 1e-9) / total for t, v in raw.items()}
 
 
-def _factors(queue, running, now, usage, shares, half_life):
+def _factors(
+    queue: Iterable[QueuedJob], running: Iterable[Running], now: float, usage: Mapping[str, float] | None,
+    shares: Mapping[str, float] | None, half_life: float,
+) -> dict[str, float]:
     """Fair-share factor per team, running allocations' usage so far counted (decayed)."""
     usage = dict(usage or {})
     rate = half_life / math.log(2)
@@ -238,15 +254,15 @@ class _Pool:
     """The free devices of the nodes during one pass, indexed so best fit is cheap with many
     nodes: per device type, partly used nodes by free count and whole free nodes by size."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes: Collection[NodeState]) -> None:
         self.nodes = {n.id: n for n in nodes}
         self.free = {n.id: set(n.free) for n in nodes}
-        self.partial = {}  # type -> {free count: {node ids}}
-        self.whole = {}  # type -> {devices: {node ids}}
-        self.max_devices = {}  # type -> the largest node
-        self.total_devices = {}  # type -> devices in all
+        self.partial: dict[str, dict[int, set[str]]] = {}  # type -> {free count: {node ids}}
+        self.whole: dict[str, dict[int, set[str]]] = {}  # type -> {devices: {node ids}}
+        self.max_devices: dict[str, int] = {}  # type -> the largest node
+        self.total_devices: dict[str, int] = {}  # type -> devices in all
         self.total_free = 0
-        self._capacity = {}
+        self._capacity: dict[str, tuple[int, int]] = {}
         for n in nodes:
             self.partial.setdefault(n.device_type, {})
             self.whole.setdefault(n.device_type, {})
@@ -255,7 +271,7 @@ class _Pool:
             self._index(n.id)
             self.total_free += len(self.free[n.id])
 
-    def _bucket(self, node_id):
+    def _bucket(self, node_id: str) -> set[str] | None:
         n = self.nodes[node_id]
         count = len(self.free[node_id])
         if count == 0:
@@ -264,29 +280,29 @@ class _Pool:
             return self.whole[n.device_type].setdefault(n.devices, set())
         return self.partial[n.device_type].setdefault(count, set())
 
-    def _index(self, node_id):
+    def _index(self, node_id: str) -> None:
         bucket = self._bucket(node_id)
         if bucket is not None:
             bucket.add(node_id)
 
-    def _unindex(self, node_id):
+    def _unindex(self, node_id: str) -> None:
         bucket = self._bucket(node_id)
         if bucket is not None:
             bucket.discard(node_id)
 
-    def take(self, parts):
+    def take(self, parts: Iterable[tuple[str, Collection[int]]]) -> None:
         for node_id, devices in parts:
             self._unindex(node_id)
             self.free[node_id].difference_update(devices)
             self.total_free -= len(devices)
             self._index(node_id)
 
-    def types(self, job):
+    def types(self, job: QueuedJob) -> list[str]:
         if job.gpu_type:
             return [job.gpu_type] if job.gpu_type in self.max_devices else []
         return list(self.max_devices)
 
-    def capacity(self, job):
+    def capacity(self, job: QueuedJob) -> tuple[int, int]:
         """(largest node, devices in all) over the nodes of the job's type."""
         known = self._capacity.get(job.gpu_type)
         if known is None:
@@ -295,7 +311,7 @@ class _Pool:
                 max((self.max_devices[t] for t in types), default=0), sum(self.total_devices[t] for t in types))
         return known
 
-    def find(self, job, avoid=None):
+    def find(self, job: QueuedJob, avoid: Mapping[str, set[int]] | None = None) -> Parts | None:
         """Where the job could start now: parts, or None. avoid: {node id: devices} it must not use."""
         types = self.types(job)
         if not types or job.gpus > self.total_free:
@@ -309,7 +325,7 @@ class _Pool:
             return None if best is None else ((best, _lowest(self.free[best], job.gpus)),)
         return self._multi(types, job.gpus, largest)
 
-    def _best_single(self, types, gpus, largest, exclude):
+    def _best_single(self, types: Collection[str], gpus: int, largest: int, exclude: Collection[str]) -> str | None:
         for count in range(gpus, largest + 1):
             found = [i for t in types for i in self.partial[t].get(count, ()) if i not in exclude]
             if found:
@@ -320,7 +336,7 @@ class _Pool:
                 return min(found)
         return None
 
-    def _multi(self, types, gpus, largest):
+    def _multi(self, types: Collection[str], gpus: int, largest: int) -> Parts | None:
         wholes = sorted(((-size, i) for t in types for size, ids in self.whole[t].items() for i in ids))
         parts, left, used = [], gpus, set()
         for minus_size, node_id in wholes:
@@ -336,16 +352,19 @@ class _Pool:
         return tuple(parts)
 
 
-def _lowest(devices, n):
+def _lowest(devices: Iterable[int], n: int) -> tuple[int, ...]:
     return tuple(sorted(devices)[:n])
 
 
-def _find_scan(gpus, largest, nodes, free, candidates, types, avoid):
+def _find_scan(
+    gpus: int, largest: int, nodes: Mapping[str, NodeState], free: Mapping[str, set[int]], candidates: Sequence[str] | None,
+    types: Collection[str], avoid: Mapping[str, set[int]],
+) -> Parts | None:
     """The same choice as _Pool.find by scanning the nodes (for staged jobs, reservations and
     backfilling around them)."""
     ids = candidates if candidates is not None else [i for i, n in nodes.items() if n.device_type in types]
 
-    def usable(i):
+    def usable(i: str) -> set[int]:
         held = avoid.get(i)
         return free[i] - held if held else free[i]
 
@@ -377,13 +396,15 @@ def _find_scan(gpus, largest, nodes, free, candidates, types, avoid):
 
 # Ordering ---------------------------------------------------------------------------------------
 
-def queue_order(job):
+def queue_order(job: QueuedJob) -> tuple[bool, float, str]:
     """Submission order, preemptible jobs after the rest: a preempted job goes back to the
     queue with its first place, and must not take back the devices it was preempted for."""
     return (job.preemptible, job.submitted_at, job.id)
 
 
-def _order_key(policy, now, factors, infeasible, urgent):
+def _order_key(
+    policy: str, now: float, factors: Mapping[str, float], infeasible: Collection[str], urgent: set[str],
+) -> Callable[[QueuedJob], tuple[float | str, ...]]:
     if policy in ("fifo", "easy"):
         return queue_order
     if policy == "sjf":
@@ -391,7 +412,7 @@ def _order_key(policy, now, factors, infeasible, urgent):
     if policy == "edf":
         return lambda j: (j.preemptible, INF if j.deadline is None else j.deadline, j.submitted_at, j.id)
 
-    def ours(j):
+    def ours(j: QueuedJob) -> tuple[bool, int, float, float, str]:
         size = j.expected_seconds * j.gpus ** GPU_WEIGHT / factors.get(j.team, 1.0)
         if j.deadline is not None and j.id not in infeasible:
             slack = j.deadline - now - j.expected_seconds
@@ -406,10 +427,20 @@ def _order_key(policy, now, factors, infeasible, urgent):
 
 # The pass ---------------------------------------------------------------------------------------
 
+class _State(TypedDict):
+    """What one pass of plan() carries between the jobs it considers."""
+
+    reservation: tuple[QueuedJob, float, dict[str, set[int]]] | None  # (job, from when, {node id: devices})
+    blocked: QueuedJob | None  # fifo: the first job that could not start
+    reclaim: tuple[int, int] | None  # _may_preempt's cache
+    room: tuple[int, int] | None  # _room_beside's cache
+
+
 def plan(
-    queue, nodes, running, now, *, usage=None, shares=None, policy="ours", half_life=DEFAULT_HALF_LIFE, explain=True,
-    preempt_every=PREEMPT_AT_MOST_EVERY,
-):
+    queue: Sequence[QueuedJob], nodes: Collection[NodeState], running: Sequence[Running], now: float | datetime, *,
+    usage: Mapping[str, float] | None = None, shares: Mapping[str, float] | None = None, policy: str = "ours",
+    half_life: float = DEFAULT_HALF_LIFE, explain: bool = True, preempt_every: float = PREEMPT_AT_MOST_EVERY,
+) -> Plan:
     """One scheduling pass (see the module's docstring). usage: decayed GPU-seconds per team of
     ended allocations (decayed_usage); the running allocations' usage so far is added here.
     explain=False leaves out the texts of jobs that merely wait (the simulator's speed).
@@ -421,11 +452,12 @@ def plan(
     pool = _Pool(nodes)
     waiting = result.waiting
 
-    def note(job, text):
+    def note(job: QueuedJob, text: str) -> str:
         return _note(result, job, text, now)
 
     # Who can be considered now.
-    due, wake = [], INF
+    due: list[QueuedJob] = []
+    wake = INF
     for job in queue:
         nb = job.not_before
         if nb is not None and nb > now:
@@ -448,12 +480,12 @@ def plan(
         due.append(job)
 
     factors = _factors(queue, running, now, usage, shares, half_life) if policy == "ours" else {}
-    urgent = set()
+    urgent: set[str] = set()
     due.sort(key=_order_key(policy, now, factors, result.infeasible, urgent))
 
     # When devices come back: running allocations at their expected ends, then our placements.
-    releases = []  # (time, node id, devices)
-    victims = {}  # node id -> preemptible allocations that may be preempted now
+    releases: list[_Release] = []  # (time, node id, devices)
+    victims: dict[str, list[Running]] = {}  # node id -> preemptible allocations that may be preempted now
     for a in running:
         end = INF if a.expected_end is None else max(a.expected_end, now)
         releases.append([end, a.node_id, a.devices, a.id])
@@ -463,10 +495,10 @@ def plan(
             victims.setdefault(a.node_id, []).append(a)
     release_of = {r[3]: r for r in releases}
 
-    state = {"reservation": None, "blocked": None, "reclaim": None, "room": None}  # reservation: (job, time, {node id: devices})
+    state: _State = {"reservation": None, "blocked": None, "reclaim": None, "room": None}  # reservation: (job, time, {node id: devices})
     backfill = policy in ("easy", "edf", "ours")
 
-    def consider(job):
+    def consider(job: QueuedJob) -> str:
         """Place the job, have it preempt, reserve for it, or say why it waits. Returns what
         became of it: "placed", "preempting", "reserved" or "waiting"."""
         reservation, blocked = state["reservation"], state["blocked"]
@@ -498,8 +530,8 @@ def plan(
                 pool.take(claimed)
                 state["room"] = None
                 end = now + job.expected_seconds
-                deadline = job.deadline is not None and job.id not in result.infeasible
-                why = (f"job {job.id[:8]} needs its devices to meet its deadline ({_when(job.deadline, now)})" if deadline
+                deadline = job.deadline if job.id not in result.infeasible else None
+                why = (f"job {job.id[:8]} needs its devices to meet its deadline ({_when(deadline, now)})" if deadline is not None
                        else "a job that is not preemptible needs its devices")
                 for a in chosen:
                     release_of[a.id][0] = end
@@ -534,7 +566,7 @@ def plan(
             waiting[job.id] = note(job, why)
         return "waiting"
 
-    handled = set()
+    handled: set[str] = set()
     if policy == "ours":
         # First the jobs that waited past STARVE_AFTER, oldest first, until one cannot start:
         # that one holds the reservation. Then urgent deadlines, least slack first, then the rest
@@ -560,18 +592,18 @@ def plan(
     return result
 
 
-def _type_ok(job, node):
+def _type_ok(job: QueuedJob, node: NodeState) -> bool:
     return not job.gpu_type or job.gpu_type == node.device_type
 
 
-def _note(result, job, text, now):
-    if job.id in result.infeasible:
+def _note(result: Plan, job: QueuedJob, text: str, now: float) -> str:
+    if job.id in result.infeasible and job.deadline is not None:  # infeasible: it has a deadline
         return (f"its deadline can no longer be met: it needs {_span(job.expected_seconds)} and "
                 f"{_span(job.deadline - now)} {'is' if job.deadline - now < 90 else 'are'} left; {text}")
     return text
 
 
-def _short_of(job, pool):
+def _short_of(job: QueuedJob, pool: _Pool) -> str:
     largest, _ = pool.capacity(job)
     types = pool.types(job)
     ids = [i for i, n in pool.nodes.items() if n.device_type in types and (job.staged_on is None or i in job.staged_on)]
@@ -582,7 +614,7 @@ def _short_of(job, pool):
     return f"waiting for {_devices(job.gpus)} on whole nodes; {sum(len(pool.free[i]) for i in ids)} free, {whole} whole node{'s' if whole != 1 else ''}"
 
 
-def _reserve(job, pool, releases):
+def _reserve(job: QueuedJob, pool: _Pool, releases: Iterable[_Release]) -> tuple[float, dict[str, set[int]] | None]:
     """The earliest time the job fits, with the devices released at their expected ends, and
     the devices it would take then."""
     types = pool.types(job)
@@ -602,47 +634,51 @@ def _reserve(job, pool, releases):
     return INF, None
 
 
-def _room_beside(job, pool, reserved, state):
+def _room_beside(job: QueuedJob, pool: _Pool, reserved: Mapping[str, set[int]], state: _State) -> bool:
     """A cheap bound: are there enough free devices outside the reservation for the job? Cached
     in state["room"] (None after any change) as (most on one node, devices on whole nodes)."""
-    if state["room"] is None:
+    room = state["room"]
+    if room is None:
         most, whole = 0, 0
         for i, devices in pool.free.items():
             n = len(devices - reserved[i]) if i in reserved else len(devices)
             most = max(most, n)
             if n >= pool.nodes[i].devices:
                 whole += n
-        state["room"] = (most, whole)
-    most, whole = state["room"]
+        room = state["room"] = (most, whole)
+    most, whole = room
     largest, _ = pool.capacity(job)
     return job.gpus <= most if job.gpus <= largest else job.gpus <= whole + most
 
 
-def _may_preempt(job, pool, victims, state):
+def _may_preempt(job: QueuedJob, pool: _Pool, victims: Mapping[str, list[Running]], state: _State) -> bool:
     """A cheap bound: could preempting give the job enough devices anywhere? Cached in
     state["reclaim"] (None after any change) as (most on one node, devices of nodes that could
     be emptied)."""
-    if state["reclaim"] is None:
+    reclaim = state["reclaim"]
+    if reclaim is None:
         most, whole = 0, 0
         for i, node in pool.nodes.items():
             n = len(pool.free[i]) + sum(len(a.devices) for a in victims.get(i, ()))
             most = max(most, n)
             if n >= node.devices:
                 whole += node.devices
-        state["reclaim"] = (most, whole)
-    most, whole = state["reclaim"]
+        reclaim = state["reclaim"] = (most, whole)
+    most, whole = reclaim
     largest, _ = pool.capacity(job)
     return job.gpus <= most if job.gpus <= largest else job.gpus <= whole
 
 
-def _preempt_for(job, pool, victims, now):
+def _preempt_for(
+    job: QueuedJob, pool: _Pool, victims: dict[str, list[Running]], now: float,
+) -> tuple[Parts, list[Running], list[Part]] | None:
     """Devices for a job that is not preemptible, on one node (or whole nodes for a job larger
     than a node), by preempting the youngest preemptible allocations there: (parts, allocations,
     free devices claimed as parts) or None."""
     types = pool.types(job)
     ids = [i for i, n in pool.nodes.items() if n.device_type in types and (job.staged_on is None or i in job.staged_on)]
     largest, _ = pool.capacity(job)
-    options = []  # (cost, node id, allocations taken, devices available)
+    options: list[tuple[int, str, list[Running], set[int]]] = []  # (cost, node id, allocations taken, devices available)
     for i in ids:
         available = set(pool.free[i])
         taking = []
@@ -684,18 +720,18 @@ def _preempt_for(job, pool, victims, now):
 
 # The first-come-first-served pass of the first release, kept for its callers ------------------
 
-def _fits(job, node):
+def _fits(job: QueuedJob, node: NodeState) -> bool:
     return (not job.gpu_type or job.gpu_type == node.device_type) and node.devices >= job.gpus
 
 
-def place_fcfs(queue, nodes, now):
+def place_fcfs(queue: Iterable[QueuedJob], nodes: Sequence[NodeState], now: float | datetime) -> Plan:
     """Place jobs in submission order on one node each; the first that cannot start now holds
     back the rest, so a large job is not overtaken forever by small ones. Jobs that no live node
     could ever hold, or that must not start yet, do not hold anyone back."""
     now = _seconds(now)
     result = Plan()
     free = {node.id: list(node.free) for node in nodes}
-    blocked_by = None
+    blocked_by: str | None = None
     for job in sorted(queue, key=queue_order):
         if job.not_before is not None and _seconds(job.not_before) > now:
             result.waiting[job.id] = f"not before {_when(_seconds(job.not_before))}"
@@ -726,7 +762,9 @@ def place_fcfs(queue, nodes, now):
     return result
 
 
-def choose_preemptions(plan, queue, nodes, running, now):
+def choose_preemptions(
+    plan: Plan, queue: Iterable[QueuedJob], nodes: Sequence[NodeState], running: Iterable[Running], now: float | datetime,
+) -> tuple[list[str], dict[str, str]]:
     """Which preemptible allocations to stop so that jobs that are not preemptible can start,
     after a pass that left them waiting (place_fcfs). `plan()` does this itself.
 
@@ -740,13 +778,14 @@ def choose_preemptions(plan, queue, nodes, running, now):
     pool = _Pool(nodes)
     for placement in plan.placements:
         pool.take(placement.parts)
-    victims = {}
+    victims: dict[str, list[Running]] = {}
     for a in running:
         if a.preemptible and a.node_id in pool.nodes and (
             a.preempting or a.last_preempted_at is None or now - _seconds(a.last_preempted_at) >= PREEMPT_AT_MOST_EVERY
         ):
             victims.setdefault(a.node_id, []).append(a)
-    chosen, notes = [], {}
+    chosen: list[str] = []
+    notes: dict[str, str] = {}
     for job in sorted(queue, key=queue_order):
         if job.id in placed or job.preemptible or (job.not_before is not None and _seconds(job.not_before) > now):
             continue
@@ -762,7 +801,9 @@ def choose_preemptions(plan, queue, nodes, running, now):
     return chosen, notes
 
 
-def choose_staging_node(job, nodes, cached_bytes, lined_up):
+def choose_staging_node(
+    job: QueuedJob, nodes: Iterable[NodeState], cached_bytes: Mapping[str, int], lined_up: Mapping[str, int],
+) -> str | None:
     """Where to stage a queued job's data: a node that can run it, preferring the one that
     already holds the most of its data, then the one with the fewest jobs lined up, then the
     one with the most free devices."""
@@ -776,7 +817,10 @@ def choose_staging_node(job, nodes, cached_bytes, lined_up):
 MAX_STAGING_NODES = 3  # a job waiting on busy nodes is staged on at most this many at once
 
 
-def choose_another_staging_node(job, nodes, staged_on, spare, cached_bytes, lined_up):
+def choose_another_staging_node(
+    job: QueuedJob, nodes: Iterable[NodeState], staged_on: Collection[str], spare: Mapping[str, int],
+    cached_bytes: Mapping[str, int], lined_up: Mapping[str, int],
+) -> str | None:
     """A queued job is staged on staged_on, but none of those nodes has the devices for it now;
     if another node that could run it has them spare (spare: node id -> devices free and not
     already promised to a job ahead in the queue), stage it there too, so it does not wait for
@@ -794,13 +838,19 @@ def choose_another_staging_node(job, nodes, staged_on, spare, cached_bytes, line
     return min(candidates, key=lambda n: (-cached_bytes.get(n.id, 0), lined_up.get(n.id, 0), -spare.get(n.id, 0), n.id)).id
 
 
-def choose_staging_nodes(job, nodes, cached_bytes, lined_up, exclude=()):
+def choose_staging_nodes(
+    job: QueuedJob, nodes: Sequence[NodeState], cached_bytes: Mapping[str, int], lined_up: Mapping[str, int],
+    exclude: Collection[str] = (),
+) -> list[str]:
     """Where to stage a queued job's data: one node (choose_staging_node) when one node can run
     it; for a gang larger than any node, enough nodes of its type to hold it together, in the
     same order of preference. [] when the live nodes cannot hold it. exclude: nodes that already
     stage it (their devices count)."""
     if any(_fits(job, n) for n in nodes):
-        return [] if exclude else [choose_staging_node(job, nodes, cached_bytes, lined_up)]
+        if exclude:
+            return []
+        best = choose_staging_node(job, nodes, cached_bytes, lined_up)
+        return [] if best is None else [best]  # never None: a node fits
     typed = [n for n in nodes if not job.gpu_type or job.gpu_type == n.device_type]
     have = sum(n.devices for n in typed if n.id in exclude)
     chosen = []
@@ -812,7 +862,11 @@ def choose_staging_nodes(job, nodes, cached_bytes, lined_up, exclude=()):
     return chosen if have >= job.gpus else []
 
 
-def predict(queue, nodes, running, now, *, usage=None, shares=None, policy="ours", half_life=DEFAULT_HALF_LIFE):
+def predict(
+    queue: Sequence[QueuedJob], nodes: Sequence[NodeState], running: Sequence[Running], now: float | datetime, *,
+    usage: Mapping[str, float] | None = None, shares: Mapping[str, float] | None = None, policy: str = "ours",
+    half_life: float = DEFAULT_HALF_LIFE,
+) -> dict[str, tuple[float, float]]:
     """job id -> (predicted start, predicted finish): the current queue and running allocations
     simulated with their expected durations and no new arrivals (running ones end at their
     expected_end; one with none never ends, and jobs that wait on it get math.inf). Running
