@@ -24,7 +24,7 @@ from billing import api as billing_api
 from billing import invoice_views
 from e31.recipes.precision import PRECISIONS
 from jobs import api as jobs_api
-from jobs import dataset_api, run_api
+from jobs import dataset_api, folder_api, run_api
 
 ERROR_CODES = {
     "400": "The request was refused: 'detail' says why, 'errors' which fields are at fault.",
@@ -358,6 +358,8 @@ SPEC_HELP = (
     "preemptible, keep_checkpoints, max_restarts, early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
 )
 
+FOLDER_UPLOAD_HELP = "The code: a folder uploaded ahead (POST /api/folders/, every byte arrived), packed into a zip the job unpacks."
+
 JobSubmitForm = inline_serializer(
     name="JobSubmitForm",
     fields={
@@ -367,11 +369,12 @@ JobSubmitForm = inline_serializer(
         "data": s.ListField(child=s.FileField(), required=False, help_text="Training data files."),
         "heldout": s.ListField(child=s.FileField(), required=False, help_text="Held-out data files."),
         "base_model": s.ListField(child=s.FileField(), required=False, help_text="A starting model's weights."),
+        "code_folder_upload": s.UUIDField(required=False, help_text=FOLDER_UPLOAD_HELP),
     },
 )
 JobSubmitJson = inline_serializer(
     name="JobSubmitJson",
-    fields={"spec": s.JSONField(help_text=SPEC_HELP), "spec_name": s.CharField(required=False)},
+    fields={"spec": s.JSONField(help_text=SPEC_HELP), "spec_name": s.CharField(required=False), "code_folder_upload": s.UUIDField(required=False, help_text=FOLDER_UPLOAD_HELP)},
 )
 SpecOnlyForm = inline_serializer(name="SpecForm", fields={"spec": s.CharField(help_text=SPEC_HELP)})
 
@@ -423,6 +426,47 @@ UploadStart = inline_serializer(
     },
 )
 UploadComplete = inline_serializer(name="UploadComplete", fields={"sha256": s.CharField(required=False, allow_blank=True)})
+FolderOpen = inline_serializer(
+    name="FolderOpen",
+    fields={
+        "files": s.ListField(
+            child=inline_serializer(
+                name="FolderOpenFile",
+                fields={
+                    "path": s.CharField(help_text="The file's path as the browser gives it (myproj/src/train.py): the one top folder is taken off."),
+                    "size": s.IntegerField(min_value=0, help_text="In bytes."),
+                },
+            ),
+            help_text="Every file of the folder; __pycache__, .git and .DS_Store are left out.",
+        )
+    },
+)
+
+
+class FolderFile(s.Serializer):
+    id = s.UUIDField()
+    path = s.CharField()
+    size = s.IntegerField()
+    chunk_size = s.IntegerField()
+    received = s.IntegerField(help_text="Bytes arrived so far: send the next chunk at this offset.")
+    state = s.CharField()
+    url = s.URLField(help_text="PUT ?offset=N with a chunk.")
+
+
+class Folder(s.Serializer):
+    id = s.UUIDField()
+    state = s.CharField(help_text="open, packed (the job's code now) or aborted.")
+    error = s.CharField(allow_blank=True)
+    top = s.CharField(allow_blank=True, help_text="The one top folder the paths shared, taken off in the zip.")
+    file_count = s.IntegerField()
+    bytes = s.IntegerField()
+    files_arrived = s.IntegerField()
+    received = s.IntegerField()
+    complete = s.BooleanField(help_text="Every byte has arrived: name the folder in code_folder_upload.")
+    packed_as = s.CharField(allow_null=True)
+    created_at = s.DateTimeField()
+    url = s.URLField()
+    files = FolderFile(many=True)
 
 Token = inline_serializer(name="Token", fields={"token": s.CharField(), "username": s.CharField()})
 Login = inline_serializer(name="Login", fields={"username": s.CharField(), "password": s.CharField()})
@@ -445,7 +489,7 @@ class AuditEvent(s.Serializer):
     user = s.CharField(allow_null=True, help_text="The user's name; null for the system's own actions.")
     actor = s.CharField(help_text="The user's name, or the command's (e.g. 'manage.py invoices') for a system action.")
     action = s.ChoiceField(choices=list(audit_views.ACTIONS))
-    object_type = s.CharField(allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload; blank for none.")
+    object_type = s.CharField(allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload, folderupload; blank for none.")
     object_id = s.CharField(allow_blank=True)
     label = s.CharField(allow_blank=True, help_text="The object's name, for people.")
     via = s.ChoiceField(choices=["web", "api", "ws", "system"], help_text="api also for the CLI; ws for live sockets.")
@@ -603,6 +647,24 @@ def describe():
             202: OpenApiResponse(Upload, description="A large file, checked and completing: poll its url (also in Location) until complete or failed."),
             409: OpenApiResponse(description="Not all arrived, or the digest differs."), 503: OpenApiResponse(description="Storage failed: complete it again."),
         },
+    )
+
+    tag = "folders"
+    annotate(
+        folder_api.folder_open, operation_id="folder_open", tags=[tag], summary="Announce a folder to upload as a job's code, resumably",
+        request={"application/json": FolderOpen}, responses={201: Folder},
+    )
+    annotate(folder_api.folder_detail, ["GET"], operation_id="folder_retrieve", tags=[tag], summary="How far each of the folder's files has arrived", responses={200: Folder})
+    annotate(
+        folder_api.folder_detail, ["DELETE"], operation_id="folder_abort", tags=[tag], summary="Give the folder's upload up", request=None,
+        responses={200: Folder, 409: OpenApiResponse(description="Packed already.")},
+    )
+    annotate(folder_api.folder_file, ["GET"], operation_id="folder_file_retrieve", tags=[tag], summary="How far a file of the folder has arrived", responses={200: FolderFile})
+    annotate(
+        folder_api.folder_file, ["PUT"], operation_id="folder_file_put_chunk", tags=[tag], summary="Send a chunk of a file of the folder, at an offset",
+        parameters=[OpenApiParameter("offset", OpenApiTypes.INT, required=True, description="The chunk's offset in bytes: the file's received.")],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={200: FolderFile, 409: OpenApiResponse(description="Not at the expected offset: continue from 'received'; or the folder is packed or given up."), 503: OpenApiResponse(description="Storage failed: send the chunk again.")},
     )
 
     tag = "billing"

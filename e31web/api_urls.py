@@ -5,10 +5,9 @@ from accounts import api as accounts_api
 from accounts import audit_views
 from billing import api as billing_api
 from billing import invoice_views
-from jobs import api as jobs_api
-from jobs import dataset_api, run_api
-
 from e31web import api_schema  # noqa: F401  (describes the views above for the OpenAPI schema)
+from jobs import api as jobs_api
+from jobs import dataset_api, folder_api, run_api
 
 app_name = "api"
 urlpatterns = [
@@ -44,6 +43,9 @@ urlpatterns = [
     path("datasets/<uuid:dataset_id>/versions/<int:number>/seal/", dataset_api.version_seal, name="dataset-seal"),
     path("datasets/uploads/<uuid:upload_id>/", dataset_api.upload_detail, name="dataset-upload"),
     path("datasets/uploads/<uuid:upload_id>/complete/", dataset_api.upload_complete, name="dataset-upload-complete"),
+    path("folders/", folder_api.folder_open, name="folders"),
+    path("folders/<uuid:folder_id>/", folder_api.folder_detail, name="folder"),
+    path("folders/<uuid:folder_id>/files/<uuid:file_id>/", folder_api.folder_file, name="folder-file"),
     path("usage/", billing_api.usage, name="usage"),
     path("invoices/", invoice_views.api_invoices, name="invoices"),
     path("invoices/statement/", invoice_views.api_statement, name="invoice-statement"),

@@ -1,6 +1,15 @@
 from django.contrib import admin
 
-from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job, Upload, Utilization
+from jobs.models import (
+    Artifact,
+    Dataset,
+    DatasetFile,
+    DatasetUpload,
+    DatasetVersion,
+    Job,
+    Upload,
+    Utilization,
+)
 
 
 class DatasetFileInline(admin.TabularInline):
@@ -50,7 +59,7 @@ class ArtifactAdmin(admin.ModelAdmin):
 class DatasetUploadAdmin(admin.ModelAdmin):
     list_display = ["path", "version", "size", "received", "state", "updated_at"]
     list_filter = ["state"]
-    readonly_fields = ["version", "path", "size", "sha256", "chunk_size", "received", "key", "multipart_id", "parts", "state", "error"]
+    readonly_fields = ["version", "folder", "path", "size", "sha256", "chunk_size", "received", "key", "multipart_id", "parts", "state", "error"]
 
 
 @admin.register(Utilization)

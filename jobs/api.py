@@ -21,7 +21,7 @@ from accounts.middleware import activate_for
 from billing.meter import AMOUNT_PLACES, SECONDS_PER_HOUR
 from e31web.api import fields as body_fields
 from jobs import datasets, specfile, states
-from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, JobForm, keep_uploads
+from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, FOLDER_UPLOAD, JobForm, keep_uploads
 from jobs.models import Job, Upload
 from jobs.spec import format_env
 from jobs.views import artifact_response, get_artifact, get_job, log_response
@@ -432,6 +432,9 @@ def job_form(request, team, spec, form_class=None):
         raise ValidationError(missing)
     if request.FILES.getlist(FOLDER_FIELD):  # a folder's paths come beside its files, as from the form
         data = {**data, FOLDER_PATHS: request.data.getlist(FOLDER_PATHS) if hasattr(request.data, "getlist") else []}
+    folder_ref = body_fields(request).get(FOLDER_UPLOAD)
+    if folder_ref:  # or a folder uploaded ahead, by its id (POST /api/folders/), as from the form
+        data = {**data, FOLDER_UPLOAD: str(folder_ref)}
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
     form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors)
     return data, created, form

@@ -48,7 +48,9 @@ def get_version(dataset, number):
 
 
 def get_upload(request, upload_id):
-    return get_for_team(DatasetUpload.objects.select_related("version__dataset"), request.user, "version__dataset__team", pk=upload_id)
+    # A folder's file (jobs/folder_uploads.py) is no dataset's upload: not found here.
+    uploads = DatasetUpload.objects.filter(version__isnull=False).select_related("version__dataset")
+    return get_for_team(uploads, request.user, "version__dataset__team", pk=upload_id)
 
 
 # Forms -----------------------------------------------------------------------------------------

@@ -577,15 +577,27 @@ def abort_upload(upload, reason="aborted by its client"):
 def purge_stale_uploads(older_than, claims_older_than=None):
     """Abort uploads nobody has sent a chunk to since older_than; returns how many. A completion
     claimed before claims_older_than (by default COMPLETION_CLAIM_TIMEOUT ago) and not done is
-    released, for a worker to take again; one queued or claimed is never reopened nor aborted."""
+    released, for a worker to take again; one queued or claimed is never reopened nor aborted.
+
+    A folder's files (a job's code sent ahead of its form, jobs/folder_uploads.py) are judged by
+    their folder's clock, which any chunk of any of its files sets: a file waiting its turn in a
+    folder still being sent is not abandoned. Folders older than that go too, with their rows."""
+    from django.db.models import Q
+
+    from jobs.folder_uploads import purge_stale_folders
+
     released = release_stale_claims(claims_older_than or timezone.now() - COMPLETION_CLAIM_TIMEOUT)
     if released:
         log.warning("released %d upload completion(s) whose worker stopped part-way", released)
     count = 0
-    for upload in DatasetUpload.objects.filter(state=DatasetUpload.OPEN, updated_at__lt=older_than):
+    stale = Q(folder__isnull=True, updated_at__lt=older_than) | Q(folder__isnull=False, folder__updated_at__lt=older_than)
+    for upload in DatasetUpload.objects.filter(stale, state=DatasetUpload.OPEN):
         with contextlib.suppress(UploadConflict):
             abort_upload(upload, "abandoned: no chunk arrived for too long")
             count += 1
+    gone = purge_stale_folders(older_than)
+    if gone:
+        log.info("deleted %d folder upload(s) untouched since %s", gone, older_than)
     return count
 
 

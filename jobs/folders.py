@@ -8,6 +8,10 @@ control character; the zip holds only regular files (a browser sends no links, a
 made here). The same limits as an uploaded archive's hold (jobs/archive.py: bytes and entries),
 the bytes counted as they are read, not taken from what the client declared.
 
+A folder may also be sent ahead of the form, resumably (jobs/folder_uploads.py): the browser
+first announces its files' paths and sizes, which `plan` checks as `pack` would, before a byte
+is sent; the bytes are then counted again as they are packed.
+
 Pure functions over (relative path, bytes or binary file) pairs: no Django, no storage.
 """
 
@@ -72,6 +76,28 @@ def _relative(paths):
     relative = [None if skipped(path) else path[strip:] for path in checked]
     _refuse_clashes([path for path in relative if path is not None])
     return top, relative
+
+
+def plan(entries, *, max_bytes, max_entries, max_file_bytes):
+    """The folder a client announces before sending it, [(path as sent, size in bytes)], checked
+    as `pack` checks what it packs: (top, [(path as sent, size)] of the files to send, in the
+    order given, what is skipped left out). FolderError, with the reason, for a path that is not
+    safe, a size that is not a whole number of bytes, a file larger than max_file_bytes (what one
+    chunked upload may hold), more files than max_entries or more bytes than max_bytes in all."""
+    entries = list(entries)
+    top, relative = _relative([path for path, _ in entries])
+    kept = [(path, size) for (path, size), rel in zip(entries, relative) if rel is not None]
+    for path, size in kept:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise FolderError(f"the size of {path[:100]!r} must be its size in bytes, a whole number")
+        if size > max_file_bytes:
+            raise FolderError(f"{path[:100]!r} holds {size_text(size)}, more than the {size_text(max_file_bytes)} one file may hold")
+    if len(kept) > max_entries:
+        raise FolderError(f"the folder has {len(kept):,} files, more than the {max_entries:,} an archive may hold")
+    total = sum(size for _, size in kept)
+    if total > max_bytes:
+        raise FolderError(f"the folder holds {size_text(total)}, more than the {size_text(max_bytes)} a job's folder may hold")
+    return top, kept
 
 
 def skipped(path):

@@ -4,6 +4,7 @@ Files are saved as Upload rows before the form is validated (see keep_uploads), 
 form keeps what the user uploaded: the page lists the kept files and sends their ids back.
 """
 
+import logging
 import re
 import tempfile
 import uuid
@@ -24,6 +25,7 @@ from jobs.models import Dataset, DatasetVersion, Job, JobInput, Upload
 from scheduler import launch
 from scheduler.models import Node
 
+log = logging.getLogger(__name__)
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}
 METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
 KEPT_FIELD = {Upload.CODE: "kept_code", Upload.TRAIN: "kept_data", Upload.HELDOUT: "kept_heldout", Upload.MODEL: "kept_model"}
@@ -127,8 +129,18 @@ def keep_uploads(request_files, data, team, user):
             )
             created.append(upload)
             data.appendlist("kept_inputs", str(upload.pk))
-    if request_files.getlist(FOLDER_FIELD) and request_files.getlist("code"):
+    folder_ref = (data.get(FOLDER_UPLOAD) or "").strip()
+    if (request_files.getlist(FOLDER_FIELD) or folder_ref) and request_files.getlist("code"):
         errors.setdefault(FOLDER_FIELD, []).append("Send a script or an archive, or a folder, not both.")
+    elif folder_ref and request_files.getlist(FOLDER_FIELD):
+        errors.setdefault(FOLDER_FIELD, []).append("Send the folder once: its files, or the folder uploaded ahead of the form, not both.")
+    elif folder_ref:
+        # Not among `created`: it stays the folder's zip, whatever becomes of this form.
+        upload, error = keep_folder_upload(folder_ref, team, user)
+        if error:
+            errors.setdefault(FOLDER_FIELD, []).append(error)
+        else:
+            data.setlist("kept_code", [str(upload.pk)])
     elif request_files.getlist(FOLDER_FIELD):
         upload, error = keep_folder(request_files.getlist(FOLDER_FIELD), data.getlist(FOLDER_PATHS), team, user)
         if error:
@@ -146,6 +158,8 @@ INPUT_FIELD = "input:"
 # A folder's files come in FOLDER_FIELD, their paths in FOLDER_PATHS, in the same order (the
 # file names Django gives are bare names: it drops any path a browser sends with a file).
 FOLDER_FIELD, FOLDER_PATHS = "code_folder", "code_paths"
+# Or the folder was uploaded ahead of the form, resumably (jobs/folder_uploads.py): its id.
+FOLDER_UPLOAD = "code_folder_upload"
 
 
 def keep_folder(files, paths, team, user):
@@ -165,11 +179,45 @@ def keep_folder(files, paths, team, user):
     return Upload.objects.create(team=team, uploaded_by=user, role=Upload.CODE, name=name, size=size, sha256=sha256, key=key), None
 
 
+def keep_folder_upload(folder_id, team, user):
+    """A folder uploaded ahead of the form (its id), packed into a zip and kept as the job's code:
+    (upload, None), or (None, the reason). What was uploaded is never lost here: a folder not all
+    arrived stays as it is, and one packed answers its zip again."""
+    from django.http import Http404
+
+    from accounts.access import get_for_team
+    from jobs import folder_uploads
+    from jobs.models import FolderUpload
+
+    try:
+        # Another team's folder is not found, as a missing one (and recorded as asked for).
+        folder = get_for_team(FolderUpload.objects.all(), user, pk=folder_id)
+    except Http404:
+        return None, "The folder's upload was not found (a folder no chunk reached for two days is given up): choose the folder again."
+    try:
+        return folder_uploads.pack_folder(folder, user), None
+    except folder_uploads.UploadConflict as error:
+        return None, _sentence(error)
+    except folders.FolderError as error:
+        return None, f"The folder was not packed: {error}; choose it again."
+    except Exception:  # storage trouble: the folder is kept, as it was
+        log.exception("packing %s", folder)
+        return None, "Storage failed while packing the folder; nothing is lost: send the form again."
+
+
+def _sentence(error):
+    text = str(error).strip()
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith(".") else f"{text}."
+
+
 def folder_limits():
-    """What a folder may hold, as the page checks it before sending: an archive's bytes, and the
-    files one request may carry (Django answers more with a bare 400, the form lost)."""
+    """What a folder may hold, as the page checks it before sending: an archive's bytes and
+    entries, and the files one request may carry (Django answers more with a bare 400, the form
+    lost: a folder uploaded ahead of the form is not among them)."""
     most = settings.DATA_UPLOAD_MAX_NUMBER_FILES
-    return {"data-max-bytes": archive.limits()[0], **({"data-max-files": most} if most else {})}
+    max_bytes, max_entries = archive.limits()
+    return {"data-max-bytes": max_bytes, "data-max-entries": max_entries, **({"data-max-files": most} if most else {})}
 
 
 def _as_querydict(mapping):
@@ -341,6 +389,7 @@ class JobForm(WorkTextFields, RequestForm):
     code_folder = forms.FileField(
         required=False, label="Or a folder", widget=MultipleFileInput(attrs={"webkitdirectory": True, **folder_limits()}),
         help_text="Choose or drop the folder: its files keep their paths and are packed into a zip the job unpacks. "
+        "It is uploaded as soon as it is chosen; an upload cut off goes on where it stopped (after a reload, choose the same folder again). "
         "Paths start inside the folder chosen (myproj/src/train.py is src/train.py); __pycache__ and .git are left out.",
     )
     entrypoint = forms.CharField(

@@ -657,8 +657,43 @@ class Checkpoint(models.Model):
         return f"{self.name} of {self.job_id}"
 
 
+class FolderUpload(models.Model):
+    """A folder on its way from the browser to be a job's code (static/js/folder.js), sent so
+    that a dropped connection or a reload continues where it stopped: its files are
+    DatasetUploads (folder set, no version), each sent in chunks as a dataset's files are, and
+    the job form refers to the folder by id. Once every byte has arrived the form packs it into
+    a zip kept as the job's code (an Upload, `packed`), and its files' storage is freed
+    (jobs/folder_uploads.py). The sweep of abandoned uploads gives up a folder no chunk reached
+    for too long, its clock being the folder's updated_at (jobs.datasets.purge_stale_uploads)."""
+
+    OPEN = "open"
+    PACKED = "packed"
+    ABORTED = "aborted"
+    STATES = [(OPEN, "Open"), (PACKED, "Packed"), (ABORTED, "Aborted")]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="folder_uploads")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    top = models.CharField(max_length=255, blank=True, help_text="the one top folder the paths shared (taken off in the zip)")
+    file_count = models.PositiveIntegerField()
+    total_bytes = models.PositiveBigIntegerField()
+    state = models.CharField(max_length=10, choices=STATES, default=OPEN)
+    error = models.TextField(blank=True)
+    packed = models.ForeignKey(Upload, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", help_text="the zip, once packed")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, help_text="when a chunk last arrived: the sweep's clock")
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["state", "updated_at"])]
+
+    def __str__(self):
+        return f"folder {self.top or str(self.pk)[:8]} ({self.file_count} files)"
+
+
 class DatasetUpload(models.Model):
-    """One file on its way into an open dataset version, sent in chunks of chunk_size bytes.
+    """One file on its way into an open dataset version (or into a FolderUpload: a job's code),
+    sent in chunks of chunk_size bytes.
 
     Each chunk is a part of a multipart upload in storage (part n holds the bytes from
     (n - 1) * chunk_size). Chunks arrive in order, but any chunk already received may be sent
@@ -676,8 +711,9 @@ class DatasetUpload(models.Model):
     UNFINISHED = (OPEN, COMPLETING)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    version = models.ForeignKey(DatasetVersion, on_delete=models.CASCADE, related_name="uploads")
-    path = models.CharField(max_length=500)
+    version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="uploads")
+    folder = models.ForeignKey(FolderUpload, null=True, blank=True, on_delete=models.CASCADE, related_name="files")
+    path = models.CharField(max_length=1024, help_text="in a version, as jobs.datasets.clean_path makes it; in a folder, as sent")
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64, blank=True, help_text="the client's digest to check, then the file's")
     chunk_size = models.PositiveIntegerField()
@@ -695,9 +731,15 @@ class DatasetUpload(models.Model):
     class Meta:
         ordering = ["created_at"]
         indexes = [models.Index(fields=["state", "updated_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(version__isnull=False, folder__isnull=True) | models.Q(version__isnull=True, folder__isnull=False),
+                name="dataset_upload_into_a_version_or_a_folder",
+            )
+        ]
 
     def __str__(self):
-        return f"{self.path} into {self.version}"
+        return f"{self.path} into {self.version or self.folder}"
 
     def chunk_length(self, offset):
         """How many bytes the chunk at offset must hold: chunk_size, less for the last."""

@@ -11,7 +11,7 @@ from billing import invoice_service, meter
 from billing.models import UsageRecord
 from e31web.demo import add_dataset
 from e31web.storage import get_storage
-from jobs import datasets
+from jobs import datasets, folder_uploads
 from jobs.models import Artifact, JobEvent
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job
@@ -26,6 +26,7 @@ class World:
     dataset: object
     upload: object
     invoice: object
+    folder: object = None
 
     def path_values(self):
         """A value for each path parameter of the API's routes, naming these objects."""
@@ -36,11 +37,13 @@ class World:
             "upload_id": self.upload.pk,
             "invoice_id": self.invoice.pk,
             "name": self.artifact.name,
+            "folder_id": self.folder.pk,
+            "file_id": self.folder.files.order_by("path").first().pk,
         }
 
     def secrets(self):
         """What must never appear in an answer to someone outside the team."""
-        return [str(self.job.pk), self.job.name, str(self.dataset.pk), self.dataset.name, str(self.upload.pk), str(self.invoice.pk), self.job.team.name]
+        return [str(self.job.pk), self.job.name, str(self.dataset.pk), self.dataset.name, str(self.upload.pk), str(self.invoice.pk), self.job.team.name, str(self.folder.pk)]
 
 
 def make_world(user, word):
@@ -64,4 +67,6 @@ def make_world(user, word):
         rate=Decimal("2.40"), amount=meter.charge(1, 3600, Decimal("2.40")),
     )
     invoice = invoice_service.invoice_team_month(team, 2026, 11, now=datetime(2026, 12, 15, tzinfo=UTC))
-    return World(job=job, artifact=artifact, dataset=dataset, upload=upload, invoice=invoice)
+    # A job's code folder on its way, one of its files part sent (jobs/folder_uploads.py).
+    folder = folder_uploads.open_folder(team, user, [(f"{word}-code/train.py", 12), (f"{word}-code/pkg/m.py", 3)])
+    return World(job=job, artifact=artifact, dataset=dataset, upload=upload, invoice=invoice, folder=folder)
