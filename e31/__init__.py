@@ -57,9 +57,14 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, SupportsIndex
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "checkpoint",
@@ -78,17 +83,30 @@ STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
 
 
+class Saves(Protocol):
+    """What checkpoint() saves the state of: a model, an optimizer, a scheduler (torch's, or
+    anything with a state_dict())."""
+
+    def state_dict(self) -> Any: ...
+
+
+class Loads(Protocol):
+    """What resume() restores the state of: anything with a load_state_dict(state)."""
+
+    def load_state_dict(self, state: Any, /) -> object: ...
+
+
 class _State:
     """What this process remembers between calls (one instance; tests swap in a fresh one)."""
 
-    def __init__(self):
-        self.last_checkpoint_at = None  # _clock() at the last checkpoint() call
+    def __init__(self) -> None:
+        self.last_checkpoint_at: float | None = None  # _clock() at the last checkpoint() call
         self.sigterm = False
         self.handler_installed = False
-        self.previous_handler = None
+        self.previous_handler: Callable[[int, FrameType | None], Any] | None = None
         self.file_seen = False  # $E31_STOP_FILE has appeared
-        self.file_reason = None  # the reason read from it
-        self.file_notice = None  # all of it, as read
+        self.file_reason: str | None = None  # the reason read from it
+        self.file_notice: dict[str, Any] | None = None  # all of it, as read
 
 
 _state = _State()
@@ -96,16 +114,16 @@ _lock = threading.Lock()
 _clock = time.monotonic
 
 
-def _is_writer():
+def _is_writer() -> bool:
     """True in the process that writes (rank 0, or the only process)."""
     return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
-def _checkpoint_dir():
+def _checkpoint_dir() -> Path:
     return Path(os.environ.get("E31_CHECKPOINT_DIR") or "checkpoints")
 
 
-def _fsync_dir(folder):
+def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -118,10 +136,10 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
-def _rng_state():
+def _rng_state() -> dict[str, Any]:
     import torch
 
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
         import numpy
     except ImportError:
@@ -133,7 +151,7 @@ def _rng_state():
     return state
 
 
-def _restore_rng(state):
+def _restore_rng(state: dict[str, Any] | None) -> None:
     if not state:
         return
     import torch
@@ -156,9 +174,9 @@ def _restore_rng(state):
             torch.cuda.set_rng_state(saved[index], index)
 
 
-def _step_files(folder):
+def _step_files(folder: Path) -> dict[int, Path]:
     """{step: path} for the step-*.pt files in folder."""
-    found = {}
+    found: dict[int, Path] = {}
     try:
         entries = list(os.scandir(folder))
     except FileNotFoundError:
@@ -170,7 +188,16 @@ def _step_files(folder):
     return found
 
 
-def checkpoint(step, *, model=None, optimizer=None, scheduler=None, data_position=None, keep_local=2, **extra):
+def checkpoint(
+    step: SupportsIndex | float,
+    *,
+    model: Saves | None = None,
+    optimizer: Saves | None = None,
+    scheduler: Saves | None = None,
+    data_position: Any = None,
+    keep_local: int | None = 2,
+    **extra: Any,
+) -> Path | None:
     """Save a checkpoint of the run at this step; returns its path (None outside rank 0).
 
     Written to $E31_CHECKPOINT_DIR (./checkpoints when unset) as step-{step:012d}.pt, a dict:
@@ -223,21 +250,23 @@ def checkpoint(step, *, model=None, optimizer=None, scheduler=None, data_positio
     return final
 
 
-def _check_step(step):
+def _check_step(step: SupportsIndex | float) -> int:
     if isinstance(step, bool):
         raise TypeError("step must be an integer, not a bool")
+    if isinstance(step, float):  # Python's and numpy's floats: taken when whole
+        if not step.is_integer():
+            raise TypeError(f"step must be an integer, got {step!r}")
+        step = int(step)
     try:
         step = operator.index(step)  # ints, numpy integers, integer tensors
     except TypeError:
-        if not (isinstance(step, float) and step.is_integer()):
-            raise TypeError(f"step must be an integer, got {step!r}") from None
-        step = int(step)
+        raise TypeError(f"step must be an integer, got {step!r}") from None
     if step < 0:
         raise ValueError(f"step must be 0 or more, got {step}")
     return step
 
 
-def _prune(folder, keep, keep_local):
+def _prune(folder: Path, keep: Path, keep_local: int) -> None:
     others = sorted(((s, p) for s, p in _step_files(folder).items() if p.name != keep.name), reverse=True)
     for _, path in others[keep_local - 1 :]:
         try:
@@ -246,7 +275,7 @@ def _prune(folder, keep, keep_local):
             pass
 
 
-def latest_checkpoint():
+def latest_checkpoint() -> Path | None:
     """The checkpoint resume() would load: the step-*.pt file of the highest step in
     $E31_CHECKPOINT_DIR or, when there is none, the most recently modified other *.pt file
     there (names that start with "." are skipped). None when there is none."""
@@ -254,7 +283,7 @@ def latest_checkpoint():
     steps = _step_files(folder)
     if steps:
         return steps[max(steps)]
-    candidates = []
+    candidates: list[tuple[float, str, Path]] = []
     try:
         entries = list(os.scandir(folder))
     except (FileNotFoundError, NotADirectoryError):
@@ -272,11 +301,13 @@ class Resumed:
 
     step: int
     data_position: Any = None
-    extra: dict = field(default_factory=dict)
-    path: Path = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
 
 
-def resume(*, model=None, optimizer=None, scheduler=None, map_location="cpu"):
+def resume(
+    *, model: Loads | None = None, optimizer: Loads | None = None, scheduler: Loads | None = None, map_location: "str | torch.device" = "cpu"
+) -> Resumed | None:
     """Load the latest checkpoint (see latest_checkpoint()) into the objects given.
 
     Returns None when there is no checkpoint; else restores the model's, optimizer's and
@@ -315,7 +346,7 @@ def resume(*, model=None, optimizer=None, scheduler=None, map_location="cpu"):
     return Resumed(step=int(step), data_position=saved.get("data_position"), extra=extra or {}, path=path)
 
 
-def _metric_value(name, value):
+def _metric_value(name: str, value: SupportsFloat | str | bytes | None) -> float | str:
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"metric {name!r}: expected a number, got {value!r}")
     if not isinstance(value, (int, float)) and hasattr(value, "item"):
@@ -331,7 +362,7 @@ def _metric_value(name, value):
     return number
 
 
-def log_metric(step, **values):
+def log_metric(step: SupportsIndex | float | None, **values: SupportsFloat) -> None:
     """Record metric values at a step: log_metric(120, loss=0.51, accuracy=0.9).
 
     Appends one line of JSON, {"step": 120, "at": <unix time>, "values": {...}}, to the file
@@ -345,7 +376,7 @@ def log_metric(step, **values):
         step = _check_step(step)
     if not values:
         raise ValueError("log_metric needs at least one value, e.g. log_metric(step, loss=0.5)")
-    converted = {}
+    converted: dict[str, float | str] = {}
     for name, value in values.items():
         if not isinstance(name, str) or not METRIC_NAME.match(name):
             raise ValueError(f"bad metric name {name!r}: use 1-100 letters, digits, '_', '.', '/' or '-'")
@@ -368,18 +399,18 @@ def log_metric(step, **values):
         os.close(fd)
 
 
-def _show(value):
+def _show(value: float | str) -> str:
     return value if isinstance(value, str) else format(value, ".6g")
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     _state.sigterm = True
     previous = _state.previous_handler
     if callable(previous):
         previous(signum, frame)
 
 
-def _install_handler():
+def _install_handler() -> None:
     if _state.handler_installed or threading.current_thread() is not threading.main_thread():
         return
     _state.handler_installed = True
@@ -393,7 +424,7 @@ def _install_handler():
         pass  # not possible here (an embedded interpreter); the stop file still works
 
 
-def _stop_requested():
+def _stop_requested() -> bool:
     """Check the SIGTERM flag and the stop file, without installing the handler."""
     if _state.file_reason is not None:
         return True
@@ -411,7 +442,7 @@ def _stop_requested():
     return _state.sigterm
 
 
-def should_stop():
+def should_stop() -> bool:
     """True once the network asked the job to stop (preemption, the end of its time, a cancel,
     early stopping): the file $E31_STOP_FILE exists or the process got SIGTERM. Stays True.
 
@@ -425,7 +456,7 @@ def should_stop():
     return _stop_requested()
 
 
-def stop_reason():
+def stop_reason() -> str | None:
     """Why the job is asked to stop ("preempted", ..., or "SIGTERM received"); None if it isn't."""
     if not _stop_requested():
         return None
@@ -434,7 +465,7 @@ def stop_reason():
     return "stop requested" if _state.file_seen else "SIGTERM received"
 
 
-def stop_notice():
+def stop_notice() -> dict[str, Any] | None:
     """The network's stop notice, as it wrote it to $E31_STOP_FILE: {"reason": ..., "deadline":
     <unix time>} and, when it stopped the job early on the metric it watches, "early_stop":
     {"metric", "mode", "best", "best_step"} (e31.best reads it). None when the job is not asked
@@ -444,7 +475,7 @@ def stop_notice():
     return dict(_state.file_notice) if _state.file_notice is not None else None
 
 
-def checkpoint_due(step, *, every_steps=None, every_seconds=None):
+def checkpoint_due(step: int, *, every_steps: int | None = None, every_seconds: float | None = None) -> bool:
     """True when it is time to call checkpoint(): step is a positive multiple of every_steps,
     every_seconds have passed since the last checkpoint() (or since the first call of
     checkpoint_due()), or the network asked the job to stop. Step 0 is never due by count.

@@ -15,24 +15,29 @@ Standard library only: the runner and the job's own Python both import it.
 """
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 LAST = "last/"
 MODES = ("min", "max")
 
+# A metric's best point: (step, value); the step is None for a value logged without one.
+Point = tuple[int | None, float]
 
-def better(value, best, mode):
+
+def better(value: float, best: float, mode: str) -> bool:
     """True when value beats best in mode ("min": lower is better, "max": higher)."""
     return value > best if mode == "max" else value < best
 
 
-def _finite(value):
+def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
     return value if math.isfinite(value) else None
 
 
-def track(best, step, value, mode):
+def track(best: Point | None, step: int | None, value: object, mode: str) -> Point | None:
     """The best (step, value) after one more point: best, or (step, value) when value is a
     finite number that beats it (the first of equal ones stays, as the network counts)."""
     value = _finite(value)
@@ -43,7 +48,7 @@ def track(best, step, value, mode):
     return best
 
 
-def better_of(one, other, mode):
+def better_of(one: Point | None, other: Point | None, mode: str) -> Point | None:
     """Of two best points (step, value) (either may be None), the better; of equal values,
     the earlier step."""
     if one is None or other is None:
@@ -57,7 +62,7 @@ def better_of(one, other, mode):
     return one
 
 
-def at_or_before(steps, step):
+def at_or_before(steps: Iterable[int | None], step: int | None) -> int | None:
     """Of checkpoint steps, the one holding the weights of `step`, else the nearest before it;
     None when there is none (or step is None)."""
     if step is None:
@@ -65,14 +70,14 @@ def at_or_before(steps, step):
     return max((s for s in steps if s is not None and s <= step), default=None)
 
 
-def early_stop_notice(metric, mode, best):
+def early_stop_notice(metric: str, mode: str, best: Point | None) -> dict[str, Any]:
     """What the stop notice holds for a stop on the job's metric: the metric, its mode and its
     best point so far ((step, value); None when it has none)."""
     step, value = best if best is not None else (None, None)
     return {"metric": metric, "mode": mode, "best": value, "best_step": step}
 
 
-def early_stop_of(notice):
+def early_stop_of(notice: object) -> tuple[str, str, Point | None] | None:
     """(metric, mode, best (step, value) or None) when the stop notice (a dict, as the SDK's
     stop_notice() gives it) says the network stopped the job early on its metric; None for a
     stop for any other reason, or a notice that does not read right."""
@@ -87,7 +92,7 @@ def early_stop_of(notice):
     return metric, mode, (step, value) if value is not None else None
 
 
-def returned_message(metric, best, checkpoint_name, checkpoint_step, last_step=None, last_kept=True):
+def returned_message(metric: str, best: Point, checkpoint_name: str, checkpoint_step: int, last_step: int | None = None, last_kept: bool = True) -> str:
     """The log's line for the weights returned. best: (step, value) of the metric's best point;
     last_kept: the job left output files of its own (kept under last/)."""
     best_step, value = best
@@ -105,7 +110,7 @@ def returned_message(metric, best, checkpoint_name, checkpoint_step, last_step=N
     return f"{what}; the job's own output, as it was when it stopped{last}, is kept under {LAST}"
 
 
-def unmatched_message(metric, best, own_output=True):
+def unmatched_message(metric: str, best: Point, own_output: bool = True) -> str:
     """The log's line when no checkpoint holds the best point's weights, nor any before it.
     own_output: the job left output files of its own (returned as they are)."""
     best_step, value = best
@@ -118,7 +123,9 @@ def unmatched_message(metric, best, own_output=True):
     return f"{why}: the best weights cannot be returned; the job's own output, as it was when it stopped, is returned instead"
 
 
-def best_report(metric, mode, best, checkpoint_name, checkpoint_step, values, last_step=None):
+def best_report(
+    metric: str, mode: str, best: Point, checkpoint_name: str, checkpoint_step: int, values: dict[str, Any], last_step: int | None = None
+) -> dict[str, Any]:
     """metrics.json of a job stopped early on its metric: which weights came back and why, and
     the values the job logged at their step (as logged; {} when it logged none there)."""
     return {

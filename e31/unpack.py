@@ -21,17 +21,22 @@ import sys
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import IO, Literal
 
 CHUNK = 1024 * 1024
+
+PathArg = str | os.PathLike[str]
 
 
 class ArchiveError(ValueError):
     pass
 
 
-def kind_of(filename):
+def kind_of(filename: str) -> str | None:
     name = filename.lower()
     if name.endswith(".py"):
         return "script"
@@ -42,7 +47,7 @@ def kind_of(filename):
     return None
 
 
-def check_name(name):
+def check_name(name: str) -> str:
     """The entry's path, relative and inside the archive; raises ArchiveError otherwise."""
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
@@ -52,14 +57,14 @@ def check_name(name):
     return str(path)
 
 
-def size_text(count):
+def size_text(count: int) -> str:
     for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if count >= scale:
             return f"{count / scale:.1f} {unit}"
     return f"{count:,} bytes"
 
 
-def too_big(total, limit, at_least=False):
+def too_big(total: int, limit: int, at_least: bool = False) -> ArchiveError:
     shown, allowed = size_text(total), size_text(limit)
     if shown == allowed:  # 1.0 MB against 1.0 MB says nothing: show the bytes
         shown, allowed = f"{total:,} bytes", f"{limit:,} bytes"
@@ -67,22 +72,23 @@ def too_big(total, limit, at_least=False):
     return ArchiveError(f"the archive unpacks to {more}{shown}, more than the {allowed} a job's folder may hold")
 
 
-def too_many(count, limit, at_least=False):
+def too_many(count: int, limit: int, at_least: bool = False) -> ArchiveError:
     more = "at least " if at_least else ""
     return ArchiveError(f"the archive has {more}{count:,} entries, more than {limit:,}")
 
 
 # One entry as both formats describe it: (name, kind, size) with kind "file", "dir" or refused.
+Entry = tuple[str, str, int]
 
 
-def _zip_entry(info):
+def _zip_entry(info: zipfile.ZipInfo) -> Entry:
     name = check_name(info.filename)
     if stat.S_ISLNK(info.external_attr >> 16):
         raise ArchiveError(f"the archive entry {info.filename!r} is a symbolic link")
     return name, "dir" if info.is_dir() else "file", info.file_size
 
 
-def _tar_entry(member):
+def _tar_entry(member: tarfile.TarInfo) -> Entry:
     name = check_name(member.name)
     if member.issym() or member.islnk():
         raise ArchiveError(f"the archive entry {member.name!r} is a link")
@@ -93,7 +99,7 @@ def _tar_entry(member):
     return name, "dir" if member.isdir() else "file", member.size
 
 
-def check(path, filename, max_bytes, max_entries):
+def check(path: PathArg, filename: str, max_bytes: int, max_entries: int) -> list[str]:
     """The files in the work (relative paths), from the archive's headers; raises ArchiveError
     for anything unsafe or for declared totals over the limits, before anything is unpacked."""
     kind = kind_of(filename)
@@ -112,7 +118,7 @@ def check(path, filename, max_bytes, max_entries):
             return _check_tar(archive, max_bytes, max_entries)
 
 
-def _check_zip(infos, max_bytes, max_entries):
+def _check_zip(infos: list[zipfile.ZipInfo], max_bytes: int, max_entries: int) -> list[str]:
     # The central directory is already in memory: exact totals cost nothing more.
     if len(infos) > max_entries:
         raise too_many(len(infos), max_entries)
@@ -123,7 +129,7 @@ def _check_zip(infos, max_bytes, max_entries):
     return [name for name, kind, _ in entries if kind == "file"]
 
 
-def _check_tar(archive, max_bytes, max_entries):
+def _check_tar(archive: tarfile.TarFile, max_bytes: int, max_entries: int) -> list[str]:
     # Iterating reads one header at a time (getmembers() would read them all first), so a tar
     # bomb is refused as soon as its running totals pass a limit, not after it was all inflated.
     files, total, count = [], 0, 0
@@ -140,7 +146,7 @@ def _check_tar(archive, max_bytes, max_entries):
     return files
 
 
-def read_file(path, filename, name, max_bytes):
+def read_file(path: PathArg, filename: str, name: str, max_bytes: int) -> bytes | None:
     """The bytes of one file in an archive (a checked one: see `check`), None if it has no
     file of that name; raises ArchiveError if it holds more than max_bytes (its header can lie:
     at most max_bytes + 1 bytes are read)."""
@@ -152,26 +158,35 @@ def read_file(path, filename, name, max_bytes):
                 return None if found is None else _read_limited(partial(archive.open, found), name, max_bytes)
         if kind == "tar":
             with tarfile.open(path, "r:gz") as archive:
-                found = next((m for m in archive if m.isfile() and check_name(m.name) == name), None)
-                return None if found is None else _read_limited(partial(archive.extractfile, found), name, max_bytes)
+                member = next((m for m in archive if m.isfile() and check_name(m.name) == name), None)
+                return None if member is None else _read_limited(partial(archive.extractfile, member), name, max_bytes)
     return None
 
 
-def _read_limited(opener, name, max_bytes):
-    with opener() as source:
+def _read_limited(opener: Callable[[], IO[bytes] | None], name: str, max_bytes: int) -> bytes:
+    with _opened(opener, name) as source:
         data = source.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ArchiveError(f"{name} is larger than {max_bytes // 1024} KB")
     return data
 
 
+def _opened(opener: Callable[[], IO[bytes] | None], name: str) -> IO[bytes]:
+    """The entry's content, opened. tarfile's extractfile() gives None for what is not a file,
+    which the checks have already refused."""
+    source = opener()
+    if source is None:
+        raise ArchiveError(f"the archive entry {name!r} is neither a file nor a folder")
+    return source
+
+
 class _reading:
     """Turns a corrupt archive's many exceptions into one ArchiveError with the reason."""
 
-    def __enter__(self):
+    def __enter__(self) -> "_reading":
         return self
 
-    def __exit__(self, kind, error, traceback):
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> Literal[False]:
         if isinstance(error, (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError, zlib.error, OSError)):
             raise ArchiveError(f"the archive cannot be read: {error}") from None
         return False
@@ -180,16 +195,16 @@ class _reading:
 class _Budget:
     """What may still be written: bytes actually written and entries made, against the limits."""
 
-    def __init__(self, max_bytes, max_entries):
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
         self.max_bytes, self.max_entries = max_bytes, max_entries
         self.written, self.entries = 0, 0
 
-    def entry(self):
+    def entry(self) -> None:
         self.entries += 1
         if self.entries > self.max_entries:
             raise too_many(self.entries, self.max_entries, at_least=True)
 
-    def copy(self, source, target, name):
+    def copy(self, source: IO[bytes], target: IO[bytes], name: str) -> None:
         while chunk := source.read(CHUNK):
             if self.written + len(chunk) > self.max_bytes:
                 raise too_big(self.written + len(chunk), self.max_bytes, at_least=True)
@@ -200,7 +215,7 @@ class _Budget:
             self.written += len(chunk)
 
 
-def extract_limited(path, filename, dest, max_bytes, max_entries):
+def extract_limited(path: PathArg, filename: str, dest: PathArg, max_bytes: int, max_entries: int) -> None:
     """Unpack the work into dest (which must exist), checking the headers first, then counting
     what is written; raises ArchiveError once a limit is passed (what was written stays: dest
     is the caller's to remove)."""
@@ -221,7 +236,7 @@ def extract_limited(path, filename, dest, max_bytes, max_entries):
                     _unpack(budget, dest, _tar_entry(member), partial(archive.extractfile, member), member.mode)
 
 
-def _unpack(budget, dest, entry, opener, mode):
+def _unpack(budget: _Budget, dest: Path, entry: Entry, opener: Callable[[], IO[bytes] | None], mode: int) -> None:
     name, kind, _ = entry  # the declared size is not trusted here
     budget.entry()
     if name == ".":
@@ -230,11 +245,11 @@ def _unpack(budget, dest, entry, opener, mode):
         _make_folder(dest / name, name)
         return
     _make_folder((dest / name).parent, name)
-    with opener() as source:
+    with _opened(opener, name) as source:
         _write(budget, dest, name, source, 0o755 if mode & 0o111 else 0o644)
 
 
-def _make_folder(folder, name):
+def _make_folder(folder: Path, name: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -243,7 +258,7 @@ def _make_folder(folder, name):
         raise ArchiveError(f"the archive entry {name!r} cannot be written: {error.strerror}") from None
 
 
-def _write(budget, dest, name, source, mode):
+def _write(budget: _Budget, dest: Path, name: str, source: IO[bytes], mode: int) -> None:
     # O_EXCL: never follows a link, never overwrites; an archive naming a file twice is refused.
     try:
         fd = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
@@ -256,7 +271,7 @@ def _write(budget, dest, name, source, mode):
         budget.copy(source, target, name)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 5 or not (args[3].isdigit() and args[4].isdigit()):
         print("usage: unpack.py ARCHIVE FILENAME DEST MAX_BYTES MAX_ENTRIES", file=sys.stderr)

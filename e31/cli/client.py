@@ -1,6 +1,8 @@
 """The HTTP side of the client: one httpx.Client with the token, errors turned into exit codes."""
 
 import re
+from collections.abc import Container
+from typing import Any, Self
 
 import httpx
 
@@ -8,11 +10,11 @@ from e31.cli.errors import NOT_FOUND, SERVER, USAGE, CliError, code_for_status, 
 
 FULL_ID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 USER_AGENT = "e31-cli/0.1"
-DEFAULT_TRANSPORT = None  # tests put an httpx.MockTransport here
+DEFAULT_TRANSPORT: httpx.BaseTransport | None = None  # tests put an httpx.MockTransport here
 
 
 class Client:
-    def __init__(self, server, token=None, transport=None, timeout=60.0):
+    def __init__(self, server: str, token: str | None = None, transport: httpx.BaseTransport | None = None, timeout: float = 60.0) -> None:
         self.server = server.rstrip("/")
         self.token = token
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
@@ -25,18 +27,18 @@ class Client:
             timeout=httpx.Timeout(timeout, connect=15.0),
         )
 
-    def close(self):
+    def close(self) -> None:
         self.http.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # Requests -----------------------------------------------------------------------------
 
-    def request(self, method, path, ok=None, **kwargs):
+    def request(self, method: str, path: str, ok: Container[int] | None = None, **kwargs: Any) -> httpx.Response:
         """The response, or a CliError carrying the exit code for what went wrong."""
         try:
             response = self.http.request(method, path, **kwargs)
@@ -45,24 +47,25 @@ class Client:
         check(response, ok)
         return response
 
-    def json(self, method, path, ok=None, **kwargs):
+    def json(self, method: str, path: str, ok: Container[int] | None = None, **kwargs: Any) -> Any:
         response = self.request(method, path, ok=ok, **kwargs)
         try:
             return response.json()
         except ValueError:
             raise CliError(f"The server sent something that is not JSON for {method} {path}.", SERVER) from None
 
-    def get(self, path, **kwargs):
+    def get(self, path: str, **kwargs: Any) -> Any:
         return self.json("GET", path, **kwargs)
 
-    def post(self, path, **kwargs):
+    def post(self, path: str, **kwargs: Any) -> Any:
         return self.json("POST", path, **kwargs)
 
-    def pages(self, path, params=None, limit=None):
+    def pages(self, path: str, params: dict[str, Any] | None = None, limit: int | None = None) -> list[Any]:
         """Items of a list endpoint: a plain list, or pages {"results", "next"} followed up to
         limit items (or {"<name>": [...]})."""
-        items = []
-        url, query = path, params
+        items: list[Any] = []
+        url: str | None = path
+        query = params
         while url:
             body = self.get(url, params=query)
             query = None  # the next link carries the query
@@ -84,7 +87,7 @@ class Client:
 
     # Jobs ---------------------------------------------------------------------------------
 
-    def resolve_job(self, ref):
+    def resolve_job(self, ref: str) -> str:
         """A job's full id from its id or a unique prefix of it."""
         ref = ref.strip().lower()
         if FULL_ID.match(ref):
@@ -99,10 +102,10 @@ class Client:
             raise CliError(f"{len(found)} jobs' ids start with {ref}: {names}. Give more of the id.", USAGE)
         return found[0]["id"]
 
-    def job(self, job_id):
+    def job(self, job_id: str) -> Any:
         return self.get(f"/api/jobs/{job_id}/")
 
-    def ws_url(self, path):
+    def ws_url(self, path: str) -> str:
         if self.server.startswith("https://"):
             return "wss://" + self.server[len("https://"):] + path
         if self.server.startswith("http://"):
@@ -110,7 +113,7 @@ class Client:
         return self.server + path
 
 
-def check(response, ok=None):
+def check(response: httpx.Response, ok: Container[int] | None = None) -> None:
     """Raise a CliError for a response that is not a success (or not one of ok)."""
     if ok is not None and response.status_code in ok:
         return
@@ -126,5 +129,5 @@ def check(response, ok=None):
     raise CliError("\n".join(lines), code_for_status(response.status_code), status=response.status_code, body=body)
 
 
-def error_text(error):
+def error_text(error: BaseException) -> str:
     return str(error) or type(error).__name__

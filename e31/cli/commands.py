@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn
 from urllib.parse import quote
 
 from e31.cli import config, ui
@@ -19,18 +21,18 @@ from e31.cli.spec import check_exist, files_of, local_refs, size_of, upload_file
 RETRAIN_OPTIONS = ["name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline"]
 
 
-def say(text):
+def say(text: str) -> None:
     """A note for the person at the terminal: on stderr, so stdout stays the command's output."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
 
-def connect(args):
+def connect(args: argparse.Namespace) -> Client:
     settings = config.require(getattr(args, "server", None))
     return Client(settings["server"], settings["token"])
 
 
-def read_spec(path_text):
+def read_spec(path_text: str) -> tuple[Path, str]:
     path = Path(path_text)
     try:
         text = path.read_text(encoding="utf-8")
@@ -41,11 +43,11 @@ def read_spec(path_text):
     return path, text
 
 
-def short(job_id):
+def short(job_id: object) -> str:
     return str(job_id or "")[:8]
 
 
-def when(value):
+def when(value: object) -> str:
     """An API timestamp as 2025-01-31 14:05."""
     if not value:
         return ""
@@ -55,7 +57,7 @@ def when(value):
 # login -------------------------------------------------------------------------------------
 
 
-def cmd_login(args):
+def cmd_login(args: argparse.Namespace) -> int:
     stored = config.read_file()
     server = args.server or os.environ.get("E31_SERVER") or stored.get("server")
     if not server:
@@ -93,7 +95,7 @@ def cmd_login(args):
 # submit, estimate ----------------------------------------------------------------------------
 
 
-def cmd_submit(args):
+def cmd_submit(args: argparse.Namespace) -> int:
     spec_path, text = read_spec(args.spec)
     spec_name = spec_path.name
     refs = local_refs(text, spec_name, spec_path.parent)
@@ -111,7 +113,7 @@ def cmd_submit(args):
         return submitted(client, job, args)
 
 
-def submitted(client, job, args):
+def submitted(client: Client, job: dict[str, Any], args: argparse.Namespace) -> int:
     """Report a new job; follow it with --follow."""
     if args.json:
         sys.stdout.write(json.dumps(job, default=str) + "\n")
@@ -125,7 +127,7 @@ def submitted(client, job, args):
     return follow(client, job["id"], args.json)
 
 
-def follow(client, job_id, as_json, after=0):
+def follow(client: Client, job_id: str, as_json: bool, after: int = 0) -> int:
     state = Follower(client, job_id, Printer(as_json=as_json), after=after).run()
     if as_json:
         sys.stdout.write(json.dumps({"id": job_id, "state": state, "done": True}) + "\n")
@@ -134,7 +136,7 @@ def follow(client, job_id, as_json, after=0):
     return OK if state == "succeeded" else JOB_FAILED
 
 
-def cmd_estimate(args):
+def cmd_estimate(args: argparse.Namespace) -> int:
     spec_path, text = read_spec(args.spec)
     with connect(args) as client:
         estimate = client.post("/api/estimate/", data={"spec": text, "spec_name": spec_path.name})
@@ -152,7 +154,7 @@ def cmd_estimate(args):
 # status, logs, cancel --------------------------------------------------------------------------
 
 
-def cmd_status(args):
+def cmd_status(args: argparse.Namespace) -> int:
     with connect(args) as client:
         if args.job:
             job = client.job(client.resolve_job(args.job))
@@ -175,11 +177,11 @@ def cmd_status(args):
     return OK
 
 
-def cost(job):
+def cost(job: dict[str, Any]) -> str:
     return f"{job.get('cost', '')} {job.get('currency', '')}".strip()
 
 
-def show_job(job):
+def show_job(job: dict[str, Any]) -> None:
     fields = [
         ("id", job.get("id")), ("name", job.get("name")), ("kind", job.get("kind")), ("recipe", job.get("recipe")),
         ("state", job.get("state")), ("reason", job.get("reason")), ("waiting for", job.get("wait_reason") if job.get("state") == "queued" else None),
@@ -193,7 +195,7 @@ def show_job(job):
     ui.print_fields(fields)
 
 
-def cmd_logs(args):
+def cmd_logs(args: argparse.Namespace) -> int:
     with connect(args) as client:
         job_id = client.resolve_job(args.job)
         if args.follow:
@@ -202,7 +204,7 @@ def cmd_logs(args):
     return OK
 
 
-def cmd_cancel(args):
+def cmd_cancel(args: argparse.Namespace) -> int:
     with connect(args) as client:
         job_id = client.resolve_job(args.job)
         job = client.post(f"/api/jobs/{job_id}/cancel/")
@@ -216,9 +218,9 @@ def cmd_cancel(args):
 # retrain -------------------------------------------------------------------------------------
 
 
-def assignments(items, option):
+def assignments(items: Sequence[str] | None, option: str) -> dict[str, Any]:
     """NAME=VALUE pairs as a mapping; a value that reads as JSON (3, 0.1, true) is that value."""
-    found = {}
+    found: dict[str, Any] = {}
     for item in items or []:
         name, sep, text = item.partition("=")
         if not sep or not name:
@@ -230,7 +232,7 @@ def assignments(items, option):
     return found
 
 
-def cmd_retrain(args):
+def cmd_retrain(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, key) for key in RETRAIN_OPTIONS if getattr(args, key) is not None}
     if args.preemptible is not None:
         overrides["preemptible"] = args.preemptible
@@ -266,7 +268,7 @@ def cmd_retrain(args):
 # download ------------------------------------------------------------------------------------
 
 
-def safe_target(folder, name):
+def safe_target(folder: Path, name: str) -> Path:
     """Where an artifact named `name` goes under folder; refuses names that would escape it."""
     if not name or "\\" in name or "\x00" in name:
         raise CliError(f"Refusing the file name {name!r} from the server.", SERVER)
@@ -279,7 +281,7 @@ def safe_target(folder, name):
     return target
 
 
-def fetch(client, path, target, bar, sha256=None):
+def fetch(client: Client, path: str, target: Path, bar: ui.ProgressBar, sha256: str | None = None) -> None:
     """Stream path into target (through a .part file); check the SHA-256 if given."""
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(f".{target.name}.part")
@@ -305,7 +307,7 @@ def fetch(client, path, target, bar, sha256=None):
     os.replace(part, target)
 
 
-def cmd_download(args):
+def cmd_download(args: argparse.Namespace) -> int:
     import httpx
 
     with connect(args) as client:
@@ -338,14 +340,14 @@ def cmd_download(args):
     return OK
 
 
-def safe_name(text):
+def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text).strip(".-") or "job"
 
 
 # datasets ------------------------------------------------------------------------------------
 
 
-def cmd_datasets_list(args):
+def cmd_datasets_list(args: argparse.Namespace) -> int:
     with connect(args) as client:
         found = client.pages("/api/datasets/")
     if args.json:
@@ -362,7 +364,7 @@ def cmd_datasets_list(args):
     return OK
 
 
-def cmd_datasets_upload(args):
+def cmd_datasets_upload(args: argparse.Namespace) -> int:
     from e31.cli.datasets import Uploader
 
     folder = Path(args.dir)
@@ -391,7 +393,7 @@ def cmd_datasets_upload(args):
 # invoices ------------------------------------------------------------------------------------
 
 
-def cmd_invoices(args):
+def cmd_invoices(args: argparse.Namespace) -> int:
     with connect(args) as client:
         invoices = client.pages("/api/invoices/")
         saved = []
@@ -423,13 +425,13 @@ def cmd_invoices(args):
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser():
-    common = argparse.ArgumentParser(add_help=False)
+def build_parser() -> Parser:
+    common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     common.add_argument("--server", help="the server's URL (default: E31_SERVER, else the one from `e31 login`)")
 
@@ -509,7 +511,7 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help (0) or a usage error (2)

@@ -5,13 +5,14 @@ E31_TOKEN override what the file says)."""
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from e31.cli.errors import AUTH, CliError
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
-def config_dir():
+def config_dir() -> Path:
     if os.environ.get("E31_CONFIG_DIR"):
         return Path(os.environ["E31_CONFIG_DIR"])
     import platformdirs
@@ -19,11 +20,11 @@ def config_dir():
     return Path(platformdirs.user_config_dir("e31"))
 
 
-def config_path():
+def config_path() -> Path:
     return config_dir() / "config.json"
 
 
-def read_file():
+def read_file() -> dict[str, Any]:
     try:
         value = json.loads(config_path().read_text())
     except (OSError, ValueError):
@@ -31,7 +32,7 @@ def read_file():
     return value if isinstance(value, dict) else {}
 
 
-def load():
+def load() -> dict[str, str | None]:
     """{"server", "token"}: the environment's, else the file's; either may be None."""
     stored = read_file()
     server = os.environ.get("E31_SERVER") or stored.get("server") or None
@@ -39,16 +40,17 @@ def load():
     return {"server": server.rstrip("/") if server else None, "token": token}
 
 
-def require(server_override=None):
+def require(server_override: str | None = None) -> dict[str, str]:
     settings = load()
     if server_override:
         settings["server"] = server_override.rstrip("/")
-    if not settings["server"] or not settings["token"]:
+    server, token = settings["server"], settings["token"]
+    if not server or not token:
         raise CliError("Not logged in: run `e31 login` (or set E31_SERVER and E31_TOKEN).", AUTH)
-    return settings
+    return {"server": server, "token": token}
 
 
-def save(server, token):
+def save(server: str, token: str) -> Path:
     """Write the config with 0600 permissions (the folder 0700); returns the file's path."""
     folder = config_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -67,6 +69,6 @@ def save(server, token):
     return path
 
 
-def state_path(name):
+def state_path(name: str) -> Path:
     """A small file of the client's own state (resumable uploads) next to the config."""
     return config_dir() / name

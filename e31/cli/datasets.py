@@ -9,16 +9,24 @@ unfinished uploads). Chunks that fail with 503 or a network error are sent again
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from e31.cli.errors import JOB_FAILED, SERVER, USAGE, CliError
 from e31.cli.spec import files_of
+
+if TYPE_CHECKING:
+    from e31.cli.client import Client
+    from e31.cli.ui import ProgressBar
+
+T = TypeVar("T")
 
 RETRIES = 6
 COMPLETION_POLL_SECONDS = 2
 
 
-def sha256_of(path):
+def sha256_of(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1024 * 1024), b""):
@@ -26,7 +34,7 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def local_manifest(folder):
+def local_manifest(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CliError(f"{folder} is not a folder.", USAGE)
@@ -36,44 +44,44 @@ def local_manifest(folder):
     return files
 
 
-def stop_after_chunks():
+def stop_after_chunks() -> int | None:
     """A test hook: E31_CLI_STOP_AFTER_CHUNKS=N stops (as Ctrl-C would) after N chunks."""
     value = os.environ.get("E31_CLI_STOP_AFTER_CHUNKS", "")
     return int(value) if value.isdigit() else None
 
 
 class Uploader:
-    def __init__(self, client, sleep=time.sleep, say=None):
+    def __init__(self, client: "Client", sleep: Callable[[float], None] = time.sleep, say: Callable[[str], None] | None = None) -> None:
         self.client = client
         self.sleep = sleep
         self.say = say or (lambda text: None)
         self.sent_bytes = 0  # chunk bytes sent by this run
         self.resumed_bytes = 0  # bytes the server already had for uploads under way
-        self.skipped_files = []  # already in the version
-        self.resumed_files = []
+        self.skipped_files: list[str] = []  # already in the version
+        self.resumed_files: list[str] = []
         self.chunks_sent = 0
         self.stop_after = stop_after_chunks()
 
     # The dataset and its open version ----------------------------------------------------
 
-    def find_dataset(self, name):
+    def find_dataset(self, name: str) -> dict[str, Any] | None:
         for dataset in self.client.pages("/api/datasets/"):
             if dataset.get("name") == name:
                 return dataset
         return None
 
-    def dataset(self, name):
+    def dataset(self, name: str) -> tuple[dict[str, Any], bool]:
         found = self.find_dataset(name)
         if found is not None:
             return found, False
         return self.client.post("/api/datasets/", json={"name": name}), True
 
-    def open_version(self, dataset):
+    def open_version(self, dataset: dict[str, Any]) -> dict[str, Any]:
         return self.client.post(f"/api/datasets/{dataset['id']}/versions/")
 
     # Files --------------------------------------------------------------------------------
 
-    def upload(self, folder, name, bar):
+    def upload(self, folder: str | os.PathLike[str], name: str, bar: "ProgressBar") -> dict[str, Any]:
         files = local_manifest(folder)
         total = sum(f["size"] for f in files)
         bar.update(total=total)
@@ -112,11 +120,11 @@ class Uploader:
         return self.result(dataset, sealed, files)
 
     @staticmethod
-    def holds_all(version, files):
+    def holds_all(version: dict[str, Any], files: list[dict[str, Any]]) -> bool:
         manifest = {f["path"]: (f.get("size"), f.get("sha256")) for f in version.get("manifest", [])}
         return all(manifest.get(f["path"]) == (f["size"], f["sha256"]) for f in files)
 
-    def send(self, upload, entry, bar):
+    def send(self, upload: dict[str, Any], entry: dict[str, Any], bar: "ProgressBar") -> None:
         """The chunks of one file from what the server has, then complete it."""
         size, chunk_size = entry["size"], int(upload["chunk_size"])
         offset = int(upload.get("received") or 0)
@@ -143,7 +151,7 @@ class Uploader:
         if isinstance(done, dict) and done.get("state") == "failed":
             raise CliError(f"{entry['path']}: {done.get('error') or 'the server could not complete the upload'}", JOB_FAILED)
 
-    def put_chunk(self, upload, offset, data):
+    def put_chunk(self, upload: dict[str, Any], offset: int, data: bytes) -> int:
         """Send one chunk; returns how far the upload has arrived."""
         path = upload_path(upload)
         for attempt in range(RETRIES):
@@ -166,7 +174,7 @@ class Uploader:
             return int(answer.get("received", offset + len(data)))
         raise CliError("unreachable", SERVER)
 
-    def retrying(self, call):
+    def retrying(self, call: Callable[[], T]) -> T:
         for attempt in range(RETRIES):
             try:
                 return call()
@@ -174,8 +182,9 @@ class Uploader:
                 if not retriable(error) or attempt == RETRIES - 1:
                     raise
                 self.sleep(min(2**attempt * 0.5, 10))
+        raise CliError("unreachable", SERVER)
 
-    def result(self, dataset, version, files, up_to_date=False):
+    def result(self, dataset: dict[str, Any], version: dict[str, Any], files: list[dict[str, Any]], up_to_date: bool = False) -> dict[str, Any]:
         return {
             "dataset": dataset.get("name"),
             "dataset_id": dataset.get("id"),
@@ -193,10 +202,10 @@ class Uploader:
         }
 
 
-def upload_path(upload):
+def upload_path(upload: dict[str, Any]) -> str:
     return f"/api/datasets/uploads/{upload['id']}/"
 
 
-def retriable(error):
+def retriable(error: CliError) -> bool:
     """Storage trouble (503), a server error or a lost connection: worth sending again."""
     return error.code == SERVER

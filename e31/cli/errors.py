@@ -1,5 +1,7 @@
 """What can go wrong, as exit codes a script can act on."""
 
+from typing import Any
+
 OK = 0
 JOB_FAILED = 1  # a followed job failed, was stopped or cancelled; or a refused action (409)
 USAGE = 2  # a bad command line or spec (HTTP 400)
@@ -12,7 +14,7 @@ INTERRUPTED = 130
 class CliError(Exception):
     """An error to print (on stderr) and exit with."""
 
-    def __init__(self, message, code=USAGE, status=None, body=None):
+    def __init__(self, message: str, code: int = USAGE, status: int | None = None, body: Any = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -20,7 +22,7 @@ class CliError(Exception):
         self.body = body
 
 
-def code_for_status(status):
+def code_for_status(status: int) -> int:
     """The exit code for an HTTP status the server answered with."""
     if status in (401, 403):
         return AUTH
@@ -33,14 +35,14 @@ def code_for_status(status):
     return SERVER
 
 
-def messages_from(body):
+def messages_from(body: object) -> list[str]:
     """The server's reasons, one a line, from whatever shape of error body it sent."""
     if body is None:
         return []
     if isinstance(body, str):
         return [body.strip()] if body.strip() else []
     if isinstance(body, list):
-        out = []
+        out: list[str] = []
         for item in body:
             out.extend(messages_from(item))
         return out

@@ -6,16 +6,30 @@ of the job's ceiling."""
 import json
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from e31.cli.errors import SERVER, CliError
+
+if TYPE_CHECKING:
+    from websockets.sync.client import ClientConnection
+
+    from e31.cli.client import Client
 
 TERMINAL = {"succeeded", "failed", "stopped", "cancelled"}
 LOG_PAGE = 1000
 METER_EVERY = 60.0  # seconds between meter lines while the meter runs (it ticks every second)
 
 
-def format_line(event):
+class Socket(Protocol):
+    """What Follower reads events from: a websocket connection (websockets' sync client)."""
+
+    def recv(self, timeout: float | None = ...) -> str | bytes: ...
+
+
+def format_line(event: dict[str, Any]) -> str:
     text = event.get("text") or ""
     if text.endswith("\n"):
         text = text[:-1]
@@ -23,16 +37,16 @@ def format_line(event):
     return f"[rank{rank}] {text}" if rank is not None else text
 
 
-def format_money(value, currency, places=4):
+def format_money(value: object, currency: str, places: int = 4) -> str:
     return f"{currency} {Decimal(str(value)).quantize(Decimal(1).scaleb(-places)):,}".strip()
 
 
-def format_held(seconds):
+def format_held(seconds: float | None) -> str:
     seconds = int(seconds or 0)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def format_meter(job):
+def format_meter(job: dict[str, Any]) -> str | None:
     """The meter of a job as GET /api/jobs/<id>/ gives it, in one line: held time, cost, and
     what is left of its ceiling (nothing about a ceiling when it has none). None without a cost."""
     if job.get("cost") is None:
@@ -53,13 +67,13 @@ def format_meter(job):
 class Printer:
     """Prints events: log lines on stdout, state changes on stderr (or everything as JSON lines)."""
 
-    def __init__(self, as_json=False, out=None, err=None, quiet_states=False):
+    def __init__(self, as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None, quiet_states: bool = False) -> None:
         self.as_json = as_json
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.quiet_states = quiet_states
 
-    def event(self, event):
+    def event(self, event: dict[str, Any]) -> None:
         if self.as_json:
             self.out.write(json.dumps(event) + "\n")
             self.out.flush()
@@ -73,21 +87,21 @@ class Printer:
             self.err.write(f"-- {event.get('state')}{reason}\n")
             self.err.flush()
 
-    def meter(self, job):
+    def meter(self, job: dict[str, Any]) -> None:
         """A meter line on stderr, from the job's API figures."""
         line = format_meter(job)
         if line and not self.as_json and not self.quiet_states:
             self.err.write(f"-- {line}\n")
             self.err.flush()
 
-    def log_lines(self, lines):
+    def log_lines(self, lines: Iterable[dict[str, Any]]) -> None:
         for line in lines:
             self.event({"kind": "log", **line})
 
 
-def print_logs(client, job_id, printer, after=0):
+def print_logs(client: "Client", job_id: str, printer: Printer, after: int = 0) -> tuple[int, str | None]:
     """Every log line after seq `after` over HTTP, page by page; returns (last seq, state)."""
-    state = None
+    state: str | None = None
     while True:
         page = client.get(f"/api/jobs/{job_id}/logs/", params={"after": after, "limit": LOG_PAGE})
         printer.log_lines(page.get("lines", []))
@@ -97,13 +111,13 @@ def print_logs(client, job_id, printer, after=0):
             return after, state
 
 
-def default_connect(url, token):
+def default_connect(url: str, token: str | None) -> "AbstractContextManager[ClientConnection]":
     from websockets.sync.client import connect
 
     return connect(url, additional_headers={"Authorization": f"Token {token}"}, open_timeout=15, max_size=2**24)
 
 
-def connection_errors():
+def connection_errors() -> tuple[type[BaseException], ...]:
     from websockets.exceptions import WebSocketException
 
     return (WebSocketException, OSError, EOFError, ValueError)
@@ -113,26 +127,35 @@ class Follower:
     """Follows one job to its end. connect(url, token) and sleep are replaceable for tests."""
 
     def __init__(
-        self, client, job_id, printer, after=0, connect=None, sleep=time.sleep, backoff=(0.5, 1, 2, 4, 8), idle_check=30.0,
-        meter_every=METER_EVERY, clock=time.monotonic,
-    ):
+        self,
+        client: "Client",
+        job_id: str,
+        printer: Printer,
+        after: int = 0,
+        connect: Callable[[str, str | None], AbstractContextManager[Socket]] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        backoff: Sequence[float] = (0.5, 1, 2, 4, 8),
+        idle_check: float = 30.0,
+        meter_every: float = METER_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.printer = printer
         self.last_seq = after
-        self.connect = connect or default_connect
+        self.connect: Callable[[str, str | None], AbstractContextManager[Socket]] = connect or default_connect
         self.sleep = sleep
         self.backoff = backoff
         self.idle_check = idle_check
         self.reconnects = 0
         self.meter_every = meter_every
         self.clock = clock
-        self.meter_shown_at = None
+        self.meter_shown_at: float | None = None
 
-    def url(self):
+    def url(self) -> str:
         return self.client.ws_url(f"/ws/jobs/{self.job_id}/?after={self.last_seq}")
 
-    def handle(self, events):
+    def handle(self, events: Iterable[dict[str, Any]]) -> str | None:
         """Print new events; returns the terminal state if one arrived."""
         ended = None
         for event in events:
@@ -148,14 +171,14 @@ class Follower:
                 ended = event["state"]
         return ended
 
-    def meter_due(self, event):
+    def meter_due(self, event: dict[str, Any]) -> bool:
         """A meter line for the first tick seen, every meter_every seconds, and when the meter
         stops (compute released: the final figures)."""
         if self.printer.as_json or self.printer.quiet_states:
             return False
         return self.meter_shown_at is None or not event.get("running") or self.clock() - self.meter_shown_at >= self.meter_every
 
-    def show_meter(self):
+    def show_meter(self) -> None:
         """The meter as the API counts it: a tick carries the cost, not what is left of the
         ceiling, which takes every allocation and credit of the job."""
         self.meter_shown_at = self.clock()
@@ -167,7 +190,7 @@ class Follower:
             return  # the server is out of reach for a moment: the next line will come
         self.printer.meter(job)
 
-    def finish_over_http(self):
+    def finish_over_http(self) -> str | None:
         """If the job has ended, print the lines not seen yet and return its state."""
         state = self.client.job(self.job_id).get("state")
         if state not in TERMINAL:
@@ -177,7 +200,7 @@ class Follower:
             self.printer.err.write(f"-- {state}\n")
         return state
 
-    def run(self):
+    def run(self) -> str:
         """Follow until the job ends; returns its final state."""
         failures = 0
         errors = connection_errors()

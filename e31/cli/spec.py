@@ -10,8 +10,10 @@ import io
 import os
 import tarfile
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -34,11 +36,11 @@ class LocalRef:
     path: Path  # resolved against the spec's folder
 
 
-def line_of(node):
+def line_of(node: yaml.Node) -> int:
     return node.start_mark.line + 1
 
 
-def mapping_get(node, key):
+def mapping_get(node: yaml.Node | None, key: str) -> yaml.Node | None:
     """The value node under key in a YAML mapping node, or None."""
     if not isinstance(node, yaml.MappingNode):
         return None
@@ -57,7 +59,7 @@ class SpecLoader(yaml.SafeLoader):
 
     depth = 0
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise yaml.composer.ComposerError(
@@ -73,7 +75,7 @@ class SpecLoader(yaml.SafeLoader):
             self.depth -= nests
 
 
-def compose(text, spec_name):
+def compose(text: str, spec_name: str) -> yaml.Node | None:
     try:
         return yaml.compose(text, Loader=SpecLoader)
     except yaml.YAMLError as error:
@@ -83,14 +85,14 @@ def compose(text, spec_name):
         raise CliError(f"{spec_name}{where}: not valid YAML or JSON: {problem}", USAGE) from None
 
 
-def local_refs(text, spec_name, base_dir):
+def local_refs(text: str, spec_name: str, base_dir: str | os.PathLike[str]) -> list[LocalRef]:
     """Every local file or folder the spec names, in order, as LocalRefs."""
     root = compose(text, spec_name)
     if root is None:
         raise CliError(f"{spec_name}: the spec is empty.", USAGE)
     if not isinstance(root, yaml.MappingNode):
         raise CliError(f"{spec_name} line {line_of(root)}: the spec must be a mapping (name: ..., work: ..., ...).", USAGE)
-    refs = []
+    refs: list[LocalRef] = []
     places = [((section, key), field, mapping_get(mapping_get(root, section), key)) for (section, key), field in LOCAL_FIELDS.items()]
     # A named input's files (data.inputs.<name>.files) go in the field input:<name>.
     inputs = mapping_get(mapping_get(root, "data"), "inputs")
@@ -113,7 +115,7 @@ def local_refs(text, spec_name, base_dir):
     return refs
 
 
-def check_exist(refs, spec_name):
+def check_exist(refs: Iterable[LocalRef], spec_name: str) -> None:
     for ref in refs:
         if not ref.path.exists():
             raise CliError(f"{spec_name} line {ref.line}: {ref.text} does not exist", USAGE)
@@ -121,7 +123,7 @@ def check_exist(refs, spec_name):
             raise CliError(f"{spec_name} line {ref.line}: {ref.text} is an empty folder", USAGE)
 
 
-def files_of(path):
+def files_of(path: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     """(name to send, path) of a file, or of every file under a folder (names relative to it)."""
     path = Path(path)
     if path.is_file():
@@ -129,13 +131,13 @@ def files_of(path):
     return [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*")) if p.is_file() and not skipped(p, path)]
 
 
-def skipped(path, root):
+def skipped(path: Path, root: Path) -> bool:
     """Files nobody means to upload: caches and version control."""
     parts = path.relative_to(root).parts
     return any(part in ("__pycache__", ".git", ".DS_Store") for part in parts)
 
 
-def pack_folder(folder):
+def pack_folder(folder: str | os.PathLike[str]) -> IO[bytes]:
     """A folder as a .tar.gz in a temporary file (rewound), with its files at the top level."""
     folder = Path(folder)
     out = tempfile.TemporaryFile(suffix=".tar.gz")
@@ -146,9 +148,9 @@ def pack_folder(folder):
     return out
 
 
-def upload_files(refs):
+def upload_files(refs: Iterable[LocalRef]) -> list[tuple[str, str, IO[bytes]]]:
     """[(field, filename, open binary file)] of everything to send; a code folder is packed."""
-    out = []
+    out: list[tuple[str, str, IO[bytes]]] = []
     for ref in refs:
         if ref.field == "code" and ref.path.is_dir():
             out.append((ref.field, f"{ref.path.resolve().name or 'code'}.tar.gz", pack_folder(ref.path)))
@@ -158,7 +160,7 @@ def upload_files(refs):
     return out
 
 
-def size_of(fileobj):
+def size_of(fileobj: IO[bytes]) -> int:
     position = fileobj.tell()
     fileobj.seek(0, io.SEEK_END)
     size = fileobj.tell()

@@ -2,21 +2,35 @@
 
 import json
 import sys
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 
-def stderr_console():
+class ProgressBar(Protocol):
+    """What the commands move as bytes go: a Bar on a terminal, else a NullBar."""
+
+    def advance(self, amount: float) -> None: ...
+
+    def update(self, **kwargs: Any) -> None: ...
+
+
+def stderr_console() -> "Console":
     from rich.console import Console
 
     return Console(stderr=True)
 
 
-def print_json(value):
+def print_json(value: object) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
-def print_table(columns, rows, title=None):
+def print_table(columns: Iterable[str], rows: Iterable[Sequence[object]], title: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -28,7 +42,7 @@ def print_table(columns, rows, title=None):
     Console().print(table)
 
 
-def print_fields(pairs, title=None):
+def print_fields(pairs: Iterable[tuple[str, object]], title: str | None = None) -> None:
     """A two-column table of name, value."""
     from rich.console import Console
     from rich.table import Table
@@ -44,27 +58,27 @@ def print_fields(pairs, title=None):
 
 
 class NullBar:
-    def advance(self, amount):
+    def advance(self, amount: float) -> None:
         pass
 
-    def update(self, **kwargs):
+    def update(self, **kwargs: Any) -> None:
         pass
 
 
 class Bar:
-    def __init__(self, progress, task):
+    def __init__(self, progress: "Progress", task: "TaskID") -> None:
         self.progress = progress
         self.task = task
 
-    def advance(self, amount):
+    def advance(self, amount: float) -> None:
         self.progress.advance(self.task, amount)
 
-    def update(self, **kwargs):
+    def update(self, **kwargs: Any) -> None:
         self.progress.update(self.task, **kwargs)
 
 
 @contextmanager
-def progress_bar(total, description, enabled=True):
+def progress_bar(total: float | None, description: str, enabled: bool = True) -> Iterator[ProgressBar]:
     """A bar over bytes on stderr, shown only on a terminal."""
     console = stderr_console()
     if not enabled or not console.is_terminal:
@@ -82,33 +96,33 @@ def progress_bar(total, description, enabled=True):
 class ProgressReader:
     """A binary file whose reads advance a progress bar (httpx reads multipart files so)."""
 
-    def __init__(self, fileobj, bar):
+    def __init__(self, fileobj: IO[bytes], bar: ProgressBar) -> None:
         self.fileobj = fileobj
         self.bar = bar
         self.counted = 0
 
-    def read(self, size=-1):
+    def read(self, size: int = -1) -> bytes:
         data = self.fileobj.read(size)
         self.counted += len(data)
         self.bar.advance(len(data))
         return data
 
-    def seek(self, offset, whence=0):
+    def seek(self, offset: int, whence: int = 0) -> int:
         result = self.fileobj.seek(offset, whence)
         if whence == 0 and offset == 0 and self.counted:
             self.bar.advance(-self.counted)  # read again from the start (a retried request)
             self.counted = 0
         return result
 
-    def tell(self):
+    def tell(self) -> int:
         return self.fileobj.tell()
 
-    def fileno(self):
+    def fileno(self) -> int:
         return self.fileobj.fileno()
 
-    def close(self):
+    def close(self) -> None:
         self.fileobj.close()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         while chunk := self.read(64 * 1024):
             yield chunk

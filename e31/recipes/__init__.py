@@ -8,6 +8,7 @@ inside a job (see common.py for the environment they read and the files they wri
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Param", "Recipe", "RECIPES", "validate"]
 
@@ -22,9 +23,9 @@ class Param:
     kind: str
     default: object
     help: str
-    choices: tuple = None
-    min: float = None
-    max: float = None
+    choices: tuple[str, ...] | None = None
+    min: float | None = None
+    max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -32,16 +33,16 @@ class Recipe:
     name: str
     title: str
     description: str
-    params: tuple
+    params: tuple[Param, ...]
 
-    def param(self, name):
+    def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
-    def defaults(self):
+    def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
 
 
-def _shared(lr, batch_size, max_steps, eval_every, checkpoint_every):
+def _shared(lr: float, batch_size: int, max_steps: int, eval_every: int, checkpoint_every: int) -> tuple[Param, ...]:
     return (
         Param("mode", "choice", "train", "train a model, or evaluate the models staged in $E31_MODEL_DIR", choices=("train", "evaluate")),
         Param("adaptation", "choice", "full", "train every weight, or only low-rank adapters (LoRA) on the linear layers", choices=("full", "lora")),
@@ -102,7 +103,7 @@ TRUE_WORDS = {"true", "yes", "on", "1"}
 FALSE_WORDS = {"false", "no", "off", "0"}
 
 
-def _coerce(param, value):
+def _coerce(param: Param, value: object) -> tuple[object, str | None]:
     """(value, None) or (None, error message) for one raw value."""
     kind = param.kind
     if kind == "bool":
@@ -114,9 +115,10 @@ def _coerce(param, value):
             return value.strip().lower() in TRUE_WORDS, None
         return None, f"expected true or false, got {value!r}"
     if kind == "choice":
-        if isinstance(value, str) and value in param.choices:
+        choices = param.choices or ()  # every choice setting names its choices
+        if isinstance(value, str) and value in choices:
             return value, None
-        return None, f"{value!r} is not one of: {', '.join(param.choices)}"
+        return None, f"{value!r} is not one of: {', '.join(choices)}"
     if isinstance(value, bool):
         return None, f"expected a number, got {value!r}"
     if kind == "int":
@@ -131,7 +133,8 @@ def _coerce(param, value):
         number = int(number)
     else:
         try:
-            number = float(value.strip() if isinstance(value, str) else value)
+            # Not a string nor a number (a list, None): float() raises TypeError, answered below.
+            number = float(value.strip() if isinstance(value, str) else value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return None, f"expected a number, got {value!r}"
         if not math.isfinite(number):
@@ -143,7 +146,7 @@ def _coerce(param, value):
     return number, None
 
 
-def validate(recipe_name, config):
+def validate(recipe_name: str, config: object) -> tuple[dict[str, Any], dict[str, str]]:
     """Check a configuration for a recipe: (clean, errors).
 
     clean has every setting of the recipe: the defaults filled in and the given values coerced to

@@ -9,7 +9,9 @@ val_bpb the same in bits.
 """
 
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +27,7 @@ HOLDOUT_FRACTION = 0.1
 
 
 class Block(nn.Module):
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d_model)
@@ -35,7 +37,7 @@ class Block(nn.Module):
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
         q, k, v = (t.view(batch, length, self.n_heads, width // self.n_heads).transpose(1, 2) for t in (q, k, v))
@@ -45,7 +47,7 @@ class Block(nn.Module):
 
 
 class CharLM(nn.Module):
-    def __init__(self, context, d_model, n_layers, n_heads):
+    def __init__(self, context: int, d_model: int, n_layers: int, n_heads: int) -> None:
         super().__init__()
         self.context = context
         self.tokens = nn.Embedding(VOCAB, d_model)
@@ -54,7 +56,7 @@ class CharLM(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, VOCAB)
 
-    def forward(self, idx):
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
         length = idx.shape[1]
         x = self.tokens(idx) + self.positions(torch.arange(length, device=idx.device))
         for block in self.blocks:
@@ -62,7 +64,7 @@ class CharLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def build_model(info):
+def build_model(info: dict[str, Any]) -> CharLM:
     arch = info["architecture"]
     if arch.get("vocab", VOCAB) != VOCAB:
         common.fail(f"the model's vocabulary has {arch['vocab']} entries; this recipe is byte-level ({VOCAB})")
@@ -74,7 +76,7 @@ def build_model(info):
 # -- data -------------------------------------------------------------------------------------
 
 
-def read_text(folder):
+def read_text(folder: str | os.PathLike[str]) -> torch.Tensor | None:
     """The bytes of the *.txt files under folder, in path order; None when there are none."""
     folder = Path(folder)
     files = sorted(p for p in folder.rglob("*.txt") if p.is_file()) if folder.is_dir() else []
@@ -84,7 +86,7 @@ def read_text(folder):
     return torch.tensor(list(data), dtype=torch.long) if len(data) < 1024 else torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 
-def load_data():
+def load_data() -> tuple[torch.Tensor, torch.Tensor]:
     root = common.data_dir()
     train = read_text(root / "train")
     if train is None or len(train) == 0:
@@ -96,7 +98,7 @@ def load_data():
     return train[:cut], train[cut:]
 
 
-def window_starts(length, context, limit):
+def window_starts(length: int, context: int, limit: int) -> torch.Tensor:
     """Start offsets of the fixed validation windows (context + 1 bytes each)."""
     count = (length - 1) // context
     if count < 1:
@@ -108,28 +110,28 @@ def window_starts(length, context, limit):
 
 
 @torch.no_grad()
-def score(model, text, starts, context, device):
+def score(model: nn.Module, text: torch.Tensor, starts: torch.Tensor, context: int, device: torch.device) -> tuple[common.Metrics, list[float]]:
     """(metrics, mean loss of each window): val_loss, val_bpb over the fixed windows."""
     model.eval()
     offsets = torch.arange(context + 1)
-    per_window = []
+    per_window: list[torch.Tensor] = []
     for first in range(0, len(starts), EVAL_BATCH):
         rows = text[starts[first : first + EVAL_BATCH, None] + offsets].to(device)
         with common.autocast(device):
             logits = model(rows[:, :-1]).float()
         losses = F.cross_entropy(logits.reshape(-1, VOCAB), rows[:, 1:].reshape(-1), reduction="none")
         per_window.append(losses.view(len(rows), context).double().mean(dim=1))
-    per_window = torch.cat(per_window)
-    loss = per_window.mean().item()
-    return {"loss": loss, "bpb": loss / math.log(2)}, per_window.cpu().tolist()
+    windows = torch.cat(per_window)
+    loss = windows.mean().item()
+    return {"loss": loss, "bpb": loss / math.log(2)}, windows.cpu().tolist()
 
 
-def evaluate_staged(config):
+def evaluate_staged(config: common.Config) -> None:
     device = common.pick_device()
     heldout = read_text(common.data_dir() / "heldout")
     if heldout is None or not len(heldout):
         common.fail(f"evaluate mode needs *.txt files in {common.data_dir() / 'heldout'}")
-    models = []
+    models: list[tuple[str, CharLM]] = []
     for label, info, state in common.staged_models(NAME):
         try:
             model = build_model(info)
@@ -147,7 +149,7 @@ def evaluate_staged(config):
 # -- training ---------------------------------------------------------------------------------
 
 
-def whole_model(info, config, weights):
+def whole_model(info: dict[str, Any], config: common.Config, weights: dict[str, Any]) -> CharLM:
     """A plain (unsharded, CPU) copy of the trained model, LoRA adapters included, from its full state."""
     model = build_model(info)
     if config["adaptation"] == "lora":
@@ -156,7 +158,7 @@ def whole_model(info, config, weights):
     return model
 
 
-def train(config, dist):
+def train(config: common.Config, dist: common.Dist) -> None:
     start = common.start_dir()
     start_info = common.read_recipe_json(start) if start else None
     if start_info is not None and start_info.get("recipe") != NAME:
@@ -187,7 +189,7 @@ def train(config, dist):
 
     offsets = torch.arange(context + 1)
 
-    def train_loss(module, step):
+    def train_loss(module: nn.Module, step: int) -> torch.Tensor:
         # The step's windows are a function of (seed, step): a resumed run draws the same ones.
         generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
         firsts = torch.randint(0, len(train_text) - context, (batch_size,), generator=generator)
@@ -195,7 +197,7 @@ def train(config, dist):
         logits = module(rows[:, :-1])
         return F.cross_entropy(logits.reshape(-1, VOCAB).float(), rows[:, 1:].reshape(-1))
 
-    def evaluate():
+    def evaluate() -> common.Metrics:
         metrics, _ = score(model, val_text, starts, context, device)
         return {"val_loss": metrics["loss"], "val_bpb": metrics["bpb"]}
 
@@ -208,7 +210,7 @@ def train(config, dist):
     common.write_results(model, info, config, final, stopped)
 
 
-def main():
+def main() -> None:
     common.main(NAME, train, evaluate_staged)
 
 

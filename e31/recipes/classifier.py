@@ -9,13 +9,20 @@ deviation, kept in recipe.json so that evaluation and fine-tuning standardise th
 
 import csv
 import math
+import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import nn
 
 from e31.recipes import common
+
+Label = int | str  # a class label: a whole number, else text (see _label_value)
+Split = tuple[npt.NDArray[np.float32], list[Label]]  # (features (N, F), labels)
 
 NAME = "classifier"
 EVAL_BATCH = 4096
@@ -23,20 +30,20 @@ HOLDOUT_FRACTION = 0.1
 
 
 class MLP(nn.Module):
-    def __init__(self, in_features, hidden, layers, classes):
+    def __init__(self, in_features: int, hidden: int, layers: int, classes: int) -> None:
         super().__init__()
         sizes = [in_features] + [hidden] * layers
-        parts = []
+        parts: list[nn.Module] = []
         for width_in, width_out in zip(sizes, sizes[1:]):
             parts += [nn.Linear(width_in, width_out), nn.ReLU()]
         parts.append(nn.Linear(sizes[-1], classes))
         self.net = nn.Sequential(*parts)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
-def build_model(info):
+def build_model(info: dict[str, Any]) -> MLP:
     arch = info["architecture"]
     return MLP(arch["in_features"], arch["hidden"], arch["layers"], arch["classes"])
 
@@ -44,7 +51,7 @@ def build_model(info):
 # -- data -------------------------------------------------------------------------------------
 
 
-def _label_value(value):
+def _label_value(value: object) -> Label:
     """Labels as ints when they are whole numbers ("3", 3.0, np.int64(3)), else as strings."""
     text = str(value.item() if hasattr(value, "item") else value).strip()
     try:
@@ -54,14 +61,15 @@ def _label_value(value):
     return int(number) if math.isfinite(number) and number == int(number) else text
 
 
-def read_csv(path):
+def read_csv(path: Path) -> Split:
     with open(path, newline="") as handle:
         rows = [row for row in csv.reader(handle) if row]
     if len(rows) < 2:
         common.fail(f"{path} has no data rows (a header row, then one row per example)")
     names = [name.strip() for name in rows[0]]
     column = names.index("label") if "label" in names else len(names) - 1
-    features, labels = [], []
+    features: list[list[float]] = []
+    labels: list[Label] = []
     for number, row in enumerate(rows[1:], start=2):
         if len(row) != len(names):
             common.fail(f"{path} line {number}: {len(row)} values, the header has {len(names)}")
@@ -73,7 +81,7 @@ def read_csv(path):
     return np.asarray(features, dtype=np.float32).reshape(len(labels), -1), labels
 
 
-def read_npz(path):
+def read_npz(path: Path) -> Split:
     with np.load(path, allow_pickle=False) as arrays:
         if "x" not in arrays or "y" not in arrays:
             common.fail(f"{path} needs arrays named x and y, has {', '.join(arrays.files)}")
@@ -83,7 +91,7 @@ def read_npz(path):
     return x.reshape(len(x), -1).astype(np.float32), [_label_value(v) for v in y.reshape(-1)]
 
 
-def load_split(folder):
+def load_split(folder: str | os.PathLike[str]) -> Split | None:
     """(features (N, F) float32, labels list) from the CSV and NPZ files in folder; None if none."""
     folder = Path(folder)
     files = sorted(p for p in folder.glob("*") if p.suffix in (".csv", ".npz") and p.is_file()) if folder.is_dir() else []
@@ -96,7 +104,7 @@ def load_split(folder):
     return np.concatenate([x for x, _ in parts]), [label for _, labels in parts for label in labels]
 
 
-def load_data():
+def load_data() -> tuple[Split, Split]:
     """(train, validation), each (features, labels)."""
     root = common.data_dir()
     train = load_split(root / "train")
@@ -114,11 +122,11 @@ def load_data():
     return (x[keep], [labels[i] for i in keep]), (x[val], [labels[i] for i in val])
 
 
-def _sort_key(label):
+def _sort_key(label: Label) -> tuple[bool, Label]:
     return (isinstance(label, str), label)
 
 
-def encode(labels, classes, where):
+def encode(labels: Sequence[Label], classes: Sequence[Label], where: str) -> torch.Tensor:
     index = {c: i for i, c in enumerate(classes)}
     unknown = sorted({label for label in labels if label not in index}, key=_sort_key)
     if unknown:
@@ -126,13 +134,13 @@ def encode(labels, classes, where):
     return torch.tensor([index[label] for label in labels], dtype=torch.long)
 
 
-def standardise(x, info):
+def standardise(x: npt.NDArray[np.float32], info: dict[str, Any]) -> torch.Tensor:
     mean = np.asarray(info["data"]["mean"], dtype=np.float32)
     std = np.asarray(info["data"]["std"], dtype=np.float32)
     return torch.from_numpy((x - mean) / std)
 
 
-def describe(config, train, validation, start_info):
+def describe(config: common.Config, train: Split, validation: Split, start_info: dict[str, Any] | None) -> dict[str, Any]:
     """recipe.json's content: the architecture and the data description (classes, normalisation)."""
     if start_info is not None:
         info = {"recipe": NAME, "format": common.FORMAT, "architecture": start_info["architecture"], "data": start_info["data"]}
@@ -156,26 +164,27 @@ def describe(config, train, validation, start_info):
 
 
 @torch.no_grad()
-def score(model, x, y, device):
+def score(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[common.Metrics, list[float]]:
     """(metrics, per-example correctness) on the whole of (x, y), in fixed chunks."""
     model.eval()
-    losses, correct = [], []
+    losses: list[torch.Tensor] = []
+    correct: list[torch.Tensor] = []
     for start in range(0, len(y), EVAL_BATCH):
         with common.autocast(device):
             logits = model(x[start : start + EVAL_BATCH]).float()
         target = y[start : start + EVAL_BATCH]
         losses.append(nn.functional.cross_entropy(logits, target, reduction="none").double())
         correct.append((logits.argmax(dim=1) == target).double())
-    losses, correct = torch.cat(losses), torch.cat(correct)
-    return {"loss": losses.mean().item(), "accuracy": correct.mean().item()}, correct.cpu().tolist()
+    all_losses, all_correct = torch.cat(losses), torch.cat(correct)
+    return {"loss": all_losses.mean().item(), "accuracy": all_correct.mean().item()}, all_correct.cpu().tolist()
 
 
-def evaluate_staged(config):
+def evaluate_staged(config: common.Config) -> None:
     device = common.pick_device()
     heldout = load_split(common.data_dir() / "heldout")
     if heldout is None:
         common.fail(f"evaluate mode needs CSV or NPZ files in {common.data_dir() / 'heldout'}")
-    results = {}
+    results: dict[str, tuple[common.Metrics, list[float]]] = {}
     for label, info, state in common.staged_models(NAME):
         if info.get("data", {}).get("features") != heldout[0].shape[1]:
             common.fail(f"model {label!r} takes {info.get('data', {}).get('features')} features; the heldout data has {heldout[0].shape[1]}")
@@ -193,7 +202,7 @@ def evaluate_staged(config):
 # -- training ---------------------------------------------------------------------------------
 
 
-def train(config, dist):
+def train(config: common.Config, dist: common.Dist) -> None:
     start = common.start_dir()
     start_info = common.read_recipe_json(start) if start else None
     if start_info is not None and start_info.get("recipe") != NAME:
@@ -223,9 +232,9 @@ def train(config, dist):
 
     batch_size, seed = config["batch_size"], config["seed"]
     per_epoch = math.ceil(len(y) / batch_size)
-    orders = {}
+    orders: dict[int, torch.Tensor] = {}
 
-    def train_loss(module, step):
+    def train_loss(module: nn.Module, step: int) -> torch.Tensor:
         epoch, position = divmod(step - 1, per_epoch)
         if epoch not in orders:  # each epoch's order is a function of (seed, epoch): nothing to save
             orders.clear()
@@ -233,7 +242,7 @@ def train(config, dist):
         batch = dist.shard(orders[epoch][position * batch_size : (position + 1) * batch_size])
         return nn.functional.cross_entropy(module(x[batch]), y[batch])
 
-    def evaluate():
+    def evaluate() -> common.Metrics:
         metrics, _ = score(model, val_x, val_y, device)
         return {"val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
 
@@ -243,7 +252,7 @@ def train(config, dist):
     common.write_results(model, info, config, final, stopped)
 
 
-def main():
+def main() -> None:
     common.main(NAME, train, evaluate_staged)
 
 

@@ -23,21 +23,33 @@ import copy
 import json
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast, overload
 
 import torch
 from torch import nn
 
 import e31
 from e31 import best as returned
+from e31.best import Point
 from e31.recipes import precision, validate
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.fsdp import FSDPModule
+
+Config = dict[str, Any]  # a recipe's configuration, as validate() fills it
+Metrics = dict[str, float]  # an evaluation: {"val_loss": ..., ...}
+MetricWatch = tuple[str, str]  # (metric, mode) the network watches: see network_watch()
 
 FORMAT = 1
 SMOKE_STEPS = 5
 SMOKE_FRACTION = 0.01
 
 
-def fail(message):
+def fail(message: object) -> NoReturn:
     """End the run with a one-line error (exit status 1)."""
     raise SystemExit(f"error: {' '.join(str(message).split())}")
 
@@ -45,10 +57,10 @@ def fail(message):
 # -- configuration ----------------------------------------------------------------------------
 
 
-def load_config(recipe_name):
+def load_config(recipe_name: str) -> Config:
     """The job's configuration ($E31_CONFIG, {} when unset) checked and filled by validate()."""
     path = os.environ.get("E31_CONFIG")
-    raw = {}
+    raw: object = {}
     if path and Path(path).exists():
         text = Path(path).read_text().strip()
         try:
@@ -64,27 +76,27 @@ def load_config(recipe_name):
     return clean
 
 
-def smoke_count(total, at_least):
+def smoke_count(total: int, at_least: int) -> int:
     """How many training examples a smoke run keeps: 1%, but at least one batch."""
     return min(total, max(math.ceil(total * SMOKE_FRACTION), at_least))
 
 
-def output_dir():
+def output_dir() -> Path:
     folder = Path(os.environ.get("E31_OUTPUT_DIR") or "output")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def data_dir():
+def data_dir() -> Path:
     return Path(os.environ.get("E31_DATA_DIR") or "data")
 
 
-def model_dir():
+def model_dir() -> Path | None:
     value = os.environ.get("E31_MODEL_DIR")
     return Path(value) if value else None
 
 
-def start_dir():
+def start_dir() -> Path | None:
     """$E31_MODEL_DIR/start when it exists: the model a training run fine-tunes."""
     folder = model_dir()
     return folder / "start" if folder is not None and (folder / "start").is_dir() else None
@@ -93,13 +105,13 @@ def start_dir():
 # -- device and DDP ---------------------------------------------------------------------------
 
 
-def pick_device(local_rank=0):
+def pick_device(local_rank: int = 0) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
-def precision_plan(device):
+def precision_plan(device: torch.device) -> precision.Plan:
     """The job's precision ($E31_PRECISION: fp32, bf16, fp16; unset: bf16 on CUDA) on device,
     as precision.plan() decides it."""
     try:
@@ -108,7 +120,7 @@ def precision_plan(device):
         fail(f"$E31_PRECISION: {error}")
 
 
-def autocast(device):
+def autocast(device: torch.device) -> AbstractContextManager[object]:
     """Autocast as the job's precision asks on CUDA; nothing on the CPU (float32 there keeps
     runs reproducible)."""
     dtype = precision_plan(device).autocast
@@ -126,7 +138,7 @@ class Dist:
     optimizer twins) are collectives: every process calls them at the same point of the run.
     """
 
-    def __init__(self, parallel="ddp"):
+    def __init__(self, parallel: str = "ddp") -> None:
         self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self.rank = int(os.environ.get("RANK", "0") or 0)
         local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -142,17 +154,17 @@ class Dist:
             distributed.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
 
     @property
-    def writer(self):
+    def writer(self) -> bool:
         return self.rank == 0
 
-    def describe(self):
+    def describe(self) -> str:
         if not self.active:
             return f"1 process on {self.device.type}"
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         kind = "fully sharded data parallel (FSDP2)" if self.sharded else "data parallel"
         return f"{kind}: {self.world} processes on {self.device.type} ({backend})"
 
-    def wrap(self, model):
+    def wrap(self, model: nn.Module) -> nn.Module:
         """The module to train: model itself (sharded in place under FSDP), or a DDP wrapper of it."""
         if not self.active:
             return model
@@ -170,17 +182,18 @@ class Dist:
                 if isinstance(module, nn.ModuleList):
                     for block in module:
                         fully_shard(block)
-            return fully_shard(model)
+            # model itself, its class now a subclass of both FSDPModule and its own nn.Module class.
+            return cast(nn.Module, fully_shard(model))
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 
-    def shard(self, indices):
+    def shard(self, indices: torch.Tensor) -> torch.Tensor:
         """This process's part of a global batch (every process draws the same global batch)."""
         return indices[self.rank :: self.world] if self.active else indices
 
-    def any(self, flag):
+    def any(self, flag: object) -> bool:
         """True when flag is true in any process, so all of them stop at the same step."""
         if not self.active:
             return bool(flag)
@@ -195,51 +208,52 @@ class Dist:
     # An FSDP run's optimizer state is keyed by parameter name, with any number of processes,
     # so its checkpoint resumes whether the restart has one process or several.
 
-    def model_state(self, model):
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
         if not self.sharded:
             return model.state_dict()
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return get_model_state_dict(model, options=self._gather())
 
-    def optimizer_state(self, model, optimizer):
+    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         if self.parallel != "fsdp":
             return optimizer.state_dict()
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         return get_optimizer_state_dict(model, optimizer, options=self._gather() if self.sharded else None)
 
-    def load_model_state(self, model, state):
+    def load_model_state(self, model: nn.Module, state: dict[str, Any]) -> None:
         if not self.sharded:
-            return model.load_state_dict(state)
+            model.load_state_dict(state)
+            return
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        model.reshard()  # after a forward pass the root's parameters are still whole; loading needs shards
+        cast("FSDPModule", model).reshard()  # after a forward pass the root's parameters are still whole; loading needs shards
         set_model_state_dict(model, state, options=self._scatter())
 
-    def load_optimizer_state(self, model, optimizer, state):
+    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         by_name = any(isinstance(key, str) for key in state.get("state", {}))
         if not (self.sharded or by_name):
             return optimizer.load_state_dict(state)
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         if self.sharded:
-            model.reshard()
+            cast("FSDPModule", model).reshard()
         set_optimizer_state_dict(model, optimizer, state, options=self._scatter() if self.sharded else None)
 
     @staticmethod
-    def _gather():
+    def _gather() -> "StateDictOptions":
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
     @staticmethod
-    def _scatter():
+    def _scatter() -> "StateDictOptions":
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
-    def close(self, finished=False):
+    def close(self, finished: bool = False) -> None:
         """Leave the process group. A finished run first waits for every process to finish: a
         process whose peers have already torn their side down can abort in gloo's teardown
         (rank 0 still writes the weights when the others are done). A failed run does not wait,
@@ -264,7 +278,7 @@ class LoRALinear(nn.Module):
     B starts at zero, so the wrapped layer starts equal to the base layer.
     """
 
-    def __init__(self, base: nn.Linear, rank, alpha):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
         self.base = base
         for parameter in base.parameters():
@@ -276,13 +290,13 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, self.rank, dtype=weight.dtype, device=weight.device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
 
-    def delta(self):
+    def delta(self) -> torch.Tensor:
         return (self.lora_B @ self.lora_A) * self.scale
 
-    def merged(self):
+    def merged(self) -> nn.Linear:
         """A plain nn.Linear with the update folded into its weight."""
         base = self.base
         linear = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=base.weight.device, dtype=base.weight.dtype)
@@ -293,14 +307,14 @@ class LoRALinear(nn.Module):
         return linear
 
 
-def apply_lora(model, rank, alpha):
+def apply_lora(model: nn.Module, rank: int, alpha: float) -> list[LoRALinear]:
     """Freeze every parameter of model and wrap each nn.Linear in it in a LoRALinear (in place).
 
     Returns the list of adapter modules; only their lora_A and lora_B train.
     """
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    adapters = []
+    adapters: list[LoRALinear] = []
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, linear in targets:
         adapter = LoRALinear(linear, rank, alpha)
@@ -309,22 +323,22 @@ def apply_lora(model, rank, alpha):
     return adapters
 
 
-def _set_submodule(model, name, module):
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)
 
 
-def has_lora(model):
+def has_lora(model: nn.Module) -> bool:
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
-def lora_state_dict(model):
+def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapters' parameters: {"<linear's path>.lora_A": ..., "<...>.lora_B": ...}."""
     return {k: v for k, v in model.state_dict().items() if k.endswith((".lora_A", ".lora_B"))}
 
 
-def merge_lora(model):
+def merge_lora(model: nn.Module) -> nn.Module:
     """A copy of model with every LoRALinear replaced by a plain nn.Linear of weight W + (alpha/rank) B A:
     the base architecture, the same outputs. model itself is left as it is."""
     merged = copy.deepcopy(model)
@@ -342,7 +356,7 @@ def merge_lora(model):
 # -- weights in and out -----------------------------------------------------------------------
 
 
-def load_weights(folder):
+def load_weights(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The state dict in folder: model.safetensors, else a torch state dict (*.pt, *.pth)."""
     folder = Path(folder)
     safetensors_file = folder / "model.safetensors"
@@ -370,18 +384,23 @@ def load_weights(folder):
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def _checkpoint_globals():
+def _checkpoint_globals() -> AbstractContextManager[object]:
     """What torch.load(weights_only=True) must allow to read an SDK checkpoint (the weights a
     job stopped early on its metric returns are one): numpy's random state, and nothing more."""
     try:
         import numpy
     except ImportError:
         return contextlib.nullcontext()
-    multiarray = numpy._core.multiarray if hasattr(numpy, "_core") else numpy.core.multiarray
+    # numpy's stubs do not list the multiarray submodule that numpy/_core/__init__.py imports.
+    multiarray = numpy._core.multiarray if hasattr(numpy, "_core") else numpy.core.multiarray  # type: ignore[attr-defined]
     return torch.serialization.safe_globals([multiarray._reconstruct, numpy.ndarray, numpy.dtype, type(numpy.dtype(numpy.uint32))])
 
 
-def read_recipe_json(folder, required=False):
+@overload
+def read_recipe_json(folder: str | os.PathLike[str], required: Literal[True]) -> dict[str, Any]: ...
+@overload
+def read_recipe_json(folder: str | os.PathLike[str], required: bool = False) -> dict[str, Any] | None: ...
+def read_recipe_json(folder: str | os.PathLike[str], required: bool = False) -> dict[str, Any] | None:
     path = Path(folder) / "recipe.json"
     if not path.is_file():
         if required:
@@ -393,7 +412,7 @@ def read_recipe_json(folder, required=False):
         fail(f"{path} is not valid JSON: {error}")
 
 
-def load_into(model, state, where):
+def load_into(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
     """Load state into model, or fail with one line naming what does not match."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -411,7 +430,7 @@ def load_into(model, state, where):
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 
-def save_outputs(model, recipe_info, out_dir, adapters=None):
+def save_outputs(model: nn.Module, recipe_info: dict[str, Any], out_dir: str | os.PathLike[str], adapters: dict[str, torch.Tensor] | None = None) -> None:
     """Write model.safetensors (LoRA merged in), recipe.json and, for LoRA, adapters.safetensors."""
     from safetensors.torch import save_file
 
@@ -432,18 +451,26 @@ def save_outputs(model, recipe_info, out_dir, adapters=None):
     (out_dir / "recipe.json").write_text(json.dumps(info, indent=2))
 
 
-def _contiguous(state):
+def _contiguous(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
 
 
-def write_json(path, value):
+def write_json(path: str | os.PathLike[str], value: object) -> None:
     Path(path).write_text(json.dumps(value, indent=2))
 
 
 # -- training loop ----------------------------------------------------------------------------
 
 
-def fit(model, config, dist, *, train_loss, evaluate, finetuning):
+def fit(
+    model: nn.Module,
+    config: Config,
+    dist: Dist,
+    *,
+    train_loss: Callable[[nn.Module, int], torch.Tensor],
+    evaluate: Callable[[], Metrics],
+    finetuning: bool,
+) -> tuple[dict[str, Any] | None, bool]:
     """Train model (already on dist.device, LoRA applied if asked) for config["max_steps"] steps.
 
     train_loss(module, step) returns the loss of the step's batch (a function of the step alone,
@@ -487,6 +514,7 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
         scaler.load_state_dict(extra["scaler"])
     improved = False
     if state is not None:
+        assert state.path is not None  # resume() names the file it read
         print(f"resumed from {state.path.name} at step {step}", flush=True)
     elif finetuning:
         # The starting point, measured before any step: equal to the previous run's final evaluation.
@@ -572,14 +600,14 @@ def fit(model, config, dist, *, train_loss, evaluate, finetuning):
 LAST = returned.LAST  # where the last weights go when early stopping returns better ones
 
 
-class _Final(dict):
+class _Final(dict[str, Any]):
     """The final evaluation (written as metrics.json) and, when early stopping went back to
     better weights, the last ones' state in last_state (written under last/)."""
 
-    last_state = None
+    last_state: dict[str, Any] | None = None
 
 
-def network_watch(environ):
+def network_watch(environ: Mapping[str, str]) -> MetricWatch | None:
     """(metric, mode) the network watches to stop the run early ($E31_EARLY_STOP_METRIC and
     $E31_EARLY_STOP_MODE in environ), or None."""
     metric = (environ.get("E31_EARLY_STOP_METRIC") or "").strip()
@@ -587,14 +615,14 @@ def network_watch(environ):
     return (metric, mode if mode in returned.MODES else "min") if metric else None
 
 
-def _watched(watch, watched, step, values):
+def _watched(watch: MetricWatch | None, watched: Point | None, step: int, values: Mapping[str, object]) -> Point | None:
     """The best point of the watched metric after a step's values (watch: network_watch())."""
     if watch is None or watch[0] not in values:
         return watched
     return returned.track(watched, step, values[watch[0]], watch[1])
 
 
-def _stopped_on_metric(dist, watch, watched):
+def _stopped_on_metric(dist: Dist, watch: MetricWatch | None, watched: Point | None) -> tuple[str, str, Point | None] | None:
     """The run is told to stop: (metric, mode, its best point) when the network stopped it early
     on the metric it watches, else None (a cancel, its ceiling, a preemption). The best point is
     the network's (the notice's, counting the runs before a restart) or this run's own, if a
@@ -611,7 +639,9 @@ def _stopped_on_metric(dist, watch, watched):
     return metric, mode, best
 
 
-def network_best(model, dist, evaluate, network, step):
+def network_best(
+    model: nn.Module, dist: Dist, evaluate: Callable[[], Metrics], network: tuple[str, str, Point | None], step: int
+) -> tuple[dict[str, Any], bool]:
     """The network stopped the run early on its metric at `step`: go back to the weights of the
     metric's best step, from the checkpoint taken at it (the run checkpoints at each new best) or
     the latest one before it, and keep the last weights for last/; the log and metrics.json say
@@ -622,7 +652,7 @@ def network_best(model, dist, evaluate, network, step):
     if dist.writer and best is not None:
         found = {int(m.group(1)): p for p in e31._checkpoint_dir().glob("step-*.pt") if (m := e31.STEP_FILE.match(p.name))}
         weights_step = returned.at_or_before(found, best[0])
-        path = found.get(weights_step)
+        path = found.get(weights_step) if weights_step is not None else None
     if not dist.any(path is not None):
         if dist.writer:
             why = returned.unmatched_message(metric, best) if best is not None else f"no point of {metric} is known: the last weights are returned"
@@ -634,13 +664,15 @@ def network_best(model, dist, evaluate, network, step):
         dist.load_model_state(model, state)
     final = _Final(evaluate())
     if dist.writer:
+        # Only the first process looks for the checkpoint: it has found it, or all returned above.
+        assert best is not None and weights_step is not None and path is not None
         final["early_stop"] = returned.best_report(metric, mode, best, path.name, weights_step, {}, last_step=step)["early_stop"]
         final.last_state = last_state
         print(returned.returned_message(metric, best, path.name, weights_step, last_step=step), flush=True)
     return final, False
 
 
-def _checkpoint_model(path):
+def _checkpoint_model(path: Path) -> dict[str, Any]:
     """The model's state dict in an SDK checkpoint file (the whole, unsharded state)."""
     try:
         with _checkpoint_globals():
@@ -652,7 +684,7 @@ def _checkpoint_model(path):
     return payload["model"]
 
 
-def _improved(bests, step, metrics, watch=None):
+def _improved(bests: dict[str, tuple[int, float]], step: int, metrics: Mapping[str, object], watch: MetricWatch | None = None) -> bool:
     """Note each metric of an evaluation that is at its best so far (lower is better, higher for
     an accuracy; for the metric the network watches, as its mode says: watch is (metric, mode))
     in bests; True if any is."""
@@ -668,7 +700,7 @@ def _improved(bests, step, metrics, watch=None):
     return better
 
 
-def _checkpoint(step, model, optimizer, dist, *, bests, **extra):
+def _checkpoint(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist, *, bests: dict[str, tuple[int, float]], **extra: Any) -> None:
     """Checkpoint through the SDK, keeping in the folder the newest two and those of each
     metric's best step (the SDK alone keeps the newest two): the network uploads a file once it
     has held still a moment, and a best one must reach it even when checkpoints come faster."""
@@ -678,7 +710,7 @@ def _checkpoint(step, model, optimizer, dist, *, bests, **extra):
     if written is None:
         return
     found = sorted((int(m.group(1)), p) for p in written.parent.iterdir() if (m := e31.STEP_FILE.match(p.name)))
-    spared = {best_step for best_step, _ in bests.values()}
+    spared: set[int | None] = {best_step for best_step, _ in bests.values()}
     watched = extra.get("watched")
     if watched is not None:  # the one holding the watched metric's best (or the latest before it): network_best reads it
         spared.add(returned.at_or_before([older for older, _ in found], watched[0]))
@@ -687,31 +719,31 @@ def _checkpoint(step, model, optimizer, dist, *, bests, **extra):
             path.unlink(missing_ok=True)
 
 
-def _snapshot(model, dist):
+def _snapshot(model: nn.Module, dist: Dist) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in dist.model_state(model).items()}
 
 
 class _Holds:
     """A state gathered beforehand, in the shape e31.checkpoint() saves (it calls state_dict())."""
 
-    def __init__(self, state):
+    def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.state
 
 
 class _Loads:
     """A loader in the shape e31.resume() restores into (it calls load_state_dict())."""
 
-    def __init__(self, load):
+    def __init__(self, load: Callable[[Any], object]) -> None:
         self.load_state_dict = load
 
 
 # -- evaluation of staged models --------------------------------------------------------------
 
 
-def staged_models(recipe_name):
+def staged_models(recipe_name: str) -> list[tuple[str, dict[str, Any], dict[str, torch.Tensor]]]:
     """[(label, recipe.json, state dict)] for each subfolder of $E31_MODEL_DIR, in name order."""
     folder = model_dir()
     if folder is None or not folder.is_dir():
@@ -727,9 +759,9 @@ def staged_models(recipe_name):
     return found
 
 
-def write_evaluation(recipe_name, metric, higher_is_better, models):
+def write_evaluation(recipe_name: str, metric: str, higher_is_better: bool, models: Mapping[str, tuple[Metrics, Sequence[float]]]) -> dict[str, Any]:
     """models: {label: (metrics, per_example)}; logs each model's metrics and writes evaluation.json."""
-    report = {"recipe": recipe_name, "metric": metric, "higher_is_better": higher_is_better, "models": {}}
+    report: dict[str, Any] = {"recipe": recipe_name, "metric": metric, "higher_is_better": higher_is_better, "models": {}}
     for label, (metrics, per_example) in models.items():
         report["models"][label] = {"metrics": metrics, "per_example": [float(v) for v in per_example]}
         e31.log_metric(None, **{f"{label}/{k}" if _metric_name_ok(label) else k: v for k, v in metrics.items()})
@@ -739,14 +771,14 @@ def write_evaluation(recipe_name, metric, higher_is_better, models):
     return report
 
 
-def _metric_name_ok(label):
+def _metric_name_ok(label: str) -> bool:
     return all(c.isalnum() or c in "_.-" for c in label) and len(label) <= 60
 
 
 # -- a recipe's run ---------------------------------------------------------------------------
 
 
-def write_results(model, info, config, final, stopped):
+def write_results(model: nn.Module, info: dict[str, Any], config: Config, final: dict[str, Any] | None, stopped: bool) -> None:
     """Rank 0's end of a training run: the weights always (so far, when stopped), and the final
     evaluation in metrics.json when the run reached its end (with, when early stopping went
     back to better weights, the step they are of and the last weights under last/)."""
@@ -763,7 +795,7 @@ def write_results(model, info, config, final, stopped):
     print(f"done: {final}", flush=True)
 
 
-def main(recipe_name, train, evaluate_staged):
+def main(recipe_name: str, train: Callable[[Config, Dist], None], evaluate_staged: Callable[[Config], None]) -> None:
     """A recipe's entry point: check the configuration, then evaluate the staged models or train
     (in the process group torchrun set up, when it did)."""
     e31.should_stop()  # installs the SIGTERM handler now, so a stop while data loads is answered

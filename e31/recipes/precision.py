@@ -27,14 +27,14 @@ class Plan(NamedTuple):
     note: str | None
 
 
-def problem(precision):
+def problem(precision: str) -> str | None:
     """Why precision is not one a job may ask for (None when it may)."""
     if precision in ("", *PRECISIONS):
         return None
     return f"{precision!r} is not a precision: choose fp32, bf16 or fp16 (or none, for the default)"
 
 
-def plan(precision, device_type):
+def plan(precision: str, device_type: str) -> Plan:
     """The plan for precision ("", "fp32", "bf16" or "fp16") on a device of device_type
     ("cuda", "cpu"); raises ValueError for another precision."""
     if (error := problem(precision)) is not None:
