@@ -30,7 +30,10 @@ def token(request):
     data = fields(request)
     username, password = data.get("username"), data.get("password")
     if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
-        return Response({"detail": "Give a username and a password.", "errors": {"username": ["Required."]} if not username else {"password": ["Required."]}}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(
+            {"detail": "Give a username and a password.", "errors": {"username": ["Required."]} if not username else {"password": ["Required."]}},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
     address = request.META.get("REMOTE_ADDR")
     wait = signin.retry_after(username, address)
     if wait:

@@ -203,8 +203,14 @@ def websocket_refused(scope, model, object_id):
     else:
         reason = "another team's"
     return append(
-        None, "ws.refuse", obj, user=user, team=getattr(obj, "team", None), via=AuditEvent.WS,
-        ip=ip_or_none((scope.get("client") or [None])[0]), ref=None if obj else (model._meta.model_name, str(object_id)),
+        None,
+        "ws.refuse",
+        obj,
+        user=user,
+        team=getattr(obj, "team", None),
+        via=AuditEvent.WS,
+        ip=ip_or_none((scope.get("client") or [None])[0]),
+        ref=None if obj else (model._meta.model_name, str(object_id)),
         label=f"{default_label(obj)}: {reason}" if obj else reason,
     )
 
@@ -217,8 +223,13 @@ def websocket_cross_origin(scope, origin):
     user = user if user is not None and user.is_authenticated else None
     shown = text(origin, 120) if origin else "no Origin header"
     return append(
-        None, "ws.refuse", user=user, team=team_of(user), via=AuditEvent.WS,
-        ip=ip_or_none((scope.get("client") or [None])[0]), label=f"from another site's page ({shown}): {scope.get('path', '')}",
+        None,
+        "ws.refuse",
+        user=user,
+        team=team_of(user),
+        via=AuditEvent.WS,
+        ip=ip_or_none((scope.get("client") or [None])[0]),
+        label=f"from another site's page ({shown}): {scope.get('path', '')}",
     )
 
 
@@ -264,9 +275,6 @@ def busiest_addresses(rows, limit=10):
         actions.setdefault(ip, {})
         actions[ip][action] = actions[ip].get(action, 0) + count
         last[ip] = max(last.get(ip, at), at)
-    bursts = [
-        Burst(ip, sum(counts.values()), sorted(counts.items(), key=lambda item: (-item[1], item[0])), last[ip])
-        for ip, counts in actions.items()
-    ]
+    bursts = [Burst(ip, sum(counts.values()), sorted(counts.items(), key=lambda item: (-item[1], item[0])), last[ip]) for ip, counts in actions.items()]
     bursts.sort(key=lambda b: (-b.count, -b.last.timestamp(), b.ip))
     return bursts[:limit]

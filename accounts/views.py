@@ -37,7 +37,8 @@ class LoginView(auth_views.LoginView):
 
 class TimeZoneForm(forms.Form):
     time_zone = forms.ChoiceField(
-        required=False, label="Your time zone",
+        required=False,
+        label="Your time zone",
         help_text="Deadlines you enter (“by 08:00 tomorrow”) and times you see are in this zone. Blank: the site’s (UTC).",
     )
 

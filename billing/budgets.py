@@ -16,9 +16,7 @@ WARNING_PERCENT = 80
 ZERO = Decimal(0)
 
 
-def worst_case(
-    gpus: int, rate_per_gpu_hour: Decimal, limit_seconds: int | None = None, cost_cap: Decimal | None = None
-) -> Decimal | None:
+def worst_case(gpus: int, rate_per_gpu_hour: Decimal, limit_seconds: int | None = None, cost_cap: Decimal | None = None) -> Decimal | None:
     """The most an allocation (or a job still to be placed) may cost: its held-time limit x GPUs
     x rate, never more than its cost cap. None when nothing bounds it."""
     amounts: list[Decimal] = []
@@ -62,7 +60,10 @@ def format_money(amount: Decimal, currency: str) -> str:
 
 
 def hold_back(
-    candidates: Iterable[Candidate], budgets: Mapping[str, Decimal | None], spends: Mapping[str, Spend], currency: str = "USD",
+    candidates: Iterable[Candidate],
+    budgets: Mapping[str, Decimal | None],
+    spends: Mapping[str, Spend],
+    currency: str = "USD",
     cumulative: bool = True,
 ) -> dict[str, str]:
     """{job id: reason} for the candidates that must not start: their worst case would take
@@ -82,8 +83,7 @@ def hold_back(
             spent = spends.get(candidate.team, Spend()).committed
         if candidate.worst_case is None:
             held[candidate.job_id] = (
-                f"held back: it has no span or ceiling, so its worst case has no bound, and the team has a budget of "
-                f"{format_money(budget, currency)} a month"
+                f"held back: it has no span or ceiling, so its worst case has no bound, and the team has a budget of {format_money(budget, currency)} a month"
             )
             continue
         total = spent + candidate.worst_case
@@ -140,6 +140,4 @@ class Status:
 
 
 def status(budget: Decimal | None, spend: Spend) -> Status:
-    return Status(
-        budget=None if budget is None else Decimal(budget), spent=spend.so_far, committed=spend.committed
-    )
+    return Status(budget=None if budget is None else Decimal(budget), spent=spend.so_far, committed=spend.committed)

@@ -30,14 +30,31 @@ def month_usages(team_id, start, end):
         .with_credits()
         .order_by("ended_at", "id")
         .values_list(
-            "job_id", "job__name", "job__created_at", "gpus", "gpu_type", "held_seconds", "rate", "amount",
-            "credited_seconds", "credited_amount", "credited_reason",
+            "job_id",
+            "job__name",
+            "job__created_at",
+            "gpus",
+            "gpu_type",
+            "held_seconds",
+            "rate",
+            "amount",
+            "credited_seconds",
+            "credited_amount",
+            "credited_reason",
         )
     )
     usages = [
         invoices.Usage(
-            job_id=str(job_id), job_name=name, gpus=gpus, gpu_type=gpu_type, held_seconds=held, rate=rate, amount=amount,
-            credit_seconds=credit_seconds, credit_amount=credit_amount, credit_reason=credit_reason,
+            job_id=str(job_id),
+            job_name=name,
+            gpus=gpus,
+            gpu_type=gpu_type,
+            held_seconds=held,
+            rate=rate,
+            amount=amount,
+            credit_seconds=credit_seconds,
+            credit_amount=credit_amount,
+            credit_reason=credit_reason,
         )
         for job_id, name, _, gpus, gpu_type, held, rate, amount, credit_seconds, credit_amount, credit_reason in rows
     ]
@@ -68,9 +85,7 @@ def statement(team, year, month):
     """The month so far as a draft document (never stored, never numbered)."""
     start, end = statements.month_bounds(year, month)
     usages, times = month_usages(team.pk, start, end)
-    return invoices.Document(
-        team_name=team.name, period_start=start, period_end=end, currency=settings.E31_CURRENCY, lines=invoices.lines(usages, times)
-    )
+    return invoices.Document(team_name=team.name, period_start=start, period_end=end, currency=settings.E31_CURRENCY, lines=invoices.lines(usages, times))
 
 
 def document(invoice, lines=None):
@@ -89,8 +104,15 @@ def document(invoice, lines=None):
         reason=invoice.reason,
         lines=tuple(
             invoices.Line(
-                kind=line.kind, job_id=line.job_ref, job_name=line.job_name, amount=line.amount, description=line.description,
-                gpu_type=line.gpu_type, gpus=line.gpus, seconds=line.seconds, gpu_seconds=line.gpu_seconds,
+                kind=line.kind,
+                job_id=line.job_ref,
+                job_name=line.job_name,
+                amount=line.amount,
+                description=line.description,
+                gpu_type=line.gpu_type,
+                gpus=line.gpus,
+                seconds=line.seconds,
+                gpu_seconds=line.gpu_seconds,
                 rates=tuple(Decimal(r) for r in line.rates.split()),
             )
             for line in lines
@@ -105,9 +127,18 @@ def _store(invoice, lines):
     invoice.save()
     InvoiceLine.objects.bulk_create(
         InvoiceLine(
-            invoice=invoice, position=i, kind=line.kind, job_ref=line.job_id, job_name=line.job_name[:200], description=line.description[:500],
-            gpu_type=line.gpu_type[:300], gpus=line.gpus, seconds=line.seconds, gpu_seconds=line.gpu_seconds,
-            rates=line.rates_text[:300], amount=line.amount,
+            invoice=invoice,
+            position=i,
+            kind=line.kind,
+            job_ref=line.job_id,
+            job_name=line.job_name[:200],
+            description=line.description[:500],
+            gpu_type=line.gpu_type[:300],
+            gpus=line.gpus,
+            seconds=line.seconds,
+            gpu_seconds=line.gpu_seconds,
+            rates=line.rates_text[:300],
+            amount=line.amount,
         )
         for i, line in enumerate(doc_lines)
     )
@@ -144,10 +175,16 @@ def issue(invoice, at=None, actor="system", request=None):
         audit.record(request, "invoice.issue", locked, actor=actor)
         # Told in the same transaction: an issue that rolls back tells nobody.
         notify.emit(
-            notify_policy.INVOICE_ISSUED, team=locked.team, at=at,
+            notify_policy.INVOICE_ISSUED,
+            team=locked.team,
+            at=at,
             data={
-                "invoice": str(locked.pk), "number": locked.number, "title": locked.get_kind_display(),
-                "period": f"{locked.period_start:%Y-%m}", "total": locked.total, "currency": locked.currency,
+                "invoice": str(locked.pk),
+                "number": locked.number,
+                "title": locked.get_kind_display(),
+                "period": f"{locked.period_start:%Y-%m}",
+                "total": locked.total,
+                "currency": locked.currency,
                 "url": notify.site_url(reverse("billing:invoice", args=[locked.pk])),
             },
         )
@@ -205,8 +242,14 @@ def credit_note(original, reason, at=None, actor="system"):
         if earlier is not None:
             raise NotInvoiceable(f"Invoice {original.number} is already reversed by credit note {earlier.number or '(draft)'}.")
         note = Invoice(
-            team_id=original.team_id, team_name=original.team_name, kind=Invoice.CREDIT_NOTE, period_start=original.period_start,
-            period_end=original.period_end, currency=original.currency, corrects=original, reason=reason[:500],
+            team_id=original.team_id,
+            team_name=original.team_name,
+            kind=Invoice.CREDIT_NOTE,
+            period_start=original.period_start,
+            period_end=original.period_end,
+            currency=original.currency,
+            corrects=original,
+            reason=reason[:500],
         )
         _store(note, invoices.credit_note_lines(document(original).lines, reason))
         return issue(note, at=at, actor=actor)

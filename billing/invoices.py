@@ -175,7 +175,9 @@ def credit_note_lines(original_lines: Iterable[Line], reason: str) -> tuple[Line
     """A credit note reversing an invoice: each billed line negated (the informational ones
     left out), with the reason."""
     return tuple(
-        replace(line, amount=-line.amount, description=f"{reason}: reverses " + ("the compute held" if line.kind == USAGE else f"the credit ({line.description})"))
+        replace(
+            line, amount=-line.amount, description=f"{reason}: reverses " + ("the compute held" if line.kind == USAGE else f"the credit ({line.description})")
+        )
         for line in original_lines
         if line.kind in BILLED_KINDS and line.amount
     )
@@ -184,8 +186,24 @@ def credit_note_lines(original_lines: Iterable[Line], reason: str) -> tuple[Line
 # CSV -----------------------------------------------------------------------------------------
 
 CSV_HEADER = [
-    "document", "number", "state", "team", "period", "issued_at", "kind", "job_id", "job", "description",
-    "gpu_type", "gpus", "seconds", "duration", "gpu_hours", "rates_per_gpu_hour", "amount", "currency",
+    "document",
+    "number",
+    "state",
+    "team",
+    "period",
+    "issued_at",
+    "kind",
+    "job_id",
+    "job",
+    "description",
+    "gpu_type",
+    "gpus",
+    "seconds",
+    "duration",
+    "gpu_hours",
+    "rates_per_gpu_hour",
+    "amount",
+    "currency",
 ]
 
 
@@ -193,14 +211,30 @@ def render_csv(document: Document) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(CSV_HEADER)
-    head = [document.title.lower(), document.number, document.state, document.team_name, document.month, document.issued_at.isoformat() if document.issued_at else ""]
+    head = [
+        document.title.lower(),
+        document.number,
+        document.state,
+        document.team_name,
+        document.month,
+        document.issued_at.isoformat() if document.issued_at else "",
+    ]
     for line in document.lines:
         writer.writerow(
-            head
-            + [
-                line.kind, line.job_id, line.job_name, line.description, line.gpu_type, line.gpus or "", line.seconds,
-                line.duration, f"{Decimal(line.gpu_seconds) / 3600:.4f}" if line.kind == USAGE else "", line.rates_text,
-                f"{line.amount:.2f}", document.currency,
+            [
+                *head,
+                line.kind,
+                line.job_id,
+                line.job_name,
+                line.description,
+                line.gpu_type,
+                line.gpus or "",
+                line.seconds,
+                line.duration,
+                f"{Decimal(line.gpu_seconds) / 3600:.4f}" if line.kind == USAGE else "",
+                line.rates_text,
+                f"{line.amount:.2f}",
+                document.currency,
             ]
         )
     for label, value in (("subtotal", document.subtotal), ("credits", document.credits), ("total", document.total)):
@@ -238,8 +272,14 @@ def render_pdf(document: Document) -> bytes:
     title = document.title
     label = f"{title} {document.number}" if document.number else f"{title} (draft, not an invoice)"
     doc = SimpleDocTemplate(
-        buffer, pagesize=A4, leftMargin=16 * mm, rightMargin=16 * mm, topMargin=16 * mm, bottomMargin=18 * mm,
-        title=f"E31 Network {label}", author="E31 Network",
+        buffer,
+        pagesize=A4,
+        leftMargin=16 * mm,
+        rightMargin=16 * mm,
+        topMargin=16 * mm,
+        bottomMargin=18 * mm,
+        title=f"E31 Network {label}",
+        author="E31 Network",
         invariant=1,  # no creation time or random id inside: the same invoice, the same bytes
     )
     styles = getSampleStyleSheet()
@@ -269,7 +309,12 @@ def render_pdf(document: Document) -> bytes:
     )
     header.setStyle(TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0), ("RIGHTPADDING", (0, 0), (-1, -1), 0)]))
     story = [header, Spacer(1, 3 * mm)]
-    story.append(Paragraph("Compute rented on E31 Network: GPUs × hours held, billed per second. Waiting in the queue and staging data are free and shown for information.", small))
+    story.append(
+        Paragraph(
+            "Compute rented on E31 Network: GPUs × hours held, billed per second. Waiting in the queue and staging data are free and shown for information.",
+            small,
+        )
+    )
     if document.reason:
         story.append(Paragraph(f"Reason: {esc(document.reason)}", small))
     story.append(Spacer(1, 5 * mm))

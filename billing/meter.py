@@ -124,7 +124,11 @@ def format_duration(seconds: float) -> str:
 
 
 def lost_time_credit(
-    gpus: int, rate_per_gpu_hour: Decimal, started_at: datetime, ended_at: datetime, last_checkpoint_at: datetime | None,
+    gpus: int,
+    rate_per_gpu_hour: Decimal,
+    started_at: datetime,
+    ended_at: datetime,
+    last_checkpoint_at: datetime | None,
     charged: Decimal,
 ) -> tuple[int, Decimal]:
     """What the network owes back when it took a job's compute away (node lost, preempted):

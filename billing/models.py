@@ -1,6 +1,5 @@
 import uuid
-from datetime import date, datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.db import models
@@ -48,7 +47,10 @@ class Rate(models.Model):
     )
     per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4)
     preemptible_per_gpu_hour = models.DecimalField(
-        max_digits=12, decimal_places=4, null=True, blank=True,
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
         help_text="The discounted rate of preemptible jobs; blank: the same as the rate.",
     )
     effective_from = models.DateTimeField(default=timezone.now)
@@ -83,7 +85,7 @@ class LedgerImmutable(Exception):
 def billing_month(at):
     """The first day of the calendar month (UTC) a moment falls in: the month it is billed in,
     unless that month is invoiced already."""
-    utc = at.astimezone(dt_timezone.utc)
+    utc = at.astimezone(UTC)
     return date(utc.year, utc.month, 1)
 
 
@@ -93,8 +95,9 @@ def open_month(team_id, at):
     after it that has no invoice yet. Nothing held is ever left off a bill."""
     month = billing_month(at)
     invoiced = set(
-        Invoice.objects.filter(team_id=team_id, kind=Invoice.INVOICE, period_start__gte=datetime(month.year, month.month, 1, tzinfo=dt_timezone.utc))
-        .values_list("period_start", flat=True)
+        Invoice.objects.filter(team_id=team_id, kind=Invoice.INVOICE, period_start__gte=datetime(month.year, month.month, 1, tzinfo=UTC)).values_list(
+            "period_start", flat=True
+        )
     )
     invoiced = {billing_month(p) for p in invoiced}
     while month in invoiced:
@@ -113,7 +116,8 @@ class UsageQuerySet(models.QuerySet):
                 Subquery(mine.annotate(a=Sum("amount")).values("a")), Value(Decimal(0)), output_field=models.DecimalField(max_digits=30, decimal_places=8)
             ),
             credited_reason=Coalesce(
-                Subquery(Credit.objects.filter(usage=OuterRef("pk")).order_by("id").values("reason")[:1]), Value(""),
+                Subquery(Credit.objects.filter(usage=OuterRef("pk")).order_by("id").values("reason")[:1]),
+                Value(""),
                 output_field=models.CharField(),
             ),
         )
@@ -204,6 +208,9 @@ class UsageRecord(models.Model):
     @property
     def amount_rounded(self):
         return meter.round_money(self.amount)
+
+    def __str__(self):
+        return f"{self.job_id} {self.gpus}x{self.gpu_type or 'device'} {self.held_seconds}s{' (provisional)' if self.provisional else ''}"
 
 
 class CreditQuerySet(models.QuerySet):
@@ -308,12 +315,8 @@ class Invoice(models.Model):
     class Meta:
         ordering = ["-period_start", "-issued_at", "-created_at"]
         constraints = [
-            models.UniqueConstraint(
-                fields=["team", "period_start"], condition=models.Q(kind="invoice"), name="one_invoice_per_team_and_month"
-            ),
-            models.UniqueConstraint(
-                fields=["team", "number_year", "sequence"], condition=models.Q(sequence__isnull=False), name="invoice_number_unique"
-            ),
+            models.UniqueConstraint(fields=["team", "period_start"], condition=models.Q(kind="invoice"), name="one_invoice_per_team_and_month"),
+            models.UniqueConstraint(fields=["team", "number_year", "sequence"], condition=models.Q(sequence__isnull=False), name="invoice_number_unique"),
             models.CheckConstraint(
                 condition=models.Q(state="draft", sequence__isnull=True, issued_at__isnull=True)
                 | models.Q(state="issued", sequence__isnull=False, issued_at__isnull=False),
@@ -361,6 +364,9 @@ class InvoiceNumber(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "year"], name="one_invoice_counter_per_team_and_year")]
+
+    def __str__(self):
+        return f"{self.team_id}/{self.year}: {self.last}"
 
 
 class InvoiceLineQuerySet(models.QuerySet):
@@ -425,3 +431,6 @@ class InvoiceLine(models.Model):
         if self._invoice_issued():
             raise InvoiceImmutable("The lines of an issued invoice cannot be deleted.")
         return super().delete(*args, **kwargs)
+
+    def __str__(self):
+        return f"{self.invoice_id} #{self.position}: {self.kind} {self.job_name} {self.amount}"

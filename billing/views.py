@@ -18,7 +18,7 @@ from jobs.models import Job
 
 
 def month_records(team, year, month):
-    start, end = statements.month_bounds(year, month)
+    start, _end = statements.month_bounds(year, month)
     return UsageRecord.objects.filter(team=team, period=start.date()).select_related("job").prefetch_related("credits")
 
 
@@ -46,7 +46,11 @@ def month_from_request(request):
 
 class BudgetForm(forms.Form):
     budget = forms.DecimalField(
-        required=False, min_value=0, max_digits=14, decimal_places=2, label="Monthly budget",
+        required=False,
+        min_value=0,
+        max_digits=14,
+        decimal_places=2,
+        label="Monthly budget",
         help_text="Blank: no budget.",
     )
 
@@ -111,7 +115,23 @@ def usage_csv(request):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{team.name}-{year:04d}-{month:02d}.csv"'
     writer = csv.writer(response)
-    writer.writerow(["job_id", "job", "gpus", "gpu_type", "held_seconds", "held_hours", "gpu_hours", "rate_per_gpu_hour", "amount", "credit_seconds", "credit", "billed", "currency"])
+    writer.writerow(
+        [
+            "job_id",
+            "job",
+            "gpus",
+            "gpu_type",
+            "held_seconds",
+            "held_hours",
+            "gpu_hours",
+            "rate_per_gpu_hour",
+            "amount",
+            "credit_seconds",
+            "credit",
+            "billed",
+            "currency",
+        ]
+    )
     for line in statement.lines:
         writer.writerow(
             [
@@ -132,8 +152,18 @@ def usage_csv(request):
         )
     writer.writerow(
         [
-            "", "total", "", "", statement.held_seconds, "", "", "", f"{sum(line.amount for line in statement.lines):.2f}",
-            sum(line.credit_seconds for line in statement.lines), f"{statement.credits:.2f}", f"{statement.total:.2f}",
+            "",
+            "total",
+            "",
+            "",
+            statement.held_seconds,
+            "",
+            "",
+            "",
+            f"{sum(line.amount for line in statement.lines):.2f}",
+            sum(line.credit_seconds for line in statement.lines),
+            f"{statement.credits:.2f}",
+            f"{statement.total:.2f}",
             settings.E31_CURRENCY,
         ]
     )

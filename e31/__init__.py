@@ -67,15 +67,15 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "Resumed",
     "checkpoint",
-    "resume",
+    "checkpoint_due",
     "latest_checkpoint",
     "log_metric",
+    "resume",
     "should_stop",
-    "stop_reason",
     "stop_notice",
-    "checkpoint_due",
-    "Resumed",
+    "stop_reason",
 ]
 
 FORMAT = 1

@@ -100,10 +100,7 @@ def returned_message(metric: str, best: Point, checkpoint_name: str, checkpoint_
     if checkpoint_step == best_step:
         what = f"the weights returned are those of {where}: checkpoint {checkpoint_name}"
     else:
-        what = (
-            f"the weights returned are those of step {checkpoint_step} (checkpoint {checkpoint_name}), the latest kept "
-            f"at or before {where}"
-        )
+        what = f"the weights returned are those of step {checkpoint_step} (checkpoint {checkpoint_name}), the latest kept at or before {where}"
     if not last_kept:
         return f"{what}; the job left no output files of its own"
     last = f" (its last metric point: step {last_step})" if last_step is not None else ""
@@ -130,8 +127,14 @@ def best_report(
     the values the job logged at their step (as logged; {} when it logged none there)."""
     return {
         "early_stop": {
-            "metric": metric, "mode": mode, "best": best[1], "best_step": best[0],
-            "weights": checkpoint_name, "weights_step": checkpoint_step, "last": LAST, "last_step": last_step,
+            "metric": metric,
+            "mode": mode,
+            "best": best[1],
+            "best_step": best[0],
+            "weights": checkpoint_name,
+            "weights_step": checkpoint_step,
+            "last": LAST,
+            "last_step": last_step,
         },
         "metrics": values,
     }

@@ -132,9 +132,8 @@ def _check_zip(infos: list[zipfile.ZipInfo], max_bytes: int, max_entries: int) -
 def _check_tar(archive: tarfile.TarFile, max_bytes: int, max_entries: int) -> list[str]:
     # Iterating reads one header at a time (getmembers() would read them all first), so a tar
     # bomb is refused as soon as its running totals pass a limit, not after it was all inflated.
-    files, total, count = [], 0, 0
-    for member in archive:
-        count += 1
+    files, total = [], 0
+    for count, member in enumerate(archive, 1):
         if count > max_entries:
             raise too_many(count, max_entries, at_least=True)
         name, kind, size = _tar_entry(member)

@@ -8,7 +8,6 @@ Every 4xx and 5xx answer of the API is JSON of one shape:
 "received", a job's "state", a throttled call's "retry_after").
 """
 
-
 from django.core.paginator import EmptyPage, Paginator
 from django.http import JsonResponse
 from django.views import defaults

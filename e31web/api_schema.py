@@ -124,7 +124,8 @@ class Job(s.Serializer):
     workdir = s.CharField(allow_blank=True, help_text="The working folder in the code; blank: the entrypoint's own folder.")
     processes = s.IntegerField(allow_null=True, help_text="Processes per node; null: one per GPU, or one for CPU slots (as threads).")
     precision = s.ChoiceField(
-        choices=["", *PRECISIONS], allow_blank=True,
+        choices=["", *PRECISIONS],
+        allow_blank=True,
         help_text="fp32, bf16 or fp16: the recipes' autocast on GPUs (fp16 with loss scaling; the CPU runs fp32), and E31_PRECISION "
         "in the job; blank: the default (the recipes: bf16 on GPUs).",
     )
@@ -151,7 +152,8 @@ class Job(s.Serializer):
     stop_if_idle = s.BooleanField(help_text="Once flagged idle, the job is stopped with a checkpoint.")
     idle_since = s.DateTimeField(allow_null=True, help_text="While flagged idle: since when its devices are idle.")
     utilization = s.JSONField(
-        allow_null=True, help_text='Once it ended: {"seconds", "busy" (devices\' worth), "series": [{"name", "mean", "peak", "memory_mean", "memory_peak", "memory_total"}]}.'
+        allow_null=True,
+        help_text='Once it ended: {"seconds", "busy" (devices\' worth), "series": [{"name", "mean", "peak", "memory_mean", "memory_peak", "memory_total"}]}.',
     )
     held_seconds = s.FloatField()
     cost = s.CharField(help_text="A decimal string, in currency.")
@@ -374,7 +376,11 @@ JobSubmitForm = inline_serializer(
 )
 JobSubmitJson = inline_serializer(
     name="JobSubmitJson",
-    fields={"spec": s.JSONField(help_text=SPEC_HELP), "spec_name": s.CharField(required=False), "code_folder_upload": s.UUIDField(required=False, help_text=FOLDER_UPLOAD_HELP)},
+    fields={
+        "spec": s.JSONField(help_text=SPEC_HELP),
+        "spec_name": s.CharField(required=False),
+        "code_folder_upload": s.UUIDField(required=False, help_text=FOLDER_UPLOAD_HELP),
+    },
 )
 SpecOnlyForm = inline_serializer(name="SpecForm", fields={"spec": s.CharField(help_text=SPEC_HELP)})
 
@@ -393,7 +399,10 @@ RetrainJson = inline_serializer(name="RetrainJson", fields={"spec": s.DictField(
 
 DatasetCreate = inline_serializer(
     name="DatasetCreate",
-    fields={"name": s.CharField(max_length=200, help_text="Jobs name it: name, or name@2 for version 2."), "description": s.CharField(required=False, allow_blank=True)},
+    fields={
+        "name": s.CharField(max_length=200, help_text="Jobs name it: name, or name@2 for version 2."),
+        "description": s.CharField(required=False, allow_blank=True),
+    },
 )
 DatasetS3Create = inline_serializer(
     name="DatasetS3Create",
@@ -468,6 +477,7 @@ class Folder(s.Serializer):
     url = s.URLField()
     files = FolderFile(many=True)
 
+
 Token = inline_serializer(name="Token", fields={"token": s.CharField(), "username": s.CharField()})
 Login = inline_serializer(name="Login", fields={"username": s.CharField(), "password": s.CharField()})
 Me = inline_serializer(
@@ -480,16 +490,18 @@ Me = inline_serializer(
         "time_zone": s.CharField(allow_null=True),
     },
 )
-MeUpdate = inline_serializer(
-    name="MeUpdate", fields={"time_zone": s.CharField(allow_blank=True, help_text="An IANA time zone name; blank for the site's.")}
-)
+MeUpdate = inline_serializer(name="MeUpdate", fields={"time_zone": s.CharField(allow_blank=True, help_text="An IANA time zone name; blank for the site's.")})
+
+
 class AuditEvent(s.Serializer):
     id = s.IntegerField()
     at = s.DateTimeField()
     user = s.CharField(allow_null=True, help_text="The user's name; null for the system's own actions.")
     actor = s.CharField(help_text="The user's name, or the command's (e.g. 'manage.py invoices') for a system action.")
     action = s.ChoiceField(choices=list(audit_views.ACTIONS))
-    object_type = s.CharField(allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload, folderupload; blank for none.")
+    object_type = s.CharField(
+        allow_blank=True, help_text="job, artifact, checkpoint, invoice, dataset, datasetversion, datasetupload, folderupload; blank for none."
+    )
     object_id = s.CharField(allow_blank=True)
     label = s.CharField(allow_blank=True, help_text="The object's name, for people.")
     via = s.ChoiceField(choices=["web", "api", "ws", "system"], help_text="api also for the CLI; ws for live sockets.")
@@ -529,7 +541,11 @@ def annotate(view, methods=None, **kwargs):
 def describe():
     tag = "jobs"
     annotate(
-        jobs_api.jobs, ["GET"], operation_id="jobs_list", tags=[tag], summary="List the team's jobs, newest first",
+        jobs_api.jobs,
+        ["GET"],
+        operation_id="jobs_list",
+        tags=[tag],
+        summary="List the team's jobs, newest first",
         parameters=[
             OpenApiParameter("state", OpenApiTypes.STR, description="Only jobs in this state."),
             OpenApiParameter("kind", OpenApiTypes.STR, description="Only jobs of this kind."),
@@ -540,7 +556,11 @@ def describe():
         responses={200: paged("PagedJobs", Job)},
     )
     annotate(
-        jobs_api.jobs, ["POST"], operation_id="jobs_create", tags=[tag], summary="Submit a job",
+        jobs_api.jobs,
+        ["POST"],
+        operation_id="jobs_create",
+        tags=[tag],
+        summary="Submit a job",
         description="A spec and the files it names (multipart), or a JSON body with the spec as an object (no files).",
         request={"multipart/form-data": JobSubmitForm, "application/json": JobSubmitJson, "application/x-www-form-urlencoded": SpecOnlyForm},
         responses={201: Job},
@@ -548,18 +568,27 @@ def describe():
     annotate(jobs_api.job_detail, operation_id="job_retrieve", tags=[tag], summary="A job", responses={200: Job})
     if hasattr(jobs_api, "job_spec"):
         annotate(
-            jobs_api.job_spec, operation_id="job_spec", tags=[tag], summary="The job as a spec file, to submit again",
+            jobs_api.job_spec,
+            operation_id="job_spec",
+            tags=[tag],
+            summary="The job as a spec file, to submit again",
             parameters=[OpenApiParameter("format", OpenApiTypes.STR, enum=["yaml", "json"], description="json: the spec as JSON; YAML by default.")],
             responses={(200, "application/yaml"): OpenApiTypes.OBJECT, (200, "application/json"): OpenApiTypes.OBJECT},
         )
     if hasattr(jobs_api, "estimate"):
         annotate(
-            jobs_api.estimate, operation_id="jobs_estimate", tags=[tag], summary="What a spec would cost at most, and when it would start",
+            jobs_api.estimate,
+            operation_id="jobs_estimate",
+            tags=[tag],
+            summary="What a spec would cost at most, and when it would start",
             request={"application/json": JobSubmitJson, "multipart/form-data": SpecOnlyForm, "application/x-www-form-urlencoded": SpecOnlyForm},
             responses={200: Estimate},
         )
     annotate(
-        jobs_api.job_logs, operation_id="job_logs", tags=[tag], summary="The job's log lines after a sequence number",
+        jobs_api.job_logs,
+        operation_id="job_logs",
+        tags=[tag],
+        summary="The job's log lines after a sequence number",
         parameters=[
             OpenApiParameter("after", OpenApiTypes.INT, description="Only lines after this sequence number (next_after of the previous answer)."),
             OpenApiParameter("limit", OpenApiTypes.INT, description=f"At most this many lines (1 to {jobs_api.MAX_LOG_LIMIT}, default 1000)."),
@@ -568,21 +597,50 @@ def describe():
         responses={200: Logs},
     )
     annotate(jobs_api.job_log, operation_id="job_log_text", tags=[tag], summary="The whole log as text", responses={(200, "text/plain"): OpenApiTypes.STR})
-    annotate(jobs_api.job_cancel, operation_id="job_cancel", tags=[tag], summary="Cancel the job", request=None, responses={202: Job, 409: OpenApiResponse(description="The job has already ended.")})
     annotate(
-        jobs_api.job_retrain, operation_id="job_retrain", tags=[tag], summary="Retrain a finished job, with more data",
+        jobs_api.job_cancel,
+        operation_id="job_cancel",
+        tags=[tag],
+        summary="Cancel the job",
+        request=None,
+        responses={202: Job, 409: OpenApiResponse(description="The job has already ended.")},
+    )
+    annotate(
+        jobs_api.job_retrain,
+        operation_id="job_retrain",
+        tags=[tag],
+        summary="Retrain a finished job, with more data",
         request={"multipart/form-data": RetrainForm, "application/json": RetrainJson, "application/x-www-form-urlencoded": RetrainForm},
         responses={201: Job, 409: OpenApiResponse(description="The job has no weights to retrain from.")},
     )
-    annotate(jobs_api.job_compare, operation_id="job_compare", tags=[tag], summary="Evaluate a fine-tuning against its starting weights", request=None, responses={201: Job, 409: OpenApiResponse(description="Nothing to compare.")})
-    annotate(jobs_api.job_comparison, operation_id="job_comparison", tags=[tag], summary="An evaluation job's verdict", responses={200: Comparison})
-    annotate(jobs_api.job_artifacts, operation_id="job_artifacts_list", tags=[tag], summary="The job's artifacts", responses={200: s.ListSerializer(child=Artifact)})
     annotate(
-        jobs_api.job_artifact, operation_id="job_artifact_download", tags=[tag], summary="An artifact's bytes (Range supported; may redirect to storage)",
-        responses={**binary("The artifact (its media type guessed from its name).", "*/*"), (206, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="The range asked for."), 302: OpenApiResponse(description="To a presigned URL.")},
+        jobs_api.job_compare,
+        operation_id="job_compare",
+        tags=[tag],
+        summary="Evaluate a fine-tuning against its starting weights",
+        request=None,
+        responses={201: Job, 409: OpenApiResponse(description="Nothing to compare.")},
+    )
+    annotate(jobs_api.job_comparison, operation_id="job_comparison", tags=[tag], summary="An evaluation job's verdict", responses={200: Comparison})
+    annotate(
+        jobs_api.job_artifacts, operation_id="job_artifacts_list", tags=[tag], summary="The job's artifacts", responses={200: s.ListSerializer(child=Artifact)}
     )
     annotate(
-        run_api.job_metrics, operation_id="job_metrics", tags=[tag], summary="The job's metric series",
+        jobs_api.job_artifact,
+        operation_id="job_artifact_download",
+        tags=[tag],
+        summary="An artifact's bytes (Range supported; may redirect to storage)",
+        responses={
+            **binary("The artifact (its media type guessed from its name).", "*/*"),
+            (206, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="The range asked for."),
+            302: OpenApiResponse(description="To a presigned URL."),
+        },
+    )
+    annotate(
+        run_api.job_metrics,
+        operation_id="job_metrics",
+        tags=[tag],
+        summary="The job's metric series",
         parameters=[
             OpenApiParameter("after", OpenApiTypes.INT, description="Only points of events after this sequence number (last_seq of the previous answer)."),
             OpenApiParameter("names", OpenApiTypes.STR, description="Comma-separated metric names: only those series."),
@@ -590,101 +648,247 @@ def describe():
         ],
         responses={200: Metrics},
     )
-    annotate(run_api.job_checkpoints, operation_id="job_checkpoints_list", tags=[tag], summary="The job's checkpoints, newest first", responses={200: s.ListSerializer(child=Checkpoint)})
     annotate(
-        run_api.job_checkpoint, operation_id="job_checkpoint_download", tags=[tag], summary="A kept checkpoint's bytes (Range supported; may redirect to storage)",
-        responses={**binary("The checkpoint (its media type guessed from its name).", "*/*"), (206, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="The range asked for."), 302: OpenApiResponse(description="To a presigned URL."), 410: OpenApiResponse(description="Pruned.")},
+        run_api.job_checkpoints,
+        operation_id="job_checkpoints_list",
+        tags=[tag],
+        summary="The job's checkpoints, newest first",
+        responses={200: s.ListSerializer(child=Checkpoint)},
+    )
+    annotate(
+        run_api.job_checkpoint,
+        operation_id="job_checkpoint_download",
+        tags=[tag],
+        summary="A kept checkpoint's bytes (Range supported; may redirect to storage)",
+        responses={
+            **binary("The checkpoint (its media type guessed from its name).", "*/*"),
+            (206, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="The range asked for."),
+            302: OpenApiResponse(description="To a presigned URL."),
+            410: OpenApiResponse(description="Pruned."),
+        },
     )
 
     tag = "datasets"
-    annotate(dataset_api.dataset_list, ["GET"], operation_id="datasets_list", tags=[tag], summary="List the team's datasets", parameters=page_params(), responses={200: paged("PagedDatasets", Dataset)})
     annotate(
-        dataset_api.dataset_list, ["POST"], operation_id="datasets_create", tags=[tag], summary="Create a dataset to upload files into (version 1, open)",
+        dataset_api.dataset_list,
+        ["GET"],
+        operation_id="datasets_list",
+        tags=[tag],
+        summary="List the team's datasets",
+        parameters=page_params(),
+        responses={200: paged("PagedDatasets", Dataset)},
+    )
+    annotate(
+        dataset_api.dataset_list,
+        ["POST"],
+        operation_id="datasets_create",
+        tags=[tag],
+        summary="Create a dataset to upload files into (version 1, open)",
         request={"application/json": DatasetCreate, "application/x-www-form-urlencoded": DatasetCreate, "multipart/form-data": DatasetCreate},
         responses={201: DatasetDetail, 409: OpenApiResponse(description="In the way (e.g. the name is taken).")},
     )
     annotate(
-        dataset_api.dataset_register_s3, operation_id="datasets_register_s3", tags=[tag], summary="Register the objects under an S3 URI as a dataset",
+        dataset_api.dataset_register_s3,
+        operation_id="datasets_register_s3",
+        tags=[tag],
+        summary="Register the objects under an S3 URI as a dataset",
         request={"application/json": DatasetS3Create, "application/x-www-form-urlencoded": DatasetS3Create, "multipart/form-data": DatasetS3Create},
         responses={201: DatasetDetail, 409: OpenApiResponse(description="In the way.")},
     )
-    annotate(dataset_api.dataset_detail, ["GET"], operation_id="dataset_retrieve", tags=[tag], summary="A dataset with its versions", responses={200: DatasetDetail})
     annotate(
-        dataset_api.dataset_detail, ["DELETE"], operation_id="dataset_destroy", tags=[tag],
-        summary="Delete the dataset with its versions (the team's owner; stored blobs and a registered bucket's objects are kept)", request=None,
+        dataset_api.dataset_detail, ["GET"], operation_id="dataset_retrieve", tags=[tag], summary="A dataset with its versions", responses={200: DatasetDetail}
+    )
+    annotate(
+        dataset_api.dataset_detail,
+        ["DELETE"],
+        operation_id="dataset_destroy",
+        tags=[tag],
+        summary="Delete the dataset with its versions (the team's owner; stored blobs and a registered bucket's objects are kept)",
+        request=None,
         responses={204: OpenApiResponse(description="Deleted."), 409: OpenApiResponse(description="Unfinished jobs use it: 'detail' names them.")},
     )
     annotate(
-        dataset_api.dataset_credentials, operation_id="dataset_credentials", tags=[tag], summary="New credentials for a registered bucket (the team's owner)",
+        dataset_api.dataset_credentials,
+        operation_id="dataset_credentials",
+        tags=[tag],
+        summary="New credentials for a registered bucket (the team's owner)",
         request={"application/json": DatasetCredentials, "application/x-www-form-urlencoded": DatasetCredentials, "multipart/form-data": DatasetCredentials},
         responses={200: DatasetDetail},
     )
-    annotate(dataset_api.dataset_rescan, operation_id="dataset_rescan", tags=[tag], summary="Scan a registered bucket again (a new version)", request=None, responses={202: DatasetVersion, 409: OpenApiResponse(description="In the way.")})
     annotate(
-        dataset_api.version_open, operation_id="dataset_version_open", tags=[tag], summary="The version to add files to: the open one, or a new one",
-        request=None, responses={200: DatasetVersionManifest, 201: DatasetVersionManifest, 409: OpenApiResponse(description="In the way.")},
+        dataset_api.dataset_rescan,
+        operation_id="dataset_rescan",
+        tags=[tag],
+        summary="Scan a registered bucket again (a new version)",
+        request=None,
+        responses={202: DatasetVersion, 409: OpenApiResponse(description="In the way.")},
     )
-    annotate(dataset_api.version_detail, operation_id="dataset_version_retrieve", tags=[tag], summary="A version with its manifest", responses={200: DatasetVersionManifest})
-    annotate(dataset_api.version_seal, operation_id="dataset_version_seal", tags=[tag], summary="Seal an open version: ready and immutable", request=None, responses={200: DatasetVersionManifest, 409: OpenApiResponse(description="In the way.")})
     annotate(
-        dataset_api.upload_start, operation_id="dataset_upload_start", tags=[tag], summary="Start a chunked upload of a file into an open version",
+        dataset_api.version_open,
+        operation_id="dataset_version_open",
+        tags=[tag],
+        summary="The version to add files to: the open one, or a new one",
+        request=None,
+        responses={200: DatasetVersionManifest, 201: DatasetVersionManifest, 409: OpenApiResponse(description="In the way.")},
+    )
+    annotate(
+        dataset_api.version_detail,
+        operation_id="dataset_version_retrieve",
+        tags=[tag],
+        summary="A version with its manifest",
+        responses={200: DatasetVersionManifest},
+    )
+    annotate(
+        dataset_api.version_seal,
+        operation_id="dataset_version_seal",
+        tags=[tag],
+        summary="Seal an open version: ready and immutable",
+        request=None,
+        responses={200: DatasetVersionManifest, 409: OpenApiResponse(description="In the way.")},
+    )
+    annotate(
+        dataset_api.upload_start,
+        operation_id="dataset_upload_start",
+        tags=[tag],
+        summary="Start a chunked upload of a file into an open version",
         request={"application/json": UploadStart, "application/x-www-form-urlencoded": UploadStart, "multipart/form-data": UploadStart},
         responses={201: Upload, 409: OpenApiResponse(description="In the way (e.g. the version is sealed).")},
     )
-    annotate(dataset_api.upload_detail, ["GET"], operation_id="dataset_upload_retrieve", tags=[tag], summary="How far an upload has arrived", responses={200: Upload})
     annotate(
-        dataset_api.upload_detail, ["PUT"], operation_id="dataset_upload_put_chunk", tags=[tag], summary="Send a chunk of the file, at an offset",
+        dataset_api.upload_detail, ["GET"], operation_id="dataset_upload_retrieve", tags=[tag], summary="How far an upload has arrived", responses={200: Upload}
+    )
+    annotate(
+        dataset_api.upload_detail,
+        ["PUT"],
+        operation_id="dataset_upload_put_chunk",
+        tags=[tag],
+        summary="Send a chunk of the file, at an offset",
         parameters=[OpenApiParameter("offset", OpenApiTypes.INT, required=True, description="The chunk's offset in bytes: the upload's received.")],
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={200: Upload, 409: OpenApiResponse(description="Not at the expected offset: continue from 'received'."), 503: OpenApiResponse(description="Storage failed: send the chunk again.")},
+        responses={
+            200: Upload,
+            409: OpenApiResponse(description="Not at the expected offset: continue from 'received'."),
+            503: OpenApiResponse(description="Storage failed: send the chunk again."),
+        },
     )
-    annotate(dataset_api.upload_detail, ["DELETE"], operation_id="dataset_upload_abort", tags=[tag], summary="Give an upload up", request=None, responses={200: Upload, 409: OpenApiResponse(description="In the way.")})
     annotate(
-        dataset_api.upload_complete, operation_id="dataset_upload_complete", tags=[tag], summary="Join the chunks and add the file to its version",
+        dataset_api.upload_detail,
+        ["DELETE"],
+        operation_id="dataset_upload_abort",
+        tags=[tag],
+        summary="Give an upload up",
+        request=None,
+        responses={200: Upload, 409: OpenApiResponse(description="In the way.")},
+    )
+    annotate(
+        dataset_api.upload_complete,
+        operation_id="dataset_upload_complete",
+        tags=[tag],
+        summary="Join the chunks and add the file to its version",
         request={"application/json": UploadComplete, "application/x-www-form-urlencoded": UploadComplete, "multipart/form-data": UploadComplete},
         responses={
             200: Upload,
             202: OpenApiResponse(Upload, description="A large file, checked and completing: poll its url (also in Location) until complete or failed."),
-            409: OpenApiResponse(description="Not all arrived, or the digest differs."), 503: OpenApiResponse(description="Storage failed: complete it again."),
+            409: OpenApiResponse(description="Not all arrived, or the digest differs."),
+            503: OpenApiResponse(description="Storage failed: complete it again."),
         },
     )
 
     tag = "folders"
     annotate(
-        folder_api.folder_open, operation_id="folder_open", tags=[tag], summary="Announce a folder to upload as a job's code, resumably",
-        request={"application/json": FolderOpen}, responses={201: Folder},
+        folder_api.folder_open,
+        operation_id="folder_open",
+        tags=[tag],
+        summary="Announce a folder to upload as a job's code, resumably",
+        request={"application/json": FolderOpen},
+        responses={201: Folder},
     )
-    annotate(folder_api.folder_detail, ["GET"], operation_id="folder_retrieve", tags=[tag], summary="How far each of the folder's files has arrived", responses={200: Folder})
     annotate(
-        folder_api.folder_detail, ["DELETE"], operation_id="folder_abort", tags=[tag], summary="Give the folder's upload up", request=None,
+        folder_api.folder_detail,
+        ["GET"],
+        operation_id="folder_retrieve",
+        tags=[tag],
+        summary="How far each of the folder's files has arrived",
+        responses={200: Folder},
+    )
+    annotate(
+        folder_api.folder_detail,
+        ["DELETE"],
+        operation_id="folder_abort",
+        tags=[tag],
+        summary="Give the folder's upload up",
+        request=None,
         responses={200: Folder, 409: OpenApiResponse(description="Packed already.")},
     )
-    annotate(folder_api.folder_file, ["GET"], operation_id="folder_file_retrieve", tags=[tag], summary="How far a file of the folder has arrived", responses={200: FolderFile})
     annotate(
-        folder_api.folder_file, ["PUT"], operation_id="folder_file_put_chunk", tags=[tag], summary="Send a chunk of a file of the folder, at an offset",
+        folder_api.folder_file,
+        ["GET"],
+        operation_id="folder_file_retrieve",
+        tags=[tag],
+        summary="How far a file of the folder has arrived",
+        responses={200: FolderFile},
+    )
+    annotate(
+        folder_api.folder_file,
+        ["PUT"],
+        operation_id="folder_file_put_chunk",
+        tags=[tag],
+        summary="Send a chunk of a file of the folder, at an offset",
         parameters=[OpenApiParameter("offset", OpenApiTypes.INT, required=True, description="The chunk's offset in bytes: the file's received.")],
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={200: FolderFile, 409: OpenApiResponse(description="Not at the expected offset: continue from 'received'; or the folder is packed or given up."), 503: OpenApiResponse(description="Storage failed: send the chunk again.")},
+        responses={
+            200: FolderFile,
+            409: OpenApiResponse(description="Not at the expected offset: continue from 'received'; or the folder is packed or given up."),
+            503: OpenApiResponse(description="Storage failed: send the chunk again."),
+        },
     )
 
     tag = "billing"
     annotate(
-        billing_api.usage, operation_id="usage_retrieve", tags=[tag], summary="The month's usage, statement and budget",
-        parameters=[month_param(), *page_params()], responses={200: Usage},
+        billing_api.usage,
+        operation_id="usage_retrieve",
+        tags=[tag],
+        summary="The month's usage, statement and budget",
+        parameters=[month_param(), *page_params()],
+        responses={200: Usage},
     )
-    annotate(invoice_views.api_invoices, operation_id="invoices_list", tags=[tag], summary="The team's invoices and credit notes", parameters=page_params(), responses={200: paged("PagedInvoices", InvoiceSummary)})
-    annotate(invoice_views.api_statement, operation_id="invoices_statement", tags=[tag], summary="The month so far, as a draft statement", parameters=[month_param()], responses={200: Statement})
+    annotate(
+        invoice_views.api_invoices,
+        operation_id="invoices_list",
+        tags=[tag],
+        summary="The team's invoices and credit notes",
+        parameters=page_params(),
+        responses={200: paged("PagedInvoices", InvoiceSummary)},
+    )
+    annotate(
+        invoice_views.api_statement,
+        operation_id="invoices_statement",
+        tags=[tag],
+        summary="The month so far, as a draft statement",
+        parameters=[month_param()],
+        responses={200: Statement},
+    )
     annotate(invoice_views.api_invoice, operation_id="invoice_retrieve", tags=[tag], summary="An invoice with its lines", responses={200: Invoice})
-    annotate(invoice_views.api_invoice_download, tags=[tag], summary="An invoice as a PDF or CSV file", responses=binary("The file.", "application/pdf", "text/csv"))
+    annotate(
+        invoice_views.api_invoice_download, tags=[tag], summary="An invoice as a PDF or CSV file", responses=binary("The file.", "application/pdf", "text/csv")
+    )
 
     tag = "account"
     if hasattr(accounts_api, "token"):
         annotate(
-            accounts_api.token, operation_id="token_create", tags=[tag], summary="Your API token, for a username and password", auth=[],
-            request={"application/json": Login, "application/x-www-form-urlencoded": Login}, responses={200: Token},
+            accounts_api.token,
+            operation_id="token_create",
+            tags=[tag],
+            summary="Your API token, for a username and password",
+            auth=[],
+            request={"application/json": Login, "application/x-www-form-urlencoded": Login},
+            responses={200: Token},
         )
     annotate(
-        audit_views.api_audit, operation_id="audit_list", tags=[tag], summary="The team's audit log, newest first (the owner only)",
+        audit_views.api_audit,
+        operation_id="audit_list",
+        tags=[tag],
+        summary="The team's audit log, newest first (the owner only)",
         parameters=[
             OpenApiParameter("action", OpenApiTypes.STR, enum=list(audit_views.ACTIONS), description="Only events of this action."),
             *page_params(),
@@ -695,8 +899,13 @@ def describe():
         annotate(accounts_api.me, ["GET"], operation_id="me_retrieve", tags=[tag], summary="Who the token is, and their team", responses={200: Me})
         if "PATCH" in accounts_api.me.cls.http_method_names or hasattr(accounts_api.me.cls, "patch"):
             annotate(
-                accounts_api.me, ["PATCH"], operation_id="me_update", tags=[tag], summary="Change your settings (time zone)",
-                request={"application/json": MeUpdate, "application/x-www-form-urlencoded": MeUpdate}, responses={200: Me},
+                accounts_api.me,
+                ["PATCH"],
+                operation_id="me_update",
+                tags=[tag],
+                summary="Change your settings (time zone)",
+                request={"application/json": MeUpdate, "application/x-www-form-urlencoded": MeUpdate},
+                responses={200: Me},
             )
 
 

@@ -67,6 +67,8 @@ def seed():
         per_gpu_hour = Decimal(os.environ.get("E31_DEMO_RATE", "2.50"))
         preemptible = os.environ.get("E31_DEMO_PREEMPTIBLE_RATE") or per_gpu_hour * PREEMPTIBLE_SHARE
         rate = Rate.objects.create(
-            gpu_type="", per_gpu_hour=per_gpu_hour, preemptible_per_gpu_hour=Decimal(preemptible).quantize(RATE_PLACES),
+            gpu_type="",
+            per_gpu_hour=per_gpu_hour,
+            preemptible_per_gpu_hour=Decimal(preemptible).quantize(RATE_PLACES),
         )
     return {"team": team, "user": user, "operator": operator, "rate": rate}

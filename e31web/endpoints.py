@@ -226,7 +226,10 @@ class PinnedTransport:
         error = None
         for address in addresses:
             pinned = self.httpx.Request(
-                request.method, url.copy_with(host=address), headers=request.headers, stream=request.stream,
+                request.method,
+                url.copy_with(host=address),
+                headers=request.headers,
+                stream=request.stream,
                 extensions={**request.extensions, "sni_hostname": host},
             )
             try:

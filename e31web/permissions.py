@@ -7,10 +7,7 @@ reason as e31web/throttling.py: DRF imports it while it defines APIView.
 
 from rest_framework.permissions import BasePermission
 
-STAFF_TOKEN = (
-    "This is a staff token, for the operator's endpoints (/metrics); this endpoint is a team's: "
-    "use the token of a team member."
-)
+STAFF_TOKEN = "This is a staff token, for the operator's endpoints (/metrics); this endpoint is a team's: use the token of a team member."
 NO_TEAM = "This account is not on a team yet: ask your team's owner to add it."
 
 

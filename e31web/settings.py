@@ -148,9 +148,7 @@ def _database(url):
     return config
 
 
-DATABASE_URL = env_url(
-    "DATABASE_URL", f"sqlite:///{VAR_DIR / 'e31.sqlite3'}", {"sqlite", "postgres", "postgresql", "pgsql"}
-)
+DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'e31.sqlite3'}", {"sqlite", "postgres", "postgresql", "pgsql"})
 DATABASES = {"default": _database(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -323,9 +321,7 @@ E31_NODE_RESERVE_DISK_BYTES = env_int("E31_NODE_RESERVE_DISK_BYTES", 0, minimum=
 # (private ranges, link-local with the clouds' metadata service at 169.254.169.254, shared NAT).
 # Comma- or space-separated CIDRs; an operator whose jobs must reach an internal mirror removes
 # its range here.
-E31_JOB_NETWORK_DENY = env_str(
-    "E31_JOB_NETWORK_DENY", "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10, 0.0.0.0/8"
-)
+E31_JOB_NETWORK_DENY = env_str("E31_JOB_NETWORK_DENY", "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10, 0.0.0.0/8")
 # The bubblewrap binary every job runs under (found on PATH when empty).
 E31_BWRAP = env_str("E31_BWRAP", "")
 # Job environments (scheduler/environments.py): the packages a job names, built with uv on the
@@ -377,8 +373,12 @@ DEFAULT_FROM_EMAIL = env_str("E31_EMAIL_FROM", "E31 Network <noreply@localhost>"
 from notifications.mailconfig import email_settings  # noqa: E402 - pure, no Django models
 
 _EMAIL = email_settings(
-    env_str("EMAIL_URL"), env_str("EMAIL_HOST"), env_int("EMAIL_PORT", 25, minimum=1), env_str("EMAIL_HOST_USER", ""),
-    env_str("EMAIL_HOST_PASSWORD", ""), env_bool("EMAIL_USE_TLS", False),
+    env_str("EMAIL_URL"),
+    env_str("EMAIL_HOST"),
+    env_int("EMAIL_PORT", 25, minimum=1),
+    env_str("EMAIL_HOST_USER", ""),
+    env_str("EMAIL_HOST_PASSWORD", ""),
+    env_bool("EMAIL_USE_TLS", False),
 )
 EMAIL_BACKEND = _EMAIL["EMAIL_BACKEND"]
 EMAIL_HOST = _EMAIL.get("EMAIL_HOST", "localhost")

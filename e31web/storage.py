@@ -253,8 +253,7 @@ class S3Storage(Storage):
 
     kind = "s3"
 
-    def __init__(self, bucket, prefix="", endpoint_url=None, access_key=None, secret_key=None, region="us-east-1",
-                 public_endpoint_url=None, concurrency=8):
+    def __init__(self, bucket, prefix="", endpoint_url=None, access_key=None, secret_key=None, region="us-east-1", public_endpoint_url=None, concurrency=8):
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -267,8 +266,12 @@ class S3Storage(Storage):
             "aws_secret_access_key": secret_key,
             "region_name": region,
             # Room for a runner's stagings (several at once, each with its workers) and uploads.
-            "config": Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"},
-                             max_pool_connections=max(32, concurrency * 4)),
+            "config": Config(
+                signature_version="s3v4",
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": 5, "mode": "standard"},
+                max_pool_connections=max(32, concurrency * 4),
+            ),
         }
         self.client = boto3.client("s3", **options)
         # Presigned URLs are for the browser, which may reach the store at another address.
@@ -408,9 +411,7 @@ class S3Storage(Storage):
 
     def put_part(self, key, upload_id, number, data):
         try:
-            response = self.client.upload_part(
-                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number, Body=data
-            )
+            response = self.client.upload_part(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number, Body=data)
         except Exception as error:
             if isinstance(error, self.client.exceptions.NoSuchUpload):
                 raise NotFound(f"upload {upload_id}") from None

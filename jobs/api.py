@@ -99,7 +99,11 @@ def spec_to_form_data(spec, team):
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
     structured = {
-        "args": (list, str), "config": (dict, str), "hyperparameters": (dict, str), "inputs": (dict, str), "env": (dict, str),
+        "args": (list, str),
+        "config": (dict, str),
+        "hyperparameters": (dict, str),
+        "inputs": (dict, str),
+        "env": (dict, str),
         "packages": (list, str),
         "evaluate_jobs": (list,),
     }
@@ -189,8 +193,12 @@ def job_json(job, request):
         "parent": str(job.parent_id) if job.parent_id else None,
         "smoke_run": str(job.smoke_run_id) if job.smoke_run_id else None,
         "models": [
-            {"label": m.label, "source_job": str(m.source_job_id) if m.source_job_id else None, "description": m.description,
-             "files": [{k: f[k] for k in ("name", "size", "sha256")} for f in m.files]}
+            {
+                "label": m.label,
+                "source_job": str(m.source_job_id) if m.source_job_id else None,
+                "description": m.description,
+                "files": [{k: f[k] for k in ("name", "size", "sha256")} for f in m.files],
+            }
             for m in job.models.all()
         ],
         "state": job.state,
@@ -321,6 +329,7 @@ def job_ceiling(job, now=None):
 
 def ceiling_json(ceiling):
     """The API's figures of a job's ceiling_use; all None without a ceiling."""
+
     def plain(value):
         return None if value is None else f"{value:f}"
 
@@ -361,7 +370,7 @@ def jobs(request):
 
         return paginate(request, filtered_jobs(request, team), lambda job: job_json(job, request))
     spec = read_spec(request)
-    data, created, form = job_form(request, team, spec)
+    _data, created, form = job_form(request, team, spec)
     if not form.is_valid():
         # An API client sends its files again with the fixed spec: keep nothing half-made.
         for upload in created:
@@ -400,7 +409,13 @@ def read_spec(request, field="spec"):
     and the file by `spec_name`) or a JSON object (the API's flat fields, or the file's parts)."""
     raw = body_fields(request).get(field)
     if raw is None or raw == "":
-        raise ValidationError({"spec": ["Send the job as 'spec': a spec file's text (YAML or JSON) or a JSON object, with files 'code', 'data', 'heldout' or 'base_model' as it names them."]})
+        raise ValidationError(
+            {
+                "spec": [
+                    "Send the job as 'spec': a spec file's text (YAML or JSON) or a JSON object, with files 'code', 'data', 'heldout' or 'base_model' as it names them."
+                ]
+            }
+        )
     if isinstance(raw, (dict, list)):
         text, name = json.dumps(raw), None
     elif isinstance(raw, str):
@@ -426,7 +441,10 @@ def job_form(request, team, spec, form_class=None):
         if not request.FILES.getlist(file_field):
             names = ", ".join(path for path, _ in paths)
             missing[file_field] = [
-                spec.message(file_field, f"names {names}, which was not sent with the spec: `e31 submit` sends the files a spec names (with curl, add -F {file_field}=@<file>).")
+                spec.message(
+                    file_field,
+                    f"names {names}, which was not sent with the spec: `e31 submit` sends the files a spec names (with curl, add -F {file_field}=@<file>).",
+                )
             ]
     if missing:
         raise ValidationError(missing)
@@ -471,8 +489,12 @@ def form_initial(spec, team):
 
 # The form's fields as the spec's: kept files, pinned versions and recipe settings.
 FORM_TO_SPEC = {
-    "kept_code": "code", "train_version": "train_dataset", "kept_data": "data", "heldout_version": "heldout_dataset",
-    "kept_heldout": "heldout", "kept_model": "base_model",
+    "kept_code": "code",
+    "train_version": "train_dataset",
+    "kept_data": "data",
+    "heldout_version": "heldout_dataset",
+    "kept_heldout": "heldout",
+    "kept_model": "base_model",
 }
 
 
@@ -507,9 +529,7 @@ def job_detail(request, job_id):
 def job_cancel(request, job_id):
     job = get_job(request, job_id)
     if job.is_terminal:
-        return Response(
-            {"detail": f"The job has already ended ({job.state}).", "state": job.state}, status=status.HTTP_409_CONFLICT
-        )
+        return Response({"detail": f"The job has already ended ({job.state}).", "state": job.state}, status=status.HTTP_409_CONFLICT)
     job.request_cancel()
     audit.record(request, "job.cancel", job)
     return Response(job_json(job, request), status=status.HTTP_202_ACCEPTED)
@@ -575,8 +595,21 @@ def job_artifact(request, job_id, name):
 
 
 RETRAIN_FIELDS = {
-    "name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline", "preemptible", "args",
-    "hyperparameters", "config", "inputs",
+    "name",
+    "gpus",
+    "gpu_type",
+    "mode",
+    "span_hours",
+    "ceiling_kind",
+    "ceiling",
+    "not_before",
+    "by",
+    "deadline",
+    "preemptible",
+    "args",
+    "hyperparameters",
+    "config",
+    "inputs",
 }
 
 
@@ -622,8 +655,13 @@ def job_retrain(request, job_id):
         return Response({"errors": {f: [str(e) for e in errs] for f, errs in form.errors.items()}}, status=status.HTTP_400_BAD_REQUEST)
     try:
         new = lineage.retrain(
-            job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
-            request=form.request_fields(), work=form.work_changes(), inputs=form.cleaned_data.get("inputs"),
+            job,
+            request.user,
+            new_data=form.cleaned_data.get("kept_data") or [],
+            name=form.cleaned_data.get("name") or "",
+            request=form.request_fields(),
+            work=form.work_changes(),
+            inputs=form.cleaned_data.get("inputs"),
         )
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)

@@ -129,7 +129,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def latest_progress(self):
         rows = JobEvent.objects.filter(job_id=self.job_id, kind__in=JobEvent.PROGRESS_KINDS)
-        return {kind: seq for kind, seq in rows.values("kind").annotate(seq=Max("seq")).values_list("kind", "seq")}
+        return dict(rows.values("kind").annotate(seq=Max("seq")).values_list("kind", "seq"))
 
     @database_sync_to_async
     def fetch(self, after, latest):

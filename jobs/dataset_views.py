@@ -84,13 +84,19 @@ class BucketAccessForm(forms.Form):
     (e31web/endpoints.py): the scanner and the runners connect to it from inside."""
 
     endpoint_url = forms.URLField(
-        label="Endpoint URL", required=False, assume_scheme="https", max_length=500,
+        label="Endpoint URL",
+        required=False,
+        assume_scheme="https",
+        max_length=500,
         help_text="Blank for AWS; the store's address for others, e.g. https://minio.example.com:9000.",
     )
     region = forms.CharField(required=False, max_length=64, help_text="Blank: us-east-1.")
     access_key_id = forms.CharField(label="Access key ID", max_length=128)
     secret_access_key = forms.CharField(
-        label="Secret access key", max_length=256, strip=False, widget=forms.PasswordInput(render_value=False),
+        label="Secret access key",
+        max_length=256,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False),
         help_text="Stored encrypted; never shown again, never given to a job's process.",
     )
 
@@ -128,8 +134,14 @@ class S3DatasetForm(DatasetForm, BucketAccessForm):
     def save(self):
         data = self.cleaned_data
         return datasets.register_s3(
-            self.team, data["name"], data["uri"], data["access_key_id"], data["secret_access_key"],
-            endpoint_url=data["endpoint_url"], region=data["region"], description=data["description"],
+            self.team,
+            data["name"],
+            data["uri"],
+            data["access_key_id"],
+            data["secret_access_key"],
+            endpoint_url=data["endpoint_url"],
+            region=data["region"],
+            description=data["description"],
         )
 
 

@@ -153,7 +153,7 @@ def scan(version):
             for page in paginator.paginate(Bucket=dataset.s3_bucket, Prefix=prefix):
                 keys = [obj["Key"] for obj in page.get("Contents", []) if not obj["Key"].endswith("/")]
                 for key, (size, digest) in zip(keys, pool.map(lambda key: _hash_object(client, dataset.s3_bucket, key), keys)):
-                    version.add_file(clean_path(key[len(prefix):]), size, digest, key)
+                    version.add_file(clean_path(key[len(prefix) :]), size, digest, key)
                     count += 1
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -306,8 +306,7 @@ def _locked_open_version(version):
     locked = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
     if locked.state != DatasetVersion.OPEN:
         raise UploadConflict(
-            f"version {locked.number} of {locked.dataset.name} is {locked.get_state_display().lower()}: "
-            "it cannot change; open a new version to add files"
+            f"version {locked.number} of {locked.dataset.name} is {locked.get_state_display().lower()}: it cannot change; open a new version to add files"
         )
     return locked
 
@@ -346,8 +345,15 @@ def start_upload(version, path, size, user=None, sha256=""):
                 state=DatasetUpload.ABORTED, error="another upload of the same path took its place", updated_at=timezone.now()
             )
             upload = DatasetUpload.objects.create(
-                id=upload_pk, version=version, path=path, size=size, sha256=sha256, chunk_size=chunk_size,
-                key=key, multipart_id=multipart_id, created_by=user,
+                id=upload_pk,
+                version=version,
+                path=path,
+                size=size,
+                sha256=sha256,
+                chunk_size=chunk_size,
+                key=key,
+                multipart_id=multipart_id,
+                created_by=user,
             )
     except BaseException:
         if multipart_id:
@@ -457,9 +463,7 @@ def claim_completions(limit=1):
 def release_stale_claims(older_than):
     """Completions claimed before older_than and still not done (their worker died): claimed
     again by the next worker. Returns how many."""
-    return DatasetUpload.objects.filter(state=DatasetUpload.COMPLETING, claimed_at__lt=older_than).update(
-        claimed_at=None, updated_at=timezone.now()
-    )
+    return DatasetUpload.objects.filter(state=DatasetUpload.COMPLETING, claimed_at__lt=older_than).update(claimed_at=None, updated_at=timezone.now())
 
 
 def finish_completion(upload):
@@ -562,9 +566,7 @@ def _assemble(upload, expected_sha256, renew=lambda: None):
 
 def abort_upload(upload, reason="aborted by its client"):
     """Give up an unfinished upload and free what it held in storage."""
-    if DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.OPEN).update(
-        state=DatasetUpload.ABORTED, error=reason, updated_at=timezone.now()
-    ) != 1:
+    if DatasetUpload.objects.filter(pk=upload.pk, state=DatasetUpload.OPEN).update(state=DatasetUpload.ABORTED, error=reason, updated_at=timezone.now()) != 1:
         upload.refresh_from_db()
         if upload.state != DatasetUpload.ABORTED:
             raise UploadConflict(_not_open(upload))

@@ -40,9 +40,17 @@ class Verdict:
 
     def as_dict(self):
         return {
-            "verdict": self.verdict, "test": self.test, "p_value": self.p_value, "n": self.n, "metric": self.metric,
-            "higher_is_better": self.higher_is_better, "new": self.new, "previous": self.previous, "difference": self.difference,
-            "alpha": ALPHA, **self.detail,
+            "verdict": self.verdict,
+            "test": self.test,
+            "p_value": self.p_value,
+            "n": self.n,
+            "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
+            "new": self.new,
+            "previous": self.previous,
+            "difference": self.difference,
+            "alpha": ALPHA,
+            **self.detail,
         }
 
 

@@ -56,15 +56,11 @@ def open_folder(team, user, entries):
     max_bytes, max_entries = archive.limits()
     top, kept = folders.plan(entries, max_bytes=max_bytes, max_entries=max_entries, max_file_bytes=chunk_size * datasets.MAX_PARTS)
     with transaction.atomic():
-        folder = FolderUpload.objects.create(
-            team=team, created_by=user, top=top[:255], file_count=len(kept), total_bytes=sum(size for _, size in kept)
-        )
+        folder = FolderUpload.objects.create(team=team, created_by=user, top=top[:255], file_count=len(kept), total_bytes=sum(size for _, size in kept))
         files = []
         for path, size in kept:
             pk = uuid.uuid4()
-            files.append(
-                DatasetUpload(id=pk, folder=folder, path=path, size=size, chunk_size=chunk_size, key=f"incoming/{pk}", created_by=user)
-            )
+            files.append(DatasetUpload(id=pk, folder=folder, path=path, size=size, chunk_size=chunk_size, key=f"incoming/{pk}", created_by=user))
         DatasetUpload.objects.bulk_create(files, batch_size=1000)
     return folder
 
@@ -177,9 +173,7 @@ def _packed_again(folder, user):
         raise UploadConflict("the folder was packed, and its zip is no longer kept: choose the folder again")
     if packed.job_id is None:
         return packed
-    return Upload.objects.create(
-        team=folder.team, uploaded_by=user, role=Upload.CODE, name=packed.name, size=packed.size, sha256=packed.sha256, key=packed.key
-    )
+    return Upload.objects.create(team=folder.team, uploaded_by=user, role=Upload.CODE, name=packed.name, size=packed.size, sha256=packed.sha256, key=packed.key)
 
 
 class StoredFile:

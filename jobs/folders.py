@@ -138,9 +138,7 @@ def pack(files, out, *, max_bytes, max_entries):
                 for chunk in _chunks(by_path[path]):
                     written += len(chunk)
                     if written > max_bytes:
-                        raise FolderError(
-                            f"the folder holds at least {size_text(written)}, more than the {size_text(max_bytes)} a job's folder may hold"
-                        )
+                        raise FolderError(f"the folder holds at least {size_text(written)}, more than the {size_text(max_bytes)} a job's folder may hold")
                     target.write(chunk)
     return top, sorted(by_path)
 

@@ -46,8 +46,15 @@ def recipe_field_name(recipe, param):
 
 
 PARAM_LABELS = {
-    "lr": "Learning rate", "lora_rank": "LoRA rank", "lora_alpha": "LoRA alpha", "max_steps": "Steps", "eval_every": "Evaluate every",
-    "checkpoint_every": "Checkpoint every", "d_model": "Model width", "n_layers": "Layers", "n_heads": "Attention heads",
+    "lr": "Learning rate",
+    "lora_rank": "LoRA rank",
+    "lora_alpha": "LoRA alpha",
+    "max_steps": "Steps",
+    "eval_every": "Evaluate every",
+    "checkpoint_every": "Checkpoint every",
+    "d_model": "Model width",
+    "n_layers": "Layers",
+    "n_heads": "Attention heads",
     "eval_windows": "Validation windows",
 }
 
@@ -124,9 +131,7 @@ def keep_uploads(request_files, data, team, user):
                 continue
             names.add(name)
             key, size, sha256 = storage.save_blob(uploaded)
-            upload = Upload.objects.create(
-                team=team, uploaded_by=user, role=Upload.INPUT, channel=channel, name=name, size=size, sha256=sha256, key=key
-            )
+            upload = Upload.objects.create(team=team, uploaded_by=user, role=Upload.INPUT, channel=channel, name=name, size=size, sha256=sha256, key=key)
             created.append(upload)
             data.appendlist("kept_inputs", str(upload.pk))
     folder_ref = (data.get(FOLDER_UPLOAD) or "").strip()
@@ -231,9 +236,7 @@ def _as_querydict(mapping):
 
 
 def device_type_choices():
-    types = set(Node.objects.values_list("device_type", flat=True)) | set(
-        Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True)
-    )
+    types = set(Node.objects.values_list("device_type", flat=True)) | set(Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
     return [("", "Any type")] + [(t, t) for t in sorted(types)]
 
 
@@ -241,9 +244,7 @@ class RequestForm(forms.Form):
     """The compute request: GPUs, how long, and what it may cost. Also the form's live estimate."""
 
     # Request
-    gpus = forms.IntegerField(
-        min_value=1, max_value=1024, initial=1, label="GPUs", error_messages={"min_value": "Ask for at least 1 GPU."}
-    )
+    gpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs", error_messages={"min_value": "Ask for at least 1 GPU."})
     gpu_type = forms.ChoiceField(required=False, label="GPU type", choices=[("", "Any type")])
     mode = forms.ChoiceField(
         choices=[("span", "A fixed span"), ("until_done", "Until done, with a ceiling")],
@@ -252,9 +253,7 @@ class RequestForm(forms.Form):
         label="How long",
     )
     span_hours = forms.DecimalField(required=False, max_digits=10, decimal_places=4, label="Hours", initial=1)
-    ceiling_kind = forms.ChoiceField(
-        choices=[("money", f"Money ({settings.E31_CURRENCY})"), ("gpu_hours", "GPU-hours")], initial="money", required=False
-    )
+    ceiling_kind = forms.ChoiceField(choices=[("money", f"Money ({settings.E31_CURRENCY})"), ("gpu_hours", "GPU-hours")], initial="money", required=False)
     ceiling = forms.DecimalField(required=False, max_digits=14, decimal_places=2)
     not_before = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Not before")
     by = forms.ChoiceField(choices=windows.CHOICES, required=False, label="Needed by")
@@ -369,77 +368,93 @@ class JobForm(WorkTextFields, RequestForm):
 
     # Work
     kind = forms.ChoiceField(
-        choices=Job.KINDS, initial=Job.KIND_TRAIN, required=False, widget=forms.RadioSelect, label="Kind",
+        choices=Job.KINDS,
+        initial=Job.KIND_TRAIN,
+        required=False,
+        widget=forms.RadioSelect,
+        label="Kind",
         help_text="Fine-tune: start from a model. Evaluate: score models on the held-out data.",
     )
     recipe = forms.ChoiceField(
-        required=False, label="Built-in recipe", help_text="No script needed: the recipe's parameters are below.",
+        required=False,
+        label="Built-in recipe",
+        help_text="No script needed: the recipe's parameters are below.",
     )
     smoke_first = forms.BooleanField(
-        required=False, label="Smoke run first",
+        required=False,
+        label="Smoke run first",
         help_text="A short job of its own (billed as such) before the full run, to catch errors cheaply: a recipe runs a few steps on 1% of the data; "
         "a script runs a few minutes on 1% of each input, with E31_SMOKE=1, and passes if it has not failed by then. The full run starts only if it passes.",
     )
-    code = forms.FileField(
-        required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive; or a folder, below."
-    )
+    code = forms.FileField(required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive; or a folder, below.")
     kept_code = forms.ModelChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.HiddenInput)
     # Chosen or dropped in the browser, its files sent with their paths (static/js/folder.js)
     # and packed into a zip by keep_uploads: the page shows it only where JavaScript runs.
     code_folder = forms.FileField(
-        required=False, label="Or a folder", widget=MultipleFileInput(attrs={"webkitdirectory": True, **folder_limits()}),
+        required=False,
+        label="Or a folder",
+        widget=MultipleFileInput(attrs={"webkitdirectory": True, **folder_limits()}),
         help_text="Choose or drop the folder: its files keep their paths and are packed into a zip the job unpacks. "
         "It is uploaded as soon as it is chosen; an upload cut off goes on where it stopped (after a reload, choose the same folder again). "
         "Paths start inside the folder chosen (myproj/src/train.py is src/train.py); __pycache__ and .git are left out.",
     )
     entrypoint = forms.CharField(
-        max_length=500, required=False,
+        max_length=500,
+        required=False,
         help_text="The script to run (.py or .sh), by its path in the archive or folder: src/train.py.",
     )
     args = forms.CharField(
-        max_length=4000, required=False, label="Arguments",
+        max_length=4000,
+        required=False,
+        label="Arguments",
         help_text="As on a command line. $E31_DATA_DIR, $E31_OUTPUT_DIR, $E31_CHECKPOINT_DIR, $SM_CHANNEL_TRAIN and the job's own "
         "variables are replaced by their values ($$ for a plain $): --data $E31_DATA_DIR/train --save $E31_OUTPUT_DIR/model.pt",
     )
     hyperparameters = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Hyperparameters",
-        help_text="JSON or YAML, one level: each is passed after the arguments as --name value (as SageMaker does), and in "
-        "SM_HPS and SM_HP_<NAME>.",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label="Hyperparameters",
+        help_text="JSON or YAML, one level: each is passed after the arguments as --name value (as SageMaker does), and in SM_HPS and SM_HP_<NAME>.",
     )
     command = forms.CharField(
-        max_length=4000, required=False, label="Or a command",
+        max_length=4000,
+        required=False,
+        label="Or a command",
         help_text="One shell line run instead of an entrypoint, in the code's folder (bash -c): pip list && python train.py --epochs 3",
     )
     workdir = forms.CharField(
-        max_length=500, required=False, label="Working folder",
+        max_length=500,
+        required=False,
+        label="Working folder",
         help_text="Where the job starts, in the code's folder. Blank: the entrypoint's own folder (a script opens its neighbours by name).",
     )
     processes = forms.IntegerField(
-        min_value=1, max_value=64, required=False, label="Processes per node",
+        min_value=1,
+        max_value=64,
+        required=False,
+        label="Processes per node",
         help_text="Blank: one per GPU (under torchrun), or one for CPU slots, which it gets as threads. Two or more run under torchrun.",
     )
     precision = forms.ChoiceField(
-        choices=PRECISION_CHOICES, required=False, label="Precision",
+        choices=PRECISION_CHOICES,
+        required=False,
+        label="Precision",
         help_text="How the built-in recipes compute on GPUs: bf16 or fp16 autocast (fp16 with loss scaling), or fp32 throughout. "
         "On the CPU they run fp32 whatever is chosen (the log says so). A script reads the choice from $E31_PRECISION.",
         error_messages={"invalid_choice": "%(value)s is not a precision: choose fp32, bf16 or fp16 (or leave it blank for the default)."},
     )
-    config = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 4}), help_text="JSON or YAML; the job reads it from $E31_CONFIG."
-    )
-    env = forms.CharField(
-        required=False, label="Environment", widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value, one per line."
-    )
+    config = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}), help_text="JSON or YAML; the job reads it from $E31_CONFIG.")
+    env = forms.CharField(required=False, label="Environment", widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value, one per line.")
     packages = forms.CharField(
-        required=False, label="Python packages", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
+        required=False,
+        label="Python packages",
+        widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
         help_text="One requirement a line, as in requirements.txt (numpy>=1.26, einops==0.8.0). Installed from wheels into an "
         "environment built on the node while the job waits, not billed; a requirements.txt at the root of an archive is read too.",
     )
 
     # Data
-    train_dataset = forms.ModelChoiceField(
-        queryset=Dataset.objects.none(), required=False, label="Training dataset", help_text="Its latest version is used."
-    )
+    train_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Training dataset", help_text="Its latest version is used.")
     train_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     data = forms.FileField(required=False, widget=MultipleFileInput, label="Training files")
     kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
@@ -449,7 +464,8 @@ class JobForm(WorkTextFields, RequestForm):
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     kept_inputs = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     inputs = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "placeholder": "training: digits\ntesting: digits-heldout@1"}),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "placeholder": "training: digits\ntesting: digits-heldout@1"}),
         label="Named inputs",
         help_text="More data, each from a dataset, one a line as name: dataset (or dataset@2): each lands in $E31_DATA_DIR/<name> "
         "and is SM_CHANNEL_<NAME>, as SageMaker's channels are.",
@@ -457,49 +473,65 @@ class JobForm(WorkTextFields, RequestForm):
 
     # Models: where a fine-tuning starts, what an evaluation scores
     start_job = forms.ModelChoiceField(
-        queryset=Job.objects.none(), required=False, label="Starting model: a previous job's weights",
+        queryset=Job.objects.none(),
+        required=False,
+        label="Starting model: a previous job's weights",
         help_text="Fine-tune from the weights one of your team's finished jobs wrote.",
     )
     evaluate_jobs = forms.ModelMultipleChoiceField(
-        queryset=Job.objects.none(), required=False, label="Models to score: previous jobs' weights",
+        queryset=Job.objects.none(),
+        required=False,
+        label="Models to score: previous jobs' weights",
     )
     base_model = forms.FileField(
-        required=False, widget=MultipleFileInput, label="Or upload a model",
+        required=False,
+        widget=MultipleFileInput,
+        label="Or upload a model",
         help_text="Weights as safetensors or a torch state dict (.pt), with the recipe.json that names its architecture if it came from a recipe.",
     )
     kept_model = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
 
     # Checkpoints and stopping
     keep_checkpoints = forms.IntegerField(
-        min_value=1, max_value=100, initial=3, required=False, label="Checkpoints kept",
+        min_value=1,
+        max_value=100,
+        initial=3,
+        required=False,
+        label="Checkpoints kept",
         help_text="The latest K checkpoints are kept in storage; a restarted job resumes from the latest.",
     )
     max_restarts = forms.IntegerField(
-        min_value=0, max_value=100, initial=3, required=False, label="Restarts allowed",
+        min_value=0,
+        max_value=100,
+        initial=3,
+        required=False,
+        label="Restarts allowed",
         help_text="How often the job may be restarted after losing its node before it fails (preemptions do not count).",
     )
-    early_stop_metric = forms.CharField(
-        max_length=100, required=False, label="Early stopping metric", help_text="A metric the job logs, e.g. heldout_loss."
-    )
-    early_stop_mode = forms.ChoiceField(
-        choices=[("min", "Lower is better"), ("max", "Higher is better")], initial="min", required=False, label="Better is"
-    )
+    early_stop_metric = forms.CharField(max_length=100, required=False, label="Early stopping metric", help_text="A metric the job logs, e.g. heldout_loss.")
+    early_stop_mode = forms.ChoiceField(choices=[("min", "Lower is better"), ("max", "Higher is better")], initial="min", required=False, label="Better is")
     early_stop_patience = forms.IntegerField(
         min_value=1, max_value=100000, required=False, label="Patience", help_text="Evaluations without improvement before it stops."
     )
-    stop_on_nan = forms.BooleanField(
-        required=False, initial=True, label="Stop on a NaN loss", help_text="End the run when a loss becomes NaN or infinite."
-    )
+    stop_on_nan = forms.BooleanField(required=False, initial=True, label="Stop on a NaN loss", help_text="End the run when a loss becomes NaN or infinite.")
     idle_minutes = forms.IntegerField(
-        min_value=0, max_value=10080, initial=30, required=False, label="Idle after (minutes)",
+        min_value=0,
+        max_value=10080,
+        initial=30,
+        required=False,
+        label="Idle after (minutes)",
         help_text="Flag the job, and tell the team, when every device it holds stays idle this long. 0: never.",
     )
     stop_if_idle = forms.BooleanField(
-        required=False, initial=False, label="Stop if idle",
+        required=False,
+        initial=False,
+        label="Stop if idle",
         help_text="Once flagged idle, stop the job (it is told to checkpoint first) so an idle run does not burn money.",
     )
     network = forms.BooleanField(
-        required=False, initial=False, label="Network access",
+        required=False,
+        initial=False,
+        label="Network access",
         help_text="Let the job reach the network (to download packages or weights, say). Off: it sees only its own loopback. "
         "A run across several nodes always has the network, to reach its peers.",
     )
@@ -575,7 +607,13 @@ class JobForm(WorkTextFields, RequestForm):
         for field, errors in self.upload_errors.items():
             for error in errors:
                 self.add_error(field, error)
-        for kept, visible in (("kept_code", "code"), ("kept_data", "data"), ("kept_heldout", "heldout"), ("kept_model", "base_model"), ("kept_inputs", "inputs")):
+        for kept, visible in (
+            ("kept_code", "code"),
+            ("kept_data", "data"),
+            ("kept_heldout", "heldout"),
+            ("kept_model", "base_model"),
+            ("kept_inputs", "inputs"),
+        ):
             if self._errors.pop(kept, None):
                 self.add_error(visible, "An earlier upload is no longer available: please upload it again.")
         cleaned["kind"] = cleaned.get("kind") or Job.KIND_TRAIN
@@ -703,7 +741,10 @@ class JobForm(WorkTextFields, RequestForm):
                 self.add_error("inputs", f"The input {name} is the dataset {version.label} and files too: give one.")
         for name in files:
             if name in ("train", "heldout", "model") or (problem := launch.input_name_problem(name, [*declared, *files])):
-                self.add_error("inputs", f"Files for input {name}: " + ("send them as the training or held-out files." if name in ("train", "heldout", "model") else problem))
+                self.add_error(
+                    "inputs",
+                    f"Files for input {name}: " + ("send them as the training or held-out files." if name in ("train", "heldout", "model") else problem),
+                )
         for name, uploads in files.items():
             names = [u.name for u in uploads]
             if dupes := sorted({n for n in names if names.count(n) > 1}):
@@ -725,7 +766,7 @@ class JobForm(WorkTextFields, RequestForm):
                 self.add_error(dataset_field, "That version is not of this dataset.")
             elif dataset is not None and version is None:
                 cleaned[version_field] = dataset.latest_version()
-        for field, dataset_field, what in (("kept_data", "train_dataset", "training"), ("kept_heldout", "heldout_dataset", "held-out")):
+        for field, what in (("kept_data", "training"), ("kept_heldout", "held-out")):
             names = [u.name for u in cleaned.get(field) or []]
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:

@@ -56,10 +56,32 @@ def copy_job(job, user, **changes):
     fields = {
         name: getattr(job, name)
         for name in (
-            "team_id", "entrypoint", "command", "args", "hyperparameters", "config", "env", "workdir", "processes", "precision", "packages",
-            "train_version", "heldout_version", "gpus", "gpu_type",
-            "span_hours", "ceiling_amount", "ceiling_gpu_hours", "preemptible", "keep_checkpoints", "max_restarts", "early_stop_metric",
-            "early_stop_mode", "early_stop_patience", "stop_on_nan", "network",
+            "team_id",
+            "entrypoint",
+            "command",
+            "args",
+            "hyperparameters",
+            "config",
+            "env",
+            "workdir",
+            "processes",
+            "precision",
+            "packages",
+            "train_version",
+            "heldout_version",
+            "gpus",
+            "gpu_type",
+            "span_hours",
+            "ceiling_amount",
+            "ceiling_gpu_hours",
+            "preemptible",
+            "keep_checkpoints",
+            "max_restarts",
+            "early_stop_metric",
+            "early_stop_mode",
+            "early_stop_patience",
+            "stop_on_nan",
+            "network",
         )
     }
     fields.update(name=job.name, kind=job.kind, parent=job, created_by=user)
@@ -73,8 +95,15 @@ def share_uploads(source, target, roles):
     """The uploads of `source` in roles, attached to `target` too (new rows, the same blobs)."""
     Upload.objects.bulk_create(
         Upload(
-            team_id=target.team_id, uploaded_by=u.uploaded_by, job=target, role=u.role, channel=u.channel, name=u.name, key=u.key,
-            size=u.size, sha256=u.sha256,
+            team_id=target.team_id,
+            uploaded_by=u.uploaded_by,
+            job=target,
+            role=u.role,
+            channel=u.channel,
+            name=u.name,
+            key=u.key,
+            size=u.size,
+            sha256=u.sha256,
         )
         for u in source.uploads.filter(role__in=roles)
     )
@@ -86,16 +115,12 @@ def extend_version(version, uploads):
     the old version moves only the new bytes."""
     dataset = version.dataset
     if dataset.source != dataset.UPLOAD:
-        raise LineageError(
-            f"{dataset.name} is read from a bucket: add the new files to the bucket and rescan it, then retrain on its new version."
-        )
+        raise LineageError(f"{dataset.name} is read from a bucket: add the new files to the bucket and rescan it, then retrain on its new version.")
     with transaction.atomic():
         locked = type(dataset).objects.select_for_update().get(pk=dataset.pk)
         number = (locked.versions.aggregate(n=models.Max("number"))["n"] or 0) + 1
         new = DatasetVersion.objects.create(dataset=dataset, number=number, parent=version, state=DatasetVersion.OPEN)
-        DatasetFile.objects.bulk_create(
-            DatasetFile(version=new, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in version.files.all()
-        )
+        DatasetFile.objects.bulk_create(DatasetFile(version=new, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in version.files.all())
         for upload in uploads:
             new.add_file(upload.name, upload.size, upload.sha256, upload.key)
         return new.seal()
@@ -161,8 +186,17 @@ def compare(job, user):
     config = dict(job.config)
     config["mode"] = "evaluate"
     new = copy_job(
-        job, user, name=f"{job.name}: compare with previous", kind=Job.KIND_EVALUATE, config=config, gpus=1, train_version=None, early_stop_metric="",
-        early_stop_patience=None, not_before=None, deadline=None,
+        job,
+        user,
+        name=f"{job.name}: compare with previous",
+        kind=Job.KIND_EVALUATE,
+        config=config,
+        gpus=1,
+        train_version=None,
+        early_stop_metric="",
+        early_stop_patience=None,
+        not_before=None,
+        deadline=None,
     )
     share_uploads(job, new, [Upload.CODE, Upload.HELDOUT])
     pin_model(new, "new", weights, source_job=job, description=f"the weights {job.name} ({job.short_id}) trained")
@@ -197,8 +231,18 @@ def smoke_run(job):
     config, limit = ({**job.config, "smoke": True}, SMOKE_SPAN_HOURS) if job.recipe else (job.config, script_smoke_hours())
     span = min(job.span_hours, limit) if job.span_hours is not None else limit
     smoke = copy_job(
-        job, job.created_by, name=f"{job.name} (smoke run)", config=config, gpus=1, span_hours=span,
-        ceiling_amount=None, ceiling_gpu_hours=None, not_before=None, deadline=None, early_stop_metric="", early_stop_patience=None,
+        job,
+        job.created_by,
+        name=f"{job.name} (smoke run)",
+        config=config,
+        gpus=1,
+        span_hours=span,
+        ceiling_amount=None,
+        ceiling_gpu_hours=None,
+        not_before=None,
+        deadline=None,
+        early_stop_metric="",
+        early_stop_patience=None,
         created_at=job.created_at - timedelta(microseconds=1),  # ahead of its job in the queue
     )
     share_uploads(job, smoke, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT, Upload.INPUT])

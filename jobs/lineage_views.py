@@ -39,18 +39,27 @@ class RetrainForm(WorkTextFields, RequestForm):
 
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the job's name, retrained.")
     data = forms.FileField(
-        required=False, widget=MultipleFileInput, label="New training files",
+        required=False,
+        widget=MultipleFileInput,
+        label="New training files",
         help_text="Added to the old training data; only these are staged again.",
     )
     kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     # The work's settings, prefilled with the job's: what is left as it was is copied.
-    args = forms.CharField(max_length=4000, required=False, label="Arguments", help_text="As on a command line; $E31_DATA_DIR and the like are the job's folders.")
+    args = forms.CharField(
+        max_length=4000, required=False, label="Arguments", help_text="As on a command line; $E31_DATA_DIR and the like are the job's folders."
+    )
     hyperparameters = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Hyperparameters", help_text="JSON or YAML, one level; each is passed as --name value.",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Hyperparameters",
+        help_text="JSON or YAML, one level; each is passed as --name value.",
     )
     config = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="JSON or YAML; the job reads it from $E31_CONFIG.")
     inputs = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}), label="Named inputs to replace",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+        label="Named inputs to replace",
         help_text="name: dataset@N, one a line: that input reads this version instead (or is added). The others stay as they were.",
     )
 
@@ -64,10 +73,7 @@ class RetrainForm(WorkTextFields, RequestForm):
         """The work as the retraining runs it: the job's arguments, hyperparameters and config,
         as changed on the form (a field not sent is the job's)."""
         cleaned, job = self.cleaned_data, self.job
-        return {
-            field: cleaned[field] if field in self.data else getattr(job, field)
-            for field in ("args", "hyperparameters", "config")
-        }
+        return {field: cleaned[field] if field in self.data else getattr(job, field) for field in ("args", "hyperparameters", "config")}
 
     def _clean_work(self, cleaned):
         """A changed config is checked as a submitted one is: a recipe's by the recipe; the
@@ -89,15 +95,22 @@ class RetrainForm(WorkTextFields, RequestForm):
             spec.check_variables(work["args"], known)
         except spec.SpecError as error:
             self.add_error("args", str(error))
-        if reason := next((launch.refused_env_name(n, work["hyperparameters"]) for n in self.job.env or {} if launch.refused_env_name(n, work["hyperparameters"])), None):
+        if reason := next(
+            (launch.refused_env_name(n, work["hyperparameters"]) for n in self.job.env or {} if launch.refused_env_name(n, work["hyperparameters"])), None
+        ):
             self.add_error("hyperparameters", f"With these hyperparameters, the job's own environment clashes: {reason}.")
 
     @classmethod
     def initial_from(cls, job):
         mode = job.mode
         initial = {
-            "gpus": job.gpus, "gpu_type": job.gpu_type, "mode": mode, "span_hours": plain(job.span_hours), "preemptible": job.preemptible,
-            "name": f"{job.name} (retrained)", "args": shlex.join(str(a) for a in job.args or []),
+            "gpus": job.gpus,
+            "gpu_type": job.gpu_type,
+            "mode": mode,
+            "span_hours": plain(job.span_hours),
+            "preemptible": job.preemptible,
+            "name": f"{job.name} (retrained)",
+            "args": shlex.join(str(a) for a in job.args or []),
             "hyperparameters": json.dumps(job.hyperparameters) if job.hyperparameters else "",
             "config": json.dumps({k: v for k, v in (job.config or {}).items() if not (job.recipe and k == "mode")}) if job.config else "",
         }
@@ -126,9 +139,14 @@ class RetrainForm(WorkTextFields, RequestForm):
     def request_fields(self):
         cleaned, request = self.cleaned_data, self.meter_request()
         return {
-            "gpus": cleaned["gpus"], "gpu_type": cleaned.get("gpu_type") or "", "span_hours": request.span_hours,
-            "ceiling_amount": request.ceiling_amount, "ceiling_gpu_hours": request.ceiling_gpu_hours,
-            "not_before": cleaned.get("not_before"), "deadline": cleaned.get("deadline"), "preemptible": bool(cleaned.get("preemptible")),
+            "gpus": cleaned["gpus"],
+            "gpu_type": cleaned.get("gpu_type") or "",
+            "span_hours": request.span_hours,
+            "ceiling_amount": request.ceiling_amount,
+            "ceiling_gpu_hours": request.ceiling_gpu_hours,
+            "not_before": cleaned.get("not_before"),
+            "deadline": cleaned.get("deadline"),
+            "preemptible": bool(cleaned.get("preemptible")),
         }
 
 
@@ -148,8 +166,13 @@ def job_retrain(request, job_id):
         if form.is_valid():
             try:
                 new = lineage.retrain(
-                    job, request.user, new_data=form.cleaned_data.get("kept_data") or [], name=form.cleaned_data.get("name") or "",
-                    request=form.request_fields(), work=form.work_changes(), inputs=form.cleaned_data.get("inputs"),
+                    job,
+                    request.user,
+                    new_data=form.cleaned_data.get("kept_data") or [],
+                    name=form.cleaned_data.get("name") or "",
+                    request=form.request_fields(),
+                    work=form.work_changes(),
+                    inputs=form.cleaned_data.get("inputs"),
                 )
             except lineage.LineageError as error:
                 form.add_error(None, str(error))
@@ -162,7 +185,8 @@ def job_retrain(request, job_id):
     kept = form.fields["kept_data"].queryset.filter(pk__in=form.data.getlist("kept_data")) if form.is_bound else []
     old_files = job.train_version.files.all() if job.train_version else job.uploads.filter(role=Upload.TRAIN)
     return render(
-        request, "jobs/retrain.html",
+        request,
+        "jobs/retrain.html",
         {"job": job, "form": form, "problem": problem, "kept_data": kept, "old_files": old_files},
         status=400 if request.method == "POST" else 200,
     )
@@ -228,7 +252,10 @@ def bars(result, width=200):
         return {}
     top = max(abs(v) for v in means.values()) or 1.0
     return {
-        "bars": [{"label": label, "value": value, "y": 4 + 28 * i, "width": max(1, round(width * abs(value) / top))} for i, (label, value) in enumerate(means.items())],
+        "bars": [
+            {"label": label, "value": value, "y": 4 + 28 * i, "width": max(1, round(width * abs(value) / top))}
+            for i, (label, value) in enumerate(means.items())
+        ],
         "bars_height": 8 + 28 * len(means),
         "bars_metric": f"{result.get('metric') or 'score'} (mean per example)",
     }

@@ -34,11 +34,7 @@ def stream_log(job):
     A line of a run under torchrun keeps its rank, as torchrun writes it: "[rank1]:text"."""
     after = 0
     while True:
-        rows = list(
-            JobEvent.objects.filter(job=job, kind="log", seq__gt=after).order_by("seq").values_list("seq", "rank", "text")[
-                :LOG_CHUNK
-            ]
-        )
+        rows = list(JobEvent.objects.filter(job=job, kind="log", seq__gt=after).order_by("seq").values_list("seq", "rank", "text")[:LOG_CHUNK])
         if not rows:
             return
         after = rows[-1][0]

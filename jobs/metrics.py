@@ -134,7 +134,7 @@ def downsample(points, limit):
 
 
 def best_mode(name, early_stop_metric="", early_stop_mode="min"):
-    """"min" or "max": which way is better for a series; None when its name does not say.
+    """ "min" or "max": which way is better for a series; None when its name does not say.
 
     The job's early-stopping metric goes its configured way; otherwise a name holding "loss",
     "err", ... is better lower, and one holding "acc", "f1", "auc", ... higher."""

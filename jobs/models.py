@@ -56,9 +56,7 @@ class Dataset(models.Model):
         number = (locked.versions.aggregate(n=models.Max("number"))["n"] or 0) + 1
         version = DatasetVersion.objects.create(dataset=self, number=number, parent=parent, state=state or DatasetVersion.OPEN)
         if parent is not None:
-            DatasetFile.objects.bulk_create(
-                DatasetFile(version=version, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in parent.files.all()
-            )
+            DatasetFile.objects.bulk_create(DatasetFile(version=version, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in parent.files.all())
         return version
 
 
@@ -142,6 +140,9 @@ class DatasetFile(models.Model):
         ordering = ["path"]
         constraints = [models.UniqueConstraint(fields=["version", "path"], name="dataset_version_file_path_unique")]
 
+    def __str__(self):
+        return f"{self.version_id}: {self.path}"
+
 
 class Job(models.Model):
     KIND_TRAIN = "train"
@@ -176,9 +177,7 @@ class Job(models.Model):
     # builds an environment with them while the job waits, off the meter.
     packages = models.TextField(blank=True, default="", help_text="requirements, one a line (checked by jobs.packages)")
     # Passed to the job as E31_PRECISION; the recipes autocast by it on CUDA (e31.recipes.precision).
-    precision = models.CharField(
-        max_length=4, blank=True, default="", choices=PRECISION_CHOICES, help_text="fp32, bf16 or fp16; blank: the recipes' default"
-    )
+    precision = models.CharField(max_length=4, blank=True, default="", choices=PRECISION_CHOICES, help_text="fp32, bf16 or fp16; blank: the recipes' default")
 
     # Data: dataset versions are pinned when the job is submitted.
     # The labels ("digits@2") stay when the dataset is deleted later (the version becomes None).
@@ -214,16 +213,12 @@ class Job(models.Model):
     # Checkpoints, restarts and stopping
     preemptible = models.BooleanField(default=False, help_text="may be preempted, at the preemptible rate")
     keep_checkpoints = models.PositiveIntegerField(default=3, help_text="checkpoints kept in storage (the latest K)")
-    max_restarts = models.PositiveIntegerField(
-        default=3, help_text="restarts after a lost node before the job fails (preemptions do not count)"
-    )
+    max_restarts = models.PositiveIntegerField(default=3, help_text="restarts after a lost node before the job fails (preemptions do not count)")
     early_stop_metric = models.CharField(max_length=100, blank=True, help_text="a metric to watch for early stopping")
     early_stop_mode = models.CharField(max_length=3, choices=[("min", "Lower is better"), ("max", "Higher is better")], default="min")
     early_stop_patience = models.PositiveIntegerField(null=True, blank=True, help_text="evaluations without improvement")
     stop_on_nan = models.BooleanField(default=True, help_text="stop when a loss becomes NaN or infinite")
-    network = models.BooleanField(
-        default=False, help_text="the job may reach the network (off: its own loopback only; gangs always keep the network)"
-    )
+    network = models.BooleanField(default=False, help_text="the job may reach the network (off: its own loopback only; gangs always keep the network)")
     # Idle detection: flagged (and the team told) when every device stays idle this long;
     # stopped, with a checkpoint, only if the job said so.
     idle_minutes = models.PositiveIntegerField(default=30, help_text="minutes with every device idle before the job is flagged")
@@ -339,13 +334,12 @@ class Job(models.Model):
         if self.cancel_requested_at is not None:
             return self._transition(states.CANCELLED, reason="cancelled while its compute was taken back", at=at)
         if preempted:
-            return self._transition(
-                states.QUEUED, reason=reason, at=at, restarts=self.restarts + 1, preemptions=self.preemptions + 1
-            )
+            return self._transition(states.QUEUED, reason=reason, at=at, restarts=self.restarts + 1, preemptions=self.preemptions + 1)
         losses = self.restarts - self.preemptions + 1
         if losses > self.max_restarts:
             return self._transition(
-                states.FAILED, at=at,
+                states.FAILED,
+                at=at,
                 reason=f"{reason}; it was restarted {self.restarts - self.preemptions} times, its limit is {self.max_restarts}",
             )
         return self._transition(states.QUEUED, reason=reason, at=at, restarts=self.restarts + 1)
@@ -518,6 +512,8 @@ class JobEvent(models.Model):
             transaction.on_commit(lambda: live.announce(job_id, last))
         return last
 
+    def __str__(self):
+        return f"{self.job_id} #{self.seq} {self.kind}"
 
 
 def event_message(seq, kind, at, stream, text, data, rank=None):
@@ -567,6 +563,9 @@ class Upload(models.Model):
         stale = cls.objects.filter(job__isnull=True, created_at__lt=older_than)
         return stale.delete()[0]
 
+    def __str__(self):
+        return f"{self.role}: {self.name}"
+
 
 class Artifact(models.Model):
     """A file the job wrote to its output folder, kept in storage."""
@@ -581,6 +580,9 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_name_unique")]
+
+    def __str__(self):
+        return f"{self.job_id}: {self.name}"
 
 
 def input_names(job):

@@ -28,19 +28,46 @@ from e31web.parsers import depth
 # Each part's fields, and the flat API field each one is (None: a local file, sent alongside).
 PARTS = {
     "work": {
-        "recipe": "recipe", "code": None, "entrypoint": "entrypoint", "command": "command", "args": "args",
-        "hyperparameters": "hyperparameters", "config": "config", "env": "env", "workdir": "workdir", "packages": "packages",
-        "precision": "precision", "smoke_first": "smoke_first",
+        "recipe": "recipe",
+        "code": None,
+        "entrypoint": "entrypoint",
+        "command": "command",
+        "args": "args",
+        "hyperparameters": "hyperparameters",
+        "config": "config",
+        "env": "env",
+        "workdir": "workdir",
+        "packages": "packages",
+        "precision": "precision",
+        "smoke_first": "smoke_first",
     },
     "data": {
-        "train": "train_dataset", "heldout": "heldout_dataset", "train_files": None, "heldout_files": None,
-        "start_job": "start_job", "base_model": None, "evaluate_jobs": "evaluate_jobs", "inputs": "inputs",
+        "train": "train_dataset",
+        "heldout": "heldout_dataset",
+        "train_files": None,
+        "heldout_files": None,
+        "start_job": "start_job",
+        "base_model": None,
+        "evaluate_jobs": "evaluate_jobs",
+        "inputs": "inputs",
     },
     "request": {
         name: name
         for name in (
-            "gpus", "gpu_type", "processes", "mode", "span_hours", "ceiling", "ceiling_kind", "not_before", "by", "deadline", "preemptible",
-            "network", "idle_minutes", "stop_if_idle",
+            "gpus",
+            "gpu_type",
+            "processes",
+            "mode",
+            "span_hours",
+            "ceiling",
+            "ceiling_kind",
+            "not_before",
+            "by",
+            "deadline",
+            "preemptible",
+            "network",
+            "idle_minutes",
+            "stop_if_idle",
         )
     },
     "output": {"keep_checkpoints": "keep_checkpoints", "max_restarts": "max_restarts", "early_stop": None, "stop_on_nan": "stop_on_nan"},
@@ -228,8 +255,11 @@ class _Loader(yaml.SafeLoader):
         event = self.peek_event()
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise ParseError(f"written with YAML anchors or aliases ({'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor}), "
-                             "which are not accepted: write each value out", line)
+            raise ParseError(
+                f"written with YAML anchors or aliases ({'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor}), "
+                "which are not accepted: write each value out",
+                line,
+            )
         nests = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
         self.depth += nests
         if self.depth > MAX_DEPTH:
@@ -306,12 +336,12 @@ def _lines(node, path=()):
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             if key is None:
                 continue
-            found[path + (key,)] = _line(key_node)
-            found.update(_lines(value_node, path + (key,)))
+            found[(*path, key)] = _line(key_node)
+            found.update(_lines(value_node, (*path, key)))
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            found[path + (index,)] = _line(item)
-            found.update(_lines(item, path + (index,)))
+            found[(*path, index)] = _line(item)
+            found.update(_lines(item, (*path, index)))
     return found
 
 
@@ -321,7 +351,7 @@ def _unknown(names, known, where_, lines, path, problems):
             continue
         close = difflib.get_close_matches(str(name), list(known), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(known)}"
-        problems.append((lines.get(path + (name,)), ".".join(map(str, path + (name,))), f"unknown field '{name}' in {where_}{hint}"))
+        problems.append((lines.get((*path, name)), ".".join(map(str, (*path, name))), f"unknown field '{name}' in {where_}{hint}"))
 
 
 def _read_parts(document, lines, spec, problems):
@@ -362,7 +392,7 @@ def _read_early_stop(value, lines, spec, problems):
     _unknown(value, list(EARLY_STOP), "'output.early_stop'", lines, path, problems)
     for name, flat in EARLY_STOP.items():
         if name in value:
-            _take(spec, flat, value[name], lines.get(path + (name,)))
+            _take(spec, flat, value[name], lines.get((*path, name)))
 
 
 def _read_flat(document, lines, spec, problems):
@@ -391,13 +421,15 @@ def _take_files(spec, file_field, path_name, value, line, lines, path, problems)
         problems.append((line, path_name, "work.code is one file (a script or an archive) or one folder"))
         return
     spec.file_lines[file_field] = line
-    spec.files[file_field] = [(v, lines.get(path + (i,), line) if not isinstance(value, str) else line) for i, v in enumerate(values)]
+    spec.files[file_field] = [(v, lines.get((*path, i), line) if not isinstance(value, str) else line) for i, v in enumerate(values)]
 
 
 def _kind(value):
-    return {dict: "a mapping", list: "a list", str: "text", bool: "true/false", int: "a number", float: "a number"}.get(
-        type(value), type(value).__name__
-    ) if value is not None else "empty"
+    return (
+        {dict: "a mapping", list: "a list", str: "text", bool: "true/false", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+        if value is not None
+        else "empty"
+    )
 
 
 # Writing a job down -------------------------------------------------------------------------
@@ -438,8 +470,13 @@ def job_spec(job, now=None):
             work["entrypoint"] = job.entrypoint
     config = {k: v for k, v in (job.config or {}).items() if not (job.recipe and k == "mode" and v == "evaluate")}
     given = (
-        ("command", job.command), ("args", list(job.args or [])), ("hyperparameters", dict(job.hyperparameters or {})),
-        ("config", config), ("env", dict(job.env or {})), ("workdir", job.workdir), ("packages", job.packages.splitlines()),
+        ("command", job.command),
+        ("args", list(job.args or [])),
+        ("hyperparameters", dict(job.hyperparameters or {})),
+        ("config", config),
+        ("env", dict(job.env or {})),
+        ("workdir", job.workdir),
+        ("packages", job.packages.splitlines()),
         ("precision", job.precision),
     )
     work.update({k: v for k, v in given if v})

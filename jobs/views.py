@@ -153,7 +153,11 @@ def job_new_from_spec(request, team):
     if not spec_errors:
         messages.success(request, f"The form is filled in from {name}: check it, choose the files it names, and submit.")
     context = {
-        "form": form, "estimate_form": estimate_form, "spec_errors": spec_errors, "files_wanted": files_wanted, "spec_name": name,
+        "form": form,
+        "estimate_form": estimate_form,
+        "spec_errors": spec_errors,
+        "files_wanted": files_wanted,
+        "spec_name": name,
         **previous_right_size(team, initial.get("name")),
     }
     if estimate_form.estimate is not None:
@@ -204,8 +208,13 @@ def prediction(team, form):
 
     cleaned = form.cleaned_data
     start, finish = predict_request(
-        team, form.meter_request(), gpu_type=cleaned.get("gpu_type") or "", not_before=cleaned.get("not_before"),
-        deadline=cleaned.get("deadline"), preemptible=bool(cleaned.get("preemptible")), rate=form.rate,
+        team,
+        form.meter_request(),
+        gpu_type=cleaned.get("gpu_type") or "",
+        not_before=cleaned.get("not_before"),
+        deadline=cleaned.get("deadline"),
+        preemptible=bool(cleaned.get("preemptible")),
+        rate=form.rate,
     )
     deadline = cleaned.get("deadline")
     return {
@@ -301,8 +310,12 @@ def right_size_hints(job, summary):
     if not device_seconds or summary is None:
         return []
     return utilization.right_size(
-        summary, devices=job.gpus, held_seconds=device_seconds / job.gpus, rate=amount * 3600 / device_seconds,
-        unit="slot" if kinds == {"cpu"} else "GPU", currency=settings.E31_CURRENCY,
+        summary,
+        devices=job.gpus,
+        held_seconds=device_seconds / job.gpus,
+        rate=amount * 3600 / device_seconds,
+        unit="slot" if kinds == {"cpu"} else "GPU",
+        currency=settings.E31_CURRENCY,
     )
 
 
@@ -311,10 +324,7 @@ def previous_right_size(team, name):
     name = (name or "").strip()
     if not name:
         return {}
-    previous = (
-        Job.objects.filter(team=team, name=name, state__in=states.TERMINAL, utilization__isnull=False)
-        .order_by("-finished_at").first()
-    )
+    previous = Job.objects.filter(team=team, name=name, state__in=states.TERMINAL, utilization__isnull=False).order_by("-finished_at").first()
     if previous is None:
         return {}
     hints = right_size_hints(previous, utilization.Summary.from_data(previous.utilization))

@@ -13,7 +13,7 @@ class WebhookAdminForm(forms.ModelForm):
 
     class Meta:
         model = Webhook
-        exclude = ["sealed_secret"]
+        fields = ["team", "url", "kinds", "active", "created_at", "created_by"]  # never its sealed secret
 
     def clean_url(self):
         return clean_webhook_url(self.cleaned_data.get("url"))

@@ -54,7 +54,9 @@ def email_message(delivery):
     event = delivery.notification.payload
     subject, text = policy.subject(event), policy.body(event)
     message = EmailMultiAlternatives(
-        subject=f"[E31] {subject}", body=text, to=[delivery.address],
+        subject=f"[E31] {subject}",
+        body=text,
+        to=[delivery.address],
         headers={"X-E31-Event": event["kind"], "X-E31-Delivery": str(delivery.pk)},
     )
     message.attach_alternative(render_to_string("notifications/email.html", {"event": event, "subject": subject, "text": text}), "text/html")
@@ -77,7 +79,10 @@ class Worker:
         self.timeout = settings.E31_WEBHOOK_TIMEOUT_SECONDS if timeout is None else timeout
         # trust_env=False: a proxy from the environment would connect by name, around the check.
         self.client = client or httpx.Client(
-            timeout=self.timeout, follow_redirects=False, trust_env=False, transport=endpoints.PinnedTransport("webhook"),
+            timeout=self.timeout,
+            follow_redirects=False,
+            trust_env=False,
+            transport=endpoints.PinnedTransport("webhook"),
         )
 
     def claim(self, now):
@@ -130,9 +135,7 @@ class Worker:
         if not error:
             fields |= {"state": Delivery.DELIVERED, "delivered_at": now}
         else:
-            retry = policy.after_failure(
-                attempts, now, settings.E31_NOTIFY_MAX_ATTEMPTS, settings.E31_NOTIFY_RETRY_SECONDS, policy.MAX_RETRY_SECONDS
-            )
+            retry = policy.after_failure(attempts, now, settings.E31_NOTIFY_MAX_ATTEMPTS, settings.E31_NOTIFY_RETRY_SECONDS, policy.MAX_RETRY_SECONDS)
             if retry is None or (delivery.webhook_id and not delivery.webhook.active):
                 fields |= {"state": Delivery.FAILED, "last_error": f"{error} (gave up after {attempts} attempts)"}
             else:

@@ -51,14 +51,16 @@ def job_data(job, with_meter=True):
 
 def payload(notification_id, kind, at, team, job, data):
     """The event as emailed and POSTed: {id, kind, created_at, team, job, data}."""
-    return plain({
-        "id": str(notification_id),
-        "kind": kind,
-        "created_at": at,
-        "team": {"id": str(team.pk), "name": team.name},
-        "job": job_data(job) if job is not None else None,
-        "data": data,
-    })
+    return plain(
+        {
+            "id": str(notification_id),
+            "kind": kind,
+            "created_at": at,
+            "team": {"id": str(team.pk), "name": team.name},
+            "job": job_data(job) if job is not None else None,
+            "data": data,
+        }
+    )
 
 
 def emit(kind, *, team, job=None, data=None, once=None, at=None, keep=False):
@@ -115,7 +117,10 @@ def send_test(webhook, user=None):
     with transaction.atomic():
         notification = emit(policy.TEST, team=webhook.team, keep=True, data={"text": "A test event from E31 Network.", "by": getattr(user, "username", "")})
         return Delivery.objects.create(
-            notification=notification, channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url,
+            notification=notification,
+            channel=Delivery.WEBHOOK,
+            webhook=webhook,
+            address=webhook.url,
             next_attempt_at=notification.created_at,
         )
 

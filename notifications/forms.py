@@ -8,7 +8,10 @@ from notifications import policy
 
 class EmailPreferencesForm(forms.Form):
     kinds = forms.MultipleChoiceField(
-        choices=policy.KINDS, required=False, widget=forms.CheckboxSelectMultiple, label="Email me when",
+        choices=policy.KINDS,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Email me when",
         help_text="Emails go to your account's address, for your team's jobs, budget and invoices.",
     )
 
@@ -24,7 +27,7 @@ def clean_webhook_url(value):
     if not parsed.hostname:
         raise forms.ValidationError("Enter a URL with a host name, such as https://example.com/e31-hook.")
     try:
-        parsed.port
+        _ = parsed.port  # urllib raises ValueError for a port that is not a number
     except ValueError:
         raise forms.ValidationError("The URL's port is not a number from 0 to 65535.") from None
     if reason := endpoints.check_url(value, "webhook"):
@@ -34,11 +37,16 @@ def clean_webhook_url(value):
 
 class WebhookForm(forms.Form):
     url = forms.CharField(
-        max_length=500, label="URL", help_text="Events are POSTed here as JSON, signed with the webhook's secret (X-E31-Signature).",
+        max_length=500,
+        label="URL",
+        help_text="Events are POSTed here as JSON, signed with the webhook's secret (X-E31-Signature).",
         widget=forms.URLInput(attrs={"placeholder": "https://example.com/e31-hook"}),
     )
     kinds = forms.MultipleChoiceField(
-        choices=policy.KINDS, required=False, widget=forms.CheckboxSelectMultiple, label="Events",
+        choices=policy.KINDS,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Events",
         help_text="None ticked: every event.",
     )
     active = forms.BooleanField(required=False, initial=True, label="Active", help_text="An inactive webhook is sent nothing.")

@@ -32,7 +32,12 @@ def email_settings(url=None, host=None, port=25, user="", password="", use_tls=F
         }
     if host:
         return {
-            "EMAIL_BACKEND": SMTP, "EMAIL_HOST": host, "EMAIL_PORT": port, "EMAIL_HOST_USER": user,
-            "EMAIL_HOST_PASSWORD": password, "EMAIL_USE_TLS": use_tls, "EMAIL_TIMEOUT": 10,
+            "EMAIL_BACKEND": SMTP,
+            "EMAIL_HOST": host,
+            "EMAIL_PORT": port,
+            "EMAIL_HOST_USER": user,
+            "EMAIL_HOST_PASSWORD": password,
+            "EMAIL_USE_TLS": use_tls,
+            "EMAIL_TIMEOUT": 10,
         }
     return {"EMAIL_BACKEND": CONSOLE}

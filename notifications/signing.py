@@ -49,4 +49,4 @@ def verify(secret, timestamp, body, signature, *, now=None, tolerance=TOLERANCE_
         return False
     if tolerance is not None and abs((time.time() if now is None else now) - sent) > tolerance:
         return False
-    return hmac.compare_digest(str(signature)[len(SCHEME):], sign(secret, str(timestamp), body))
+    return hmac.compare_digest(str(signature)[len(SCHEME) :], sign(secret, str(timestamp), body))

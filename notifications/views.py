@@ -67,8 +67,11 @@ def webhook_add(request):
     if not form.is_valid():
         return render_settings(request, webhook_form=form)
     webhook = Webhook.objects.create(
-        team=request.user.membership.team, url=form.cleaned_data["url"], kinds=form.cleaned_data["kinds"],
-        active=form.cleaned_data["active"], created_by=request.user,
+        team=request.user.membership.team,
+        url=form.cleaned_data["url"],
+        kinds=form.cleaned_data["kinds"],
+        active=form.cleaned_data["active"],
+        created_by=request.user,
     )
     show_secret(request, webhook, "added")
     return redirect("notifications:webhook", webhook_id=webhook.pk)
@@ -80,12 +83,11 @@ def webhook_detail(request, webhook_id):
     """The webhook and its delivery log; an owner's POST changes its URL, events or state."""
     webhook = get_webhook(request, webhook_id, change=request.method == "POST")
     form = WebhookForm(request.POST or None, initial={"url": webhook.url, "kinds": webhook.kinds, "active": webhook.active})
-    if request.method == "POST":
-        if form.is_valid():
-            webhook.url, webhook.kinds, webhook.active = form.cleaned_data["url"], form.cleaned_data["kinds"], form.cleaned_data["active"]
-            webhook.save(update_fields=["url", "kinds", "active"])
-            messages.success(request, "Webhook saved.")
-            return redirect("notifications:webhook", webhook_id=webhook.pk)
+    if request.method == "POST" and form.is_valid():
+        webhook.url, webhook.kinds, webhook.active = form.cleaned_data["url"], form.cleaned_data["kinds"], form.cleaned_data["active"]
+        webhook.save(update_fields=["url", "kinds", "active"])
+        messages.success(request, "Webhook saved.")
+        return redirect("notifications:webhook", webhook_id=webhook.pk)
     deliveries = webhook.deliveries.select_related("notification")[:100]
     context = {"webhook": webhook, "form": form, "deliveries": deliveries, "can_change_webhooks": is_owner(request.user)}
     return render(request, "notifications/webhook.html", context, status=400 if form.errors else 200)

@@ -16,8 +16,7 @@ import shutil
 import stat
 import threading
 import uuid
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.db import connection, transaction
@@ -58,7 +57,7 @@ def to_prune(checkpoints, keep, best_step=None):
     and never the one holding the best step of the metric early stopping watches (see
     at_or_before): the weights a job stopped early gets back."""
     spared = at_or_before(list(reversed(checkpoints)), best_step)
-    return [c for c in checkpoints[max(1, keep):] if c is not spared]
+    return [c for c in checkpoints[max(1, keep) :] if c is not spared]
 
 
 def is_candidate(name):
@@ -179,7 +178,7 @@ class CheckpointKeeper:
             copy.unlink()
             self.job.record("notice", data={"text": f"checkpoint {name} not kept: it is longer than the job's disk limit ({self.max_bytes / 1e9:.3g} GB)"})
             return
-        written_at = datetime.fromtimestamp(signature[1] / 1e9, tz=dt_timezone.utc)
+        written_at = datetime.fromtimestamp(signature[1] / 1e9, tz=UTC)
         self.futures.append(self.pool.submit(self._upload, name, copy, written_at))
 
     def _upload(self, name, path, written_at):
@@ -188,13 +187,22 @@ class CheckpointKeeper:
             size, sha256 = get_storage().save_file(key, path)
             with self.lock:
                 checkpoint = Checkpoint.objects.create(
-                    job_id=self.job.pk, allocation_id=self.allocation.pk, name=name, step=step_of(name), key=key,
-                    size=size, sha256=sha256, written_at=min(written_at, timezone.now()),
+                    job_id=self.job.pk,
+                    allocation_id=self.allocation.pk,
+                    name=name,
+                    step=step_of(name),
+                    key=key,
+                    size=size,
+                    sha256=sha256,
+                    written_at=min(written_at, timezone.now()),
                 )
                 self.job.record(
                     "checkpoint",
                     data={
-                        "name": name, "step": checkpoint.step, "size": size, "node": self.node_name,
+                        "name": name,
+                        "step": checkpoint.step,
+                        "size": size,
+                        "node": self.node_name,
                         "text": f"checkpoint {name} kept" + (f" (step {checkpoint.step})" if checkpoint.step is not None else ""),
                     },
                 )

@@ -58,9 +58,7 @@ def normalize(name):
 def environment_key(requirements, base, python_version, index):
     """The cache key of an environment: the sha256 of the normalized requirements (sorted), the
     base's distributions, the Python version and the package index settings."""
-    text = "\n".join(
-        ["python " + python_version, "index " + " ".join(index), "requirements", *sorted(requirements), "base", *sorted(base)]
-    )
+    text = "\n".join(["python " + python_version, "index " + " ".join(index), "requirements", *sorted(requirements), "base", *sorted(base)])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -167,7 +165,10 @@ class EnvironmentCache:
         self.pins = base_pins(self.base)
         self.base_torch = next((v for n, v in self.base if normalize(n) == "torch"), None)
         self.python_version = subprocess.run(
-            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True,
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
 
     def key(self, requirements):
@@ -307,7 +308,8 @@ class EnvironmentCache:
         building.mkdir(parents=True)
         folder = building / "env"
         self._run(
-            [self.uv, "venv", "--quiet", "--relocatable", "--no-project", "--python", self.python, str(folder)], "making the environment",
+            [self.uv, "venv", "--quiet", "--relocatable", "--no-project", "--python", self.python, str(folder)],
+            "making the environment",
         )
         site = next(folder.glob("lib/python*/site-packages"))
         (site / "_e31_base.pth").write_text("".join(f"import site; site.addsitedir({s!r})\n" for s in self.base_sites))
@@ -320,8 +322,17 @@ class EnvironmentCache:
         (folder / "requirements.txt").write_text("".join(line + "\n" for line in requirements))
         (folder / "base-constraints.txt").write_text("".join(pin + "\n" for pin in self.pins))
         install = [
-            self.uv, "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
-            "-r", str(folder / "requirements.txt"), "--constraint", str(folder / "base-constraints.txt"), *self.index,
+            self.uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(folder / "bin" / "python"),
+            "-r",
+            str(folder / "requirements.txt"),
+            "--constraint",
+            str(folder / "base-constraints.txt"),
+            *self.index,
         ]
         if self.source_builds is None:
             self._run([*install, "--no-build"], "installing the packages")

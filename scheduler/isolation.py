@@ -137,8 +137,20 @@ def cpu_share(device_type, held, offered, node_cpus):
 
 
 def job_limits(
-    *, memory_bytes, max_processes, max_open_files, max_file_bytes, disk_bytes, devices_held, devices_total, node_memory,
-    node_disk=None, memory_reserve=None, disk_reserve=None, device_type="cpu", node_cpus=None,
+    *,
+    memory_bytes,
+    max_processes,
+    max_open_files,
+    max_file_bytes,
+    disk_bytes,
+    devices_held,
+    devices_total,
+    node_memory,
+    node_disk=None,
+    memory_reserve=None,
+    disk_reserve=None,
+    device_type="cpu",
+    node_cpus=None,
 ):
     """The job's limits from the settings; memory_bytes or disk_bytes 0 means the job's share of
     the node's (less a reserve), in proportion to the devices it holds."""
@@ -151,7 +163,11 @@ def job_limits(
         reserve = default_reserve(node_disk) if disk_reserve is None else disk_reserve
         disk = node_share(node_disk, devices_held, devices_total, reserve)
     return Limits(
-        memory, max_processes, max_open_files, max_file_bytes, disk or 1024**4,
+        memory,
+        max_processes,
+        max_open_files,
+        max_file_bytes,
+        disk or 1024**4,
         cpu_share(device_type, devices_held, devices_total, node_cpus),
     )
 
@@ -281,7 +297,10 @@ def gpu_device_nodes(devices, device_type, exists=os.path.exists):
     if device_type == "cpu" or not devices:
         return ()
     wanted = [f"/dev/nvidia{d}" for d in devices] + [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
     ]
     return tuple(path for path in wanted if exists(path))
 
@@ -369,9 +388,7 @@ class Cgroups:
         if self.kind == "v2":
             self.parents = {"unified": CGROUP_ROOT / self.top / self.key}
         elif self.kind == "v1":
-            self.parents = {
-                c: CGROUP_ROOT / c / self.top / self.key for c in self.V1 if (CGROUP_ROOT / c / "cgroup.procs").exists()
-            }
+            self.parents = {c: CGROUP_ROOT / c / self.top / self.key for c in self.V1 if (CGROUP_ROOT / c / "cgroup.procs").exists()}
 
     def folders(self, name):
         return [parent / name for parent in self.parents.values()]
@@ -707,8 +724,12 @@ class Sandbox:
             try:
                 self._slirp = subprocess.Popen(
                     [self.isolation.slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd", str(ready_w), str(outer_pid), "tap0"],
-                    pass_fds=(ready_w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                    env={"PATH": "/usr/bin:/bin"}, start_new_session=True,
+                    pass_fds=(ready_w,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True,
                 )
             finally:
                 os.close(ready_w)
@@ -850,7 +871,8 @@ class Isolation:
         if not self.uplinks:
             log.warning(
                 "job isolation: jobs given the network share this node's network, its loopback included "
-                "(%s): install slirp4netns (apt-get install slirp4netns)", "slirp4netns is missing" if self.root else "the runner is not root",
+                "(%s): install slirp4netns (apt-get install slirp4netns)",
+                "slirp4netns is missing" if self.root else "the runner is not root",
             )
         lost = []
         if not self.cgroups_on:
@@ -859,7 +881,9 @@ class Isolation:
             lost.append("cgroup v1 only: no swap limit unless memsw accounting is on, no pressure figures")
         log.info(
             "job isolation: bubblewrap %s, users %s, cgroups %s%s",
-            self.bwrap, "on" if self.users_on else "off", self.cgroups.kind if self.cgroups_on else "off",
+            self.bwrap,
+            "on" if self.users_on else "off",
+            self.cgroups.kind if self.cgroups_on else "off",
             f" (lost here: {'; '.join(lost)})" if lost else "",
         )
 
@@ -889,7 +913,13 @@ class Isolation:
             argv, outer, fds = sandbox.command([sys.executable, "-c", "import e31; open('ok', 'w').write('ok')"], dirs, env)
             try:
                 result = subprocess.run(
-                    argv, cwd="/", capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=outer, pass_fds=fds,
+                    argv,
+                    cwd="/",
+                    capture_output=True,
+                    timeout=60,
+                    stdin=subprocess.DEVNULL,
+                    env=outer,
+                    pass_fds=fds,
                 )
             except (OSError, subprocess.SubprocessError) as error:
                 return False, str(error)
@@ -945,8 +975,15 @@ class Isolation:
         root = str(Path(dirs.root).resolve())
         read_only = tuple(str(Path(p).resolve()) for p in (dirs.data, dirs.model) if Path(p).is_dir())
         return View(
-            root=root, cwd=str(Path(cwd or dirs.code).resolve()), system=self.system, runtime=(*self.runtime, *extra), read_only=read_only,
-            devices=tuple(devices), network=network, env=tuple((str(k), str(v)) for k, v in env.items()), extra=tuple(args),
+            root=root,
+            cwd=str(Path(cwd or dirs.code).resolve()),
+            system=self.system,
+            runtime=(*self.runtime, *extra),
+            read_only=read_only,
+            devices=tuple(devices),
+            network=network,
+            env=tuple((str(k), str(v)) for k, v in env.items()),
+            extra=tuple(args),
             files=tuple(files),
         )
 
@@ -971,15 +1008,27 @@ class Isolation:
         s = self.settings
         node_disk = _disk_size(self.work_dir)
         limits = job_limits(
-            memory_bytes=s.E31_JOB_MEMORY_BYTES, max_processes=s.E31_JOB_MAX_PROCESSES, max_open_files=s.E31_JOB_MAX_OPEN_FILES,
-            max_file_bytes=s.E31_JOB_MAX_FILE_BYTES, disk_bytes=s.E31_JOB_DISK_BYTES,
-            devices_held=len(allocation.devices), devices_total=allocation.node.devices, node_memory=self.node_memory,
-            node_disk=node_disk, memory_reserve=s.E31_NODE_RESERVE_MEMORY_BYTES or None, disk_reserve=s.E31_NODE_RESERVE_DISK_BYTES or None,
-            device_type=allocation.device_type, node_cpus=self.node_cpus,
+            memory_bytes=s.E31_JOB_MEMORY_BYTES,
+            max_processes=s.E31_JOB_MAX_PROCESSES,
+            max_open_files=s.E31_JOB_MAX_OPEN_FILES,
+            max_file_bytes=s.E31_JOB_MAX_FILE_BYTES,
+            disk_bytes=s.E31_JOB_DISK_BYTES,
+            devices_held=len(allocation.devices),
+            devices_total=allocation.node.devices,
+            node_memory=self.node_memory,
+            node_disk=node_disk,
+            memory_reserve=s.E31_NODE_RESERVE_MEMORY_BYTES or None,
+            disk_reserve=s.E31_NODE_RESERVE_DISK_BYTES or None,
+            device_type=allocation.device_type,
+            node_cpus=self.node_cpus,
         )
         network = keeps_network(job.network, gang, allocation.gang_size)
         sandbox = Sandbox(
-            self, str(allocation.pk), str(job.pk), limits, network=network,
+            self,
+            str(allocation.pk),
+            str(job.pk),
+            limits,
+            network=network,
             devices=gpu_device_nodes(allocation.devices, allocation.device_type),
             # A gang's processes are reached by their peers: they keep the node's network.
             uplink=network and gang is None and allocation.gang_size == 1 and self.uplinks,
@@ -1015,9 +1064,15 @@ class Isolation:
 
         s = self.settings
         limits = job_limits(
-            memory_bytes=s.E31_JOB_MEMORY_BYTES, max_processes=s.E31_JOB_MAX_PROCESSES, max_open_files=s.E31_JOB_MAX_OPEN_FILES,
-            max_file_bytes=s.E31_JOB_MAX_FILE_BYTES, disk_bytes=s.E31_JOB_DISK_BYTES, devices_held=1,
-            devices_total=self.node_cpus or 1, node_memory=self.node_memory, node_cpus=self.node_cpus,
+            memory_bytes=s.E31_JOB_MEMORY_BYTES,
+            max_processes=s.E31_JOB_MAX_PROCESSES,
+            max_open_files=s.E31_JOB_MAX_OPEN_FILES,
+            max_file_bytes=s.E31_JOB_MAX_FILE_BYTES,
+            disk_bytes=s.E31_JOB_DISK_BYTES,
+            devices_held=1,
+            devices_total=self.node_cpus or 1,
+            node_memory=self.node_memory,
+            node_cpus=self.node_cpus,
         )
         sandbox = Sandbox(self, f"{name}-{os.getpid()}", name, limits, network=network, uplink=network and self.uplinks)
         dirs = JobDirs(Path(folder))
@@ -1029,7 +1084,13 @@ class Isolation:
             argv, outer, fds = sandbox.command(command, dirs, env)
             try:
                 process = subprocess.Popen(
-                    argv, env=outer, pass_fds=fds, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    argv,
+                    env=outer,
+                    pass_fds=fds,
+                    cwd="/",
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
                 )
             finally:
                 for fd in fds:

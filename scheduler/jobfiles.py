@@ -136,7 +136,7 @@ def _folders(top):
                 below = os.open(name, FOLDER, dir_fd=fd)
             except OSError:  # a link, or no longer a folder
                 continue
-            stack.append([parts + (name,), below, None])
+            stack.append([(*parts, name), below, None])
             held = [f for f in stack[1:-1] if f[1] is not None]
             if len(held) >= KEEP_OPEN:
                 os.close(held[0][1])
@@ -165,7 +165,7 @@ def regular_files(root, relative=""):
                 except OSError:  # swapped for a link, a pipe or a folder since the look
                     continue
                 try:
-                    yield "/".join(parts + (name,)), fd
+                    yield "/".join((*parts, name)), fd
                 finally:
                     os.close(fd)
     finally:

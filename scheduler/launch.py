@@ -36,10 +36,17 @@ NETWORK_PREFIX = "E31_"
 CHANNELS = ("train", "heldout", "model")
 # Variables a job's arguments may name besides these: the E31_ ones the network sets.
 E31_ENV = {
-    "E31_JOB_ID": "the job's id", "E31_DATA_DIR": "the job's data folder", "E31_MODEL_DIR": "the folder of the models it starts from",
-    "E31_OUTPUT_DIR": "the folder whose files come back", "E31_CHECKPOINT_DIR": "the checkpoints' folder",
-    "E31_CONFIG": "the config file", "E31_NUM_DEVICES": "the number of devices it holds", "E31_METRICS_FILE": "the metrics file",
-    "E31_STOP_FILE": "the stop notice's file", "E31_RESTART": "how often it was restarted", "E31_ALLOCATION_ID": "this run's id",
+    "E31_JOB_ID": "the job's id",
+    "E31_DATA_DIR": "the job's data folder",
+    "E31_MODEL_DIR": "the folder of the models it starts from",
+    "E31_OUTPUT_DIR": "the folder whose files come back",
+    "E31_CHECKPOINT_DIR": "the checkpoints' folder",
+    "E31_CONFIG": "the config file",
+    "E31_NUM_DEVICES": "the number of devices it holds",
+    "E31_METRICS_FILE": "the metrics file",
+    "E31_STOP_FILE": "the stop notice's file",
+    "E31_RESTART": "how often it was restarted",
+    "E31_ALLOCATION_ID": "this run's id",
     "E31_PRECISION": "the job's precision: fp32, bf16, fp16, or empty for the default",
     "E31_SMOKE": "1 in a script's smoke run, unset otherwise",
     "E31_EARLY_STOP_METRIC": "the metric the network watches to stop the job early, unset when none",
@@ -63,7 +70,9 @@ def network_env_names(hyperparameters=(), inputs=()):
     inputs (names)."""
     names = dict(NETWORK_ENV)
     for channel in (*CHANNELS, *inputs):
-        names[f"SM_CHANNEL_{env_key(channel)}"] = f"the {channel} channel's folder ($E31_DATA_DIR/{channel})" if channel != "model" else "the models folder ($E31_MODEL_DIR)"
+        names[f"SM_CHANNEL_{env_key(channel)}"] = (
+            f"the {channel} channel's folder ($E31_DATA_DIR/{channel})" if channel != "model" else "the models folder ($E31_MODEL_DIR)"
+        )
     for name in hyperparameters:
         names[f"SM_HP_{env_key(name)}"] = f"the hyperparameter {name}"
     return names
@@ -222,15 +231,36 @@ class JobDirs:
 
     def create(self):
         for path in (
-            self.code, self.data / "train", self.data / "heldout", self.model, self.output, self.output_data, self.checkpoints, self.tmp,
+            self.code,
+            self.data / "train",
+            self.data / "heldout",
+            self.model,
+            self.output,
+            self.output_data,
+            self.checkpoints,
+            self.tmp,
             self.control,
         ):
             path.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o700)
 
 
-def build_environment(*, job_id, dirs, devices, device_type, declared, config=None, restart=0, python=sys.executable,
-                      hyperparameters=None, processes=1, precision="", inputs=(), early_stop=None):
+def build_environment(
+    *,
+    job_id,
+    dirs,
+    devices,
+    device_type,
+    declared,
+    config=None,
+    restart=0,
+    python=sys.executable,
+    hyperparameters=None,
+    processes=1,
+    precision="",
+    inputs=(),
+    early_stop=None,
+):
     """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
     same places, and what the job declares (its values may name the others: $E31_DATA_DIR).
     processes: how many processes share the devices (CPU slots: each gets its share as threads).
@@ -297,10 +327,14 @@ def sagemaker_environment(dirs, devices, device_type, config, inputs=()):
         env[f"SM_HP_{env_key(name)}"] = value if isinstance(value, str) else json.dumps(value)
     env["SM_TRAINING_ENV"] = json.dumps(
         {
-            "model_dir": env["SM_MODEL_DIR"], "output_data_dir": env["SM_OUTPUT_DATA_DIR"],
-            "channel_input_dirs": {n: str(p) for n, p in channels.items()}, "hyperparameters": config,
-            "num_gpus": int(env["SM_NUM_GPUS"]), "num_cpus": int(env["SM_NUM_CPUS"]),
-            "current_host": hosts[0], "hosts": hosts,
+            "model_dir": env["SM_MODEL_DIR"],
+            "output_data_dir": env["SM_OUTPUT_DATA_DIR"],
+            "channel_input_dirs": {n: str(p) for n, p in channels.items()},
+            "hyperparameters": config,
+            "num_gpus": int(env["SM_NUM_GPUS"]),
+            "num_cpus": int(env["SM_NUM_CPUS"]),
+            "current_host": hosts[0],
+            "hosts": hosts,
         }
     )
     return env
@@ -377,7 +411,10 @@ def command_for(entrypoint, args, python=sys.executable, processes=1, gang=None,
         command.append("--standalone")
     else:
         command += [
-            f"--nnodes={gang.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={gang.endpoint}", f"--rdzv-id={gang.run_id}",
+            f"--nnodes={gang.nodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={gang.endpoint}",
+            f"--rdzv-id={gang.run_id}",
             f"--rdzv-conf=is_host={1 if gang.is_host else 0}",
         ]
     command = [*command, "--no-python", python, "-S", "-c", WORKER_SHIM, *target]

@@ -21,9 +21,7 @@ class Node(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
-    address = models.CharField(
-        max_length=255, blank=True, help_text="where the other nodes of a gang reach this one (torchrun's rendezvous endpoint)"
-    )
+    address = models.CharField(max_length=255, blank=True, help_text="where the other nodes of a gang reach this one (torchrun's rendezvous endpoint)")
     device_type = models.CharField(max_length=100)
     devices = models.PositiveIntegerField()
     registered_at = models.DateTimeField(default=timezone.now)
@@ -135,19 +133,31 @@ class Allocation(models.Model):
                 return None
             self.ended_at, self.end_reason = at, reason
             seconds, amount = self.meter()
-            final = dict(ended_at=at, held_seconds=seconds, amount=amount, provisional=False, period=open_month(self.job.team_id, at))
+            final = {"ended_at": at, "held_seconds": seconds, "amount": amount, "provisional": False, "period": open_month(self.job.team_id, at)}
             if UsageRecord.ledger.filter(allocation=self, provisional=True).update(**final):
                 usage = UsageRecord.objects.get(allocation=self)
             else:  # an allocation from before provisional records
                 usage = UsageRecord.objects.create(
-                    team_id=self.job.team_id, job_id=self.job_id, allocation=self, gpu_type=self.device_type, gpus=self.gpus,
-                    started_at=self.started_at, rate=self.rate, **final,
+                    team_id=self.job.team_id,
+                    job_id=self.job_id,
+                    allocation=self,
+                    gpu_type=self.device_type,
+                    gpus=self.gpus,
+                    started_at=self.started_at,
+                    rate=self.rate,
+                    **final,
                 )
             credit_seconds, credit_amount, credit_reason = self.lost_time_credit(amount)
             if credit_seconds:
                 Credit.objects.create(
-                    team_id=usage.team_id, job_id=self.job_id, usage=usage, seconds=credit_seconds, amount=credit_amount,
-                    reason=credit_reason, period=usage.period, created_at=at,
+                    team_id=usage.team_id,
+                    job_id=self.job_id,
+                    usage=usage,
+                    seconds=credit_seconds,
+                    amount=credit_amount,
+                    reason=credit_reason,
+                    period=usage.period,
+                    created_at=at,
                 )
             self.job.record("meter", at=at, data=self.job.meter_event(at))
         return usage
@@ -158,8 +168,17 @@ class Allocation(models.Model):
         from billing.models import UsageRecord, billing_month
 
         return UsageRecord.ledger.create(
-            team_id=self.job.team_id, job_id=self.job_id, allocation=self, gpu_type=self.device_type, gpus=self.gpus,
-            started_at=self.started_at, ended_at=self.started_at, held_seconds=0, rate=self.rate, amount=0, provisional=True,
+            team_id=self.job.team_id,
+            job_id=self.job_id,
+            allocation=self,
+            gpu_type=self.device_type,
+            gpus=self.gpus,
+            started_at=self.started_at,
+            ended_at=self.started_at,
+            held_seconds=0,
+            rate=self.rate,
+            amount=0,
+            provisional=True,
             period=billing_month(self.started_at),
         )
 
@@ -256,3 +275,6 @@ class CachedBlob(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "sha256"], name="cached_blob_unique_per_node")]
+
+    def __str__(self):
+        return f"{self.node_id}: {self.sha256[:12]}"

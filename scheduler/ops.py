@@ -1,8 +1,7 @@
 """The operator's view over the database: a few aggregate queries read into scheduler.pool's
 plain data, for the page at /ops/ and for /metrics."""
 
-from datetime import timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -34,17 +33,20 @@ def nodes():
         allocated[node_id] = allocated.get(node_id, 0) + len(devices)
     return [
         pool.NodeRow(
-            name=n.name, device_type=n.device_type, devices=n.devices, allocated=allocated.get(n.pk, 0),
-            last_heartbeat=n.last_heartbeat, lost_at=n.lost_at, stopped_at=n.stopped_at,
+            name=n.name,
+            device_type=n.device_type,
+            devices=n.devices,
+            allocated=allocated.get(n.pk, 0),
+            last_heartbeat=n.last_heartbeat,
+            lost_at=n.lost_at,
+            stopped_at=n.stopped_at,
         )
         for n in Node.objects.order_by("name")
     ]
 
 
 def queued():
-    rows = Job.objects.filter(state=states.QUEUED).values_list(
-        "pk", "name", "team__name", "gpus", "created_at", "predicted_start", "wait_reason"
-    )
+    rows = Job.objects.filter(state=states.QUEUED).values_list("pk", "name", "team__name", "gpus", "created_at", "predicted_start", "wait_reason")
     return [
         pool.Queued(id=str(pk), name=name, team=team, gpus=gpus, submitted_at=created, predicted_start=start, wait_reason=reason)
         for pk, name, team, gpus, created, start, reason in rows
@@ -60,7 +62,7 @@ def candidates():
     for pk, name, team, state, start, finish in Job.objects.filter(
         Q(state=states.QUEUED, predicted_start__isnull=False) | Q(state__in=states.HOLDING)
     ).values_list(*fields):
-        jobs[pk] = dict(id=str(pk), name=name, team=team, state=state, predicted_start=start, predicted_finish=finish, holding=False)
+        jobs[pk] = {"id": str(pk), "name": name, "team": team, "state": state, "predicted_start": start, "predicted_finish": finish, "holding": False}
     open_allocations = Allocation.objects.filter(ended_at__isnull=True, job__state__in=states.HOLDING)
     for job_id, started, limit in open_allocations.values_list("job_id", "started_at", "limit_seconds"):
         job = jobs.get(job_id)
@@ -91,8 +93,9 @@ def utilization(now, span_seconds, bucket_seconds):
     start, end = pool.window(now, span_seconds, bucket_seconds)
     held = [
         pool.Held(s, e, len(devices))
-        for s, e, devices in Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start), started_at__lt=end)
-        .values_list("started_at", "ended_at", "devices")
+        for s, e, devices in Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start), started_at__lt=end).values_list(
+            "started_at", "ended_at", "devices"
+        )
     ]
     cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
     offered = []
@@ -107,7 +110,7 @@ def utilization(now, span_seconds, bucket_seconds):
 def daily(now, days=14):
     """pool.Day's for the last `days` days (UTC) from the ledger, running allocations'
     provisional records included."""
-    wanted = pool.days_back(now.astimezone(dt_timezone.utc).date(), days)
+    wanted = pool.days_back(now.astimezone(UTC).date(), days)
     since = now - timedelta(days=days + 1)
     usage = [
         pool.Usage(s, e, gpus, amount)
@@ -120,8 +123,7 @@ def daily(now, days=14):
 def ledger_totals():
     """({device type: device-seconds held}, amount charged, amount credited), ever."""
     held = {
-        gpu_type: seconds or 0
-        for gpu_type, seconds in UsageRecord.ledger.order_by().values_list("gpu_type").annotate(s=Sum(F("gpus") * F("held_seconds")))
+        gpu_type: seconds or 0 for gpu_type, seconds in UsageRecord.ledger.order_by().values_list("gpu_type").annotate(s=Sum(F("gpus") * F("held_seconds")))
     }
     charged = UsageRecord.ledger.aggregate(a=Sum("amount"))["a"] or Decimal(0)
     credited = Credit.objects.aggregate(a=Sum("amount"))["a"] or Decimal(0)
@@ -133,7 +135,14 @@ def snapshot(now=None):
     now = now or timezone.now()
     held, charged, credited = ledger_totals()
     return pool.Snapshot(
-        now=now, node_timeout_seconds=settings.E31_NODE_TIMEOUT_SECONDS, nodes=nodes(), job_counts=job_counts(),
-        queued=queued(), stuck=stuck(now), held_device_seconds=held, charged=charged, credited=credited,
+        now=now,
+        node_timeout_seconds=settings.E31_NODE_TIMEOUT_SECONDS,
+        nodes=nodes(),
+        job_counts=job_counts(),
+        queued=queued(),
+        stuck=stuck(now),
+        held_device_seconds=held,
+        charged=charged,
+        credited=credited,
         currency=settings.E31_CURRENCY,
     )

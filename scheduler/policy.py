@@ -52,7 +52,7 @@ now, one with no expected end is never counted on.
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypedDict, cast, overload
 
 POLICIES = {"fifo", "sjf", "easy", "edf", "ours"}
@@ -165,6 +165,7 @@ class Plan:
 
 # Texts ------------------------------------------------------------------------------------------
 
+
 def _devices(n: int) -> str:
     return f"{n} device" if n == 1 else f"{n} devices"
 
@@ -172,7 +173,7 @@ def _devices(n: int) -> str:
 def _when(t: float, now: float | None = None) -> str:
     if t == INF:
         return "an unknown time"
-    moment = datetime.fromtimestamp(t, timezone.utc)
+    moment = datetime.fromtimestamp(t, UTC)
     if now is not None and abs(t - now) < 86400:
         return f"{moment:%H:%M} UTC"
     return f"{moment:%Y-%m-%d %H:%M} UTC"
@@ -199,6 +200,7 @@ def _seconds(t: float | datetime) -> float:
 
 # Fair share -------------------------------------------------------------------------------------
 
+
 def decayed_usage(records: Iterable[tuple[str, float, float]], now: float, half_life: float = DEFAULT_HALF_LIFE) -> dict[str, float]:
     """GPU-seconds per team, each record weighed by 2^(-age/half_life) from when it ended.
     records: iterable of (team, gpu_seconds, ended_at)."""
@@ -224,14 +226,18 @@ def fair_share_factor(team: str, usage: Mapping[str, float] | None, shares: Mapp
 def _normalised_shares(shares: Mapping[str, float] | None, teams: Iterable[str]) -> dict[str, float]:
     raw = {t: (shares.get(t, 1.0) if shares else 1.0) for t in teams}
     if shares:
-        raw.update({t: v for t, v in shares.items()})
+        raw.update(dict(shares.items()))
     total = sum(v for v in raw.values() if v > 0) or 1.0
     return {t: max(v, 1e-9) / total for t, v in raw.items()}
 
 
 def _factors(
-    queue: Iterable[QueuedJob], running: Iterable[Running], now: float, usage: Mapping[str, float] | None,
-    shares: Mapping[str, float] | None, half_life: float,
+    queue: Iterable[QueuedJob],
+    running: Iterable[Running],
+    now: float,
+    usage: Mapping[str, float] | None,
+    shares: Mapping[str, float] | None,
+    half_life: float,
 ) -> dict[str, float]:
     """Fair-share factor per team, running allocations' usage so far counted (decayed)."""
     usage = dict(usage or {})
@@ -243,12 +249,13 @@ def _factors(
     teams = {job.team for job in queue} | set(usage)
     total = sum(usage.values())
     if total <= 0:
-        return {team: 1.0 for team in teams}
+        return dict.fromkeys(teams, 1.0)
     s = _normalised_shares(shares, teams)
     return {team: 2.0 ** (-(usage.get(team, 0.0) / total) / s[team]) for team in teams}
 
 
 # Devices ----------------------------------------------------------------------------------------
+
 
 class _Pool:
     """The free devices of the nodes during one pass, indexed so best fit is cheap with many
@@ -307,8 +314,7 @@ class _Pool:
         known = self._capacity.get(job.gpu_type)
         if known is None:
             types = self.types(job)
-            known = self._capacity[job.gpu_type] = (
-                max((self.max_devices[t] for t in types), default=0), sum(self.total_devices[t] for t in types))
+            known = self._capacity[job.gpu_type] = (max((self.max_devices[t] for t in types), default=0), sum(self.total_devices[t] for t in types))
         return known
 
     def find(self, job: QueuedJob, avoid: Mapping[str, set[int]] | None = None) -> Parts | None:
@@ -357,8 +363,13 @@ def _lowest(devices: Iterable[int], n: int) -> tuple[int, ...]:
 
 
 def _find_scan(
-    gpus: int, largest: int, nodes: Mapping[str, NodeState], free: Mapping[str, set[int]], candidates: Sequence[str] | None,
-    types: Collection[str], avoid: Mapping[str, set[int]],
+    gpus: int,
+    largest: int,
+    nodes: Mapping[str, NodeState],
+    free: Mapping[str, set[int]],
+    candidates: Sequence[str] | None,
+    types: Collection[str],
+    avoid: Mapping[str, set[int]],
 ) -> Parts | None:
     """The same choice as _Pool.find by scanning the nodes (for staged jobs, reservations and
     backfilling around them)."""
@@ -396,6 +407,7 @@ def _find_scan(
 
 # Ordering ---------------------------------------------------------------------------------------
 
+
 def queue_order(job: QueuedJob) -> tuple[bool, float, str]:
     """Submission order, preemptible jobs after the rest: a preempted job goes back to the
     queue with its first place, and must not take back the devices it was preempted for."""
@@ -403,7 +415,11 @@ def queue_order(job: QueuedJob) -> tuple[bool, float, str]:
 
 
 def _order_key(
-    policy: str, now: float, factors: Mapping[str, float], infeasible: Collection[str], urgent: set[str],
+    policy: str,
+    now: float,
+    factors: Mapping[str, float],
+    infeasible: Collection[str],
+    urgent: set[str],
 ) -> Callable[[QueuedJob], tuple[float | str, ...]]:
     if policy in ("fifo", "easy"):
         return queue_order
@@ -413,7 +429,7 @@ def _order_key(
         return lambda j: (j.preemptible, INF if j.deadline is None else j.deadline, j.submitted_at, j.id)
 
     def ours(j: QueuedJob) -> tuple[bool, int, float, float, str]:
-        size = j.expected_seconds * j.gpus ** GPU_WEIGHT / factors.get(j.team, 1.0)
+        size = j.expected_seconds * j.gpus**GPU_WEIGHT / factors.get(j.team, 1.0)
         if j.deadline is not None and j.id not in infeasible:
             slack = j.deadline - now - j.expected_seconds
             if slack < URGENT_SLACK:
@@ -427,6 +443,7 @@ def _order_key(
 
 # The pass ---------------------------------------------------------------------------------------
 
+
 class _State(TypedDict):
     """What one pass of plan() carries between the jobs it considers."""
 
@@ -437,9 +454,17 @@ class _State(TypedDict):
 
 
 def plan(
-    queue: Sequence[QueuedJob], nodes: Collection[NodeState], running: Sequence[Running], now: float | datetime, *,
-    usage: Mapping[str, float] | None = None, shares: Mapping[str, float] | None = None, policy: str = "ours",
-    half_life: float = DEFAULT_HALF_LIFE, explain: bool = True, preempt_every: float = PREEMPT_AT_MOST_EVERY,
+    queue: Sequence[QueuedJob],
+    nodes: Collection[NodeState],
+    running: Sequence[Running],
+    now: float | datetime,
+    *,
+    usage: Mapping[str, float] | None = None,
+    shares: Mapping[str, float] | None = None,
+    policy: str = "ours",
+    half_life: float = DEFAULT_HALF_LIFE,
+    explain: bool = True,
+    preempt_every: float = PREEMPT_AT_MOST_EVERY,
 ) -> Plan:
     """One scheduling pass (see the module's docstring). usage: decayed GPU-seconds per team of
     ended allocations (decayed_usage); the running allocations' usage so far is added here.
@@ -469,8 +494,11 @@ def plan(
         largest, total = pool.capacity(job)
         if job.gpus > total:
             kind = f"{job.gpu_type} " if job.gpu_type else ""
-            waiting[job.id] = (f"waiting for a node with {job.gpus} {kind}device{'s' if job.gpus != 1 else ''}; none is online" if not total
-                               else f"waiting for {job.gpus} {kind}devices; the online nodes have {total} in all")
+            waiting[job.id] = (
+                f"waiting for a node with {job.gpus} {kind}device{'s' if job.gpus != 1 else ''}; none is online"
+                if not total
+                else f"waiting for {job.gpus} {kind}devices; the online nodes have {total} in all"
+            )
             continue
         if job.staged_on is not None:
             staged = [pool.nodes[i].devices for i in job.staged_on if i in pool.nodes and _type_ok(job, pool.nodes[i])]
@@ -489,9 +517,7 @@ def plan(
     for a in running:
         end = INF if a.expected_end is None else max(a.expected_end, now)
         releases.append([end, a.node_id, a.devices, a.id])
-        if a.preemptible and a.node_id in pool.nodes and (
-            a.preempting or a.last_preempted_at is None or now - a.last_preempted_at >= preempt_every
-        ):
+        if a.preemptible and a.node_id in pool.nodes and (a.preempting or a.last_preempted_at is None or now - a.last_preempted_at >= preempt_every):
             victims.setdefault(a.node_id, []).append(a)
     release_of = {r[3]: r for r in releases}
 
@@ -511,8 +537,9 @@ def plan(
             parts = pool.find(job, avoid=reservation[2]) if _room_beside(job, pool, reservation[2], state) else None
             if parts is None:
                 if explain:
-                    waiting[job.id] = note(job, f"waiting: starting now would delay job {reservation[0].id[:8]}, "
-                                            f"which has devices reserved from {_when(reservation[1], now)}")
+                    waiting[job.id] = note(
+                        job, f"waiting: starting now would delay job {reservation[0].id[:8]}, which has devices reserved from {_when(reservation[1], now)}"
+                    )
                 return "waiting"
         if parts is not None:
             pool.take(parts)
@@ -531,8 +558,11 @@ def plan(
                 state["room"] = None
                 end = now + job.expected_seconds
                 deadline = job.deadline if job.id not in result.infeasible else None
-                why = (f"job {job.id[:8]} needs its devices to meet its deadline ({_when(deadline, now)})" if deadline is not None
-                       else "a job that is not preemptible needs its devices")
+                why = (
+                    f"job {job.id[:8]} needs its devices to meet its deadline ({_when(deadline, now)})"
+                    if deadline is not None
+                    else "a job that is not preemptible needs its devices"
+                )
                 for a in chosen:
                     release_of[a.id][0] = end
                     if not a.preempting:
@@ -553,8 +583,12 @@ def plan(
             state["reservation"] = (job, at, reserved or {})
             if at < INF:
                 result.reservations[job.id] = at
-            waiting[job.id] = note(job, f"{_short_of(job, pool)}; reserved from {_when(at, now)}" if at < INF
-                                   else f"{_short_of(job, pool)}; no start can be reserved yet (running jobs have no expected end)")
+            waiting[job.id] = note(
+                job,
+                f"{_short_of(job, pool)}; reserved from {_when(at, now)}"
+                if at < INF
+                else f"{_short_of(job, pool)}; no start can be reserved yet (running jobs have no expected end)",
+            )
             return "reserved"
         if explain:
             if policy == "ours":
@@ -571,8 +605,7 @@ def plan(
         # First the jobs that waited past STARVE_AFTER, oldest first, until one cannot start:
         # that one holds the reservation. Then urgent deadlines, least slack first, then the rest
         # by priority, all around the reservation.
-        starving = [j for j in due if not j.preemptible
-                    and now - j.submitted_at >= (STARVE_AFTER if j.gpus <= pool.capacity(j)[0] else STARVE_AFTER_LARGE)]
+        starving = [j for j in due if not j.preemptible and now - j.submitted_at >= (STARVE_AFTER if j.gpus <= pool.capacity(j)[0] else STARVE_AFTER_LARGE)]
         for job in sorted(starving, key=queue_order):
             outcome = consider(job)
             handled.add(job.id)
@@ -598,8 +631,10 @@ def _type_ok(job: QueuedJob, node: NodeState) -> bool:
 
 def _note(result: Plan, job: QueuedJob, text: str, now: float) -> str:
     if job.id in result.infeasible and job.deadline is not None:  # infeasible: it has a deadline
-        return (f"its deadline can no longer be met: it needs {_span(job.expected_seconds)} and "
-                f"{_span(job.deadline - now)} {'is' if job.deadline - now < 90 else 'are'} left; {text}")
+        return (
+            f"its deadline can no longer be met: it needs {_span(job.expected_seconds)} and "
+            f"{_span(job.deadline - now)} {'is' if job.deadline - now < 90 else 'are'} left; {text}"
+        )
     return text
 
 
@@ -670,7 +705,10 @@ def _may_preempt(job: QueuedJob, pool: _Pool, victims: Mapping[str, list[Running
 
 
 def _preempt_for(
-    job: QueuedJob, pool: _Pool, victims: dict[str, list[Running]], now: float,
+    job: QueuedJob,
+    pool: _Pool,
+    victims: dict[str, list[Running]],
+    now: float,
 ) -> tuple[Parts, list[Running], list[Part]] | None:
     """Devices for a job that is not preemptible, on one node (or whole nodes for a job larger
     than a node), by preempting the youngest preemptible allocations there: (parts, allocations,
@@ -720,6 +758,7 @@ def _preempt_for(
 
 # The first-come-first-served pass of the first release, kept for its callers ------------------
 
+
 def _fits(job: QueuedJob, node: NodeState) -> bool:
     return (not job.gpu_type or job.gpu_type == node.device_type) and node.devices >= job.gpus
 
@@ -763,7 +802,11 @@ def place_fcfs(queue: Iterable[QueuedJob], nodes: Sequence[NodeState], now: floa
 
 
 def choose_preemptions(
-    plan: Plan, queue: Iterable[QueuedJob], nodes: Sequence[NodeState], running: Iterable[Running], now: float | datetime,
+    plan: Plan,
+    queue: Iterable[QueuedJob],
+    nodes: Sequence[NodeState],
+    running: Iterable[Running],
+    now: float | datetime,
 ) -> tuple[list[str], dict[str, str]]:
     """Which preemptible allocations to stop so that jobs that are not preemptible can start,
     after a pass that left them waiting (place_fcfs). `plan()` does this itself.
@@ -780,8 +823,10 @@ def choose_preemptions(
         pool.take(placement.parts)
     victims: dict[str, list[Running]] = {}
     for a in running:
-        if a.preemptible and a.node_id in pool.nodes and (
-            a.preempting or a.last_preempted_at is None or now - _seconds(a.last_preempted_at) >= PREEMPT_AT_MOST_EVERY
+        if (
+            a.preemptible
+            and a.node_id in pool.nodes
+            and (a.preempting or a.last_preempted_at is None or now - _seconds(a.last_preempted_at) >= PREEMPT_AT_MOST_EVERY)
         ):
             victims.setdefault(a.node_id, []).append(a)
     chosen: list[str] = []
@@ -802,7 +847,10 @@ def choose_preemptions(
 
 
 def choose_staging_node(
-    job: QueuedJob, nodes: Iterable[NodeState], cached_bytes: Mapping[str, int], lined_up: Mapping[str, int],
+    job: QueuedJob,
+    nodes: Iterable[NodeState],
+    cached_bytes: Mapping[str, int],
+    lined_up: Mapping[str, int],
 ) -> str | None:
     """Where to stage a queued job's data: a node that can run it, preferring the one that
     already holds the most of its data, then the one with the fewest jobs lined up, then the
@@ -818,8 +866,12 @@ MAX_STAGING_NODES = 3  # a job waiting on busy nodes is staged on at most this m
 
 
 def choose_another_staging_node(
-    job: QueuedJob, nodes: Iterable[NodeState], staged_on: Collection[str], spare: Mapping[str, int],
-    cached_bytes: Mapping[str, int], lined_up: Mapping[str, int],
+    job: QueuedJob,
+    nodes: Iterable[NodeState],
+    staged_on: Collection[str],
+    spare: Mapping[str, int],
+    cached_bytes: Mapping[str, int],
+    lined_up: Mapping[str, int],
 ) -> str | None:
     """A queued job is staged on staged_on, but none of those nodes has the devices for it now;
     if another node that could run it has them spare (spare: node id -> devices free and not
@@ -839,7 +891,10 @@ def choose_another_staging_node(
 
 
 def choose_staging_nodes(
-    job: QueuedJob, nodes: Sequence[NodeState], cached_bytes: Mapping[str, int], lined_up: Mapping[str, int],
+    job: QueuedJob,
+    nodes: Sequence[NodeState],
+    cached_bytes: Mapping[str, int],
+    lined_up: Mapping[str, int],
     exclude: Collection[str] = (),
 ) -> list[str]:
     """Where to stage a queued job's data: one node (choose_staging_node) when one node can run
@@ -863,8 +918,14 @@ def choose_staging_nodes(
 
 
 def predict(
-    queue: Sequence[QueuedJob], nodes: Sequence[NodeState], running: Sequence[Running], now: float | datetime, *,
-    usage: Mapping[str, float] | None = None, shares: Mapping[str, float] | None = None, policy: str = "ours",
+    queue: Sequence[QueuedJob],
+    nodes: Sequence[NodeState],
+    running: Sequence[Running],
+    now: float | datetime,
+    *,
+    usage: Mapping[str, float] | None = None,
+    shares: Mapping[str, float] | None = None,
+    policy: str = "ours",
     half_life: float = DEFAULT_HALF_LIFE,
 ) -> dict[str, tuple[float, float]]:
     """job id -> (predicted start, predicted finish): the current queue and running allocations

@@ -10,8 +10,7 @@ database into them.
 
 import math
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
 UP, SILENT, LOST, STOPPED = "up", "silent", "lost", "stopped"
@@ -52,7 +51,7 @@ def window(now, span_seconds, bucket_seconds):
     """(start, end) of a window of span_seconds ending with the bucket now falls in, buckets
     aligned to the epoch (so hours and six-hour blocks start at UTC 00:00)."""
     stamp = now.timestamp()
-    end = datetime.fromtimestamp(math.floor(stamp / bucket_seconds) * bucket_seconds + bucket_seconds, dt_timezone.utc)
+    end = datetime.fromtimestamp(math.floor(stamp / bucket_seconds) * bucket_seconds + bucket_seconds, UTC)
     return end - timedelta(seconds=span_seconds), end
 
 
@@ -68,7 +67,8 @@ def utilization(held, offered, start, end, bucket_seconds, now):
         upto = min(hi, now)
         result.append(
             Bucket(
-                start=lo, end=hi,
+                start=lo,
+                end=hi,
                 held=_device_seconds(held, lo, upto, now),
                 capacity=_device_seconds(offered, lo, upto, now),
             )
@@ -139,7 +139,7 @@ def daily(usage, credits, days):
         for day in _days_between(record.start, record.end):
             if day not in wanted:
                 continue
-            lo = datetime(day.year, day.month, day.day, tzinfo=dt_timezone.utc)
+            lo = datetime(day.year, day.month, day.day, tzinfo=UTC)
             part = overlap_seconds(record.start, record.end, lo, lo + timedelta(days=1))
             seconds[day] += record.gpus * part
             amounts[day] += Decimal(record.amount) * Decimal(part) / Decimal(total)
@@ -148,14 +148,11 @@ def daily(usage, credits, days):
         day = _utc_day(at)
         if day in wanted:
             credited[day] += Decimal(amount)
-    return [
-        Day(day=d, device_seconds=seconds[d], amount=amounts[d].quantize(AMOUNT_PLACES, rounding=ROUND_HALF_EVEN), credits=credited[d])
-        for d in days
-    ]
+    return [Day(day=d, device_seconds=seconds[d], amount=amounts[d].quantize(AMOUNT_PLACES, rounding=ROUND_HALF_EVEN), credits=credited[d]) for d in days]
 
 
 def _utc_day(moment):
-    return moment.astimezone(dt_timezone.utc).date()
+    return moment.astimezone(UTC).date()
 
 
 def _days_between(start, end):
@@ -285,7 +282,7 @@ def queue_by_team(queued):
     teams = {}
     for job in queued:
         teams.setdefault(job.team, TeamQueue(job.team)).jobs.append(job)
-    far = datetime.max.replace(tzinfo=dt_timezone.utc)
+    far = datetime.max.replace(tzinfo=UTC)
     for group in teams.values():
         group.jobs.sort(key=lambda j: (j.predicted_start is None, j.predicted_start or far, j.submitted_at, j.id))
     return sorted(teams.values(), key=lambda g: (g.oldest, g.team))
@@ -357,7 +354,10 @@ def bars(buckets, width, height, label_seconds=3600, label_format="%H:%M"):
         percent = "no devices" if share is None else f"{share * 100:.0f}%"
         result.append(
             Bar(
-                x=round(n * step, 2), y=round(height - h, 2), width=round(max(step - 1, 1), 2), height=h,
+                x=round(n * step, 2),
+                y=round(height - h, 2),
+                width=round(max(step - 1, 1), 2),
+                height=h,
                 title=f"{bucket.start:%Y-%m-%d %H:%M}–{bucket.end:%H:%M} UTC: {percent}",
                 label=bucket.start.strftime(label_format) if bucket.start.timestamp() % label_seconds == 0 else "",
             )

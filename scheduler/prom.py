@@ -27,9 +27,7 @@ class PoolCollector:
         allocated = GaugeMetricFamily("e31_node_devices_allocated", "Devices of a node held by open allocations.", labels=["node", "device_type"])
         up = GaugeMetricFamily("e31_node_up", "1 if the node's runner is heartbeating, else 0 (silent, lost or stopped).", labels=["node"])
         lost = GaugeMetricFamily("e31_node_lost", "1 if the node was declared lost.", labels=["node"])
-        heartbeat = GaugeMetricFamily(
-            "e31_node_last_heartbeat_seconds", "When the node's runner last sent a heartbeat (Unix time).", labels=["node"]
-        )
+        heartbeat = GaugeMetricFamily("e31_node_last_heartbeat_seconds", "When the node's runner last sent a heartbeat (Unix time).", labels=["node"])
         for node in s.nodes:
             status = node.status(s.now, s.node_timeout_seconds)
             devices.add_metric([node.name, node.device_type], node.devices)
@@ -38,9 +36,7 @@ class PoolCollector:
             lost.add_metric([node.name], 1 if status == pool.LOST else 0)
             heartbeat.add_metric([node.name], node.last_heartbeat.timestamp())
         offered, held = pool.pool_totals(s.nodes, s.now, s.node_timeout_seconds)
-        utilization = GaugeMetricFamily(
-            "e31_pool_utilization_ratio", "Devices allocated over devices offered by the nodes that are up (0 with none)."
-        )
+        utilization = GaugeMetricFamily("e31_pool_utilization_ratio", "Devices allocated over devices offered by the nodes that are up (0 with none).")
         utilization.add_metric([], held / offered if offered else 0.0)
         yield from (devices, allocated, up, lost, heartbeat, utilization)
 

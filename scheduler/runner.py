@@ -22,8 +22,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 
@@ -94,9 +93,7 @@ def detect_device_type():
     if shutil.which("nvidia-smi") is None:
         return "cpu"
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "cpu"
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
@@ -130,8 +127,7 @@ UNPACKER = unpack.__file__  # standard library only: run with -I -S inside the s
 UNPACK_SECONDS = 600
 
 UNISOLATED_NOTICE = (
-    "this node runs jobs WITHOUT isolation (E31_JOB_ISOLATION=0, for development only): the job runs as the runner's user, "
-    "with its network and without limits"
+    "this node runs jobs WITHOUT isolation (E31_JOB_ISOLATION=0, for development only): the job runs as the runner's user, with its network and without limits"
 )
 
 RANKED_LINE = re.compile(r"^\[rank(\d+)\]:")
@@ -161,7 +157,7 @@ class OutputReader:
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n").replace("\x00", "\ufffd")
                 rank = None
                 if self.ranked and (mark := RANKED_LINE.match(text)):
-                    rank, text = int(mark.group(1)), text[mark.end():]
+                    rank, text = int(mark.group(1)), text[mark.end() :]
                 self.lines.put((stream, timezone.now(), text, rank))
         finally:
             pipe.close()
@@ -220,7 +216,7 @@ def parse_metric_line(raw, now):
     at = now
     stamp = point.get("at")
     if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and 0 < stamp < 1e11:
-        at = min(datetime.fromtimestamp(stamp, tz=dt_timezone.utc), now)
+        at = min(datetime.fromtimestamp(stamp, tz=UTC), now)
     return step, at, values
 
 
@@ -340,8 +336,11 @@ class RunningJob:
             pids = lambda: sandbox.isolation.cgroups.pids(sandbox.name)  # noqa: E731
         try:
             self.sampler = sampling.sampler_for(
-                pid=self.process.pid, devices=allocation.devices, device_type=allocation.device_type,
-                prefix=f"node{allocation.node_rank}:" if allocation.gang_size > 1 else "", pids=pids,
+                pid=self.process.pid,
+                devices=allocation.devices,
+                device_type=allocation.device_type,
+                prefix=f"node{allocation.node_rank}:" if allocation.gang_size > 1 else "",
+                pids=pids,
                 memory_total=sandbox.limits.memory_bytes if sandbox is not None else None,
             )
         except Exception:  # noqa: BLE001 - a job runs without its chart rather than not at all
@@ -378,8 +377,12 @@ class RunningJob:
             Utilization.objects.update_or_create(
                 allocation_id=self.allocation.pk,
                 defaults={
-                    "job_id": self.job.pk, "started_at": self.allocation.started_at, "every": self.recorder.every,
-                    "width": self.recorder.width, "series": self.sampler.series, "windows": windows,
+                    "job_id": self.job.pk,
+                    "started_at": self.allocation.started_at,
+                    "every": self.recorder.every,
+                    "width": self.recorder.width,
+                    "series": self.sampler.series,
+                    "windows": windows,
                 },
             )
         if summary:
@@ -412,12 +415,15 @@ class RunningJob:
             Job.objects.filter(pk=self.job.pk).update(idle_since=at)
             self.job.record("notice", data={"text": text, "idle_since": at.isoformat()})
             notifications.emit(
-                "job.idle", team=self.job.team, job=self.job,
+                "job.idle",
+                team=self.job.team,
+                job=self.job,
                 data={"idle_since": at.isoformat(), "idle_minutes": minutes, "stop_if_idle": self.job.stop_if_idle},
             )
         if self.job.stop_if_idle:
             self.request_stop(
-                Allocation.EARLY_STOP, states.STOPPED,
+                Allocation.EARLY_STOP,
+                states.STOPPED,
                 f"idle for {minutes} minute{'s' if minutes != 1 else ''} (stop if idle): stopping it",
             )
 
@@ -497,9 +503,7 @@ class RunningJob:
             self.request_stop(Allocation.LIMIT, states.SUCCEEDED, message, release_at=self.limit_at)
         elif now >= self.limit_at - timedelta(seconds=grace):
             what = "span" if self.job.span_hours is not None else "ceiling"
-            self.request_stop(
-                Allocation.LIMIT, states.STOPPED, f"the job's {what} is reached: stopping it", release_at=self.limit_at
-            )
+            self.request_stop(Allocation.LIMIT, states.STOPPED, f"the job's {what} is reached: stopping it", release_at=self.limit_at)
 
     def escalate(self, grace):
         if self.stop is not None and self.exited_at is None and time.monotonic() - self.stop.term_sent_at >= grace:
@@ -595,7 +599,8 @@ class RunningJob:
             # A rank failed: the whole gang stops and the job resumes from its latest checkpoint
             # (counted against its restarts).
             return (
-                Allocation.EXITED, states.QUEUED,
+                Allocation.EXITED,
+                states.QUEUED,
                 f"requeued: its processes on {self.allocation.node.name} (node {self.allocation.node_rank} of its gang) {how}; "
                 "the whole gang stops and the job resumes from its latest checkpoint",
             )
@@ -693,9 +698,7 @@ class RunningJob:
         name = checkpoint.name if artifact_name_problem(checkpoint.name) is None else f"checkpoint-{checkpoint.step}"
         key = f"jobs/{self.job.pk}/artifacts/{name}"
         storage.copy(checkpoint.key, key)
-        Artifact.objects.update_or_create(
-            job=self.job, name=name, defaults={"key": key, "size": checkpoint.size, "sha256": checkpoint.sha256}
-        )
+        Artifact.objects.update_or_create(job=self.job, name=name, defaults={"key": key, "size": checkpoint.size, "sha256": checkpoint.sha256})
         metric, last_step = self.job.early_stop_metric, last_step_logged(self.job)
         values = metric_values_at(self.job, checkpoint.step)
         report = stopping.best_report(metric, self.job.early_stop_mode, best, name, checkpoint.step, values, last_step)
@@ -792,9 +795,7 @@ def early_stop_watched(job):
 
 def metric_watch(job):
     """The job's early-stopping and NaN checks, primed with the points of its earlier runs."""
-    watch = stopping.Watch(
-        metric=job.early_stop_metric, mode=job.early_stop_mode, patience=job.early_stop_patience, stop_on_nan=job.stop_on_nan
-    )
+    watch = stopping.Watch(metric=job.early_stop_metric, mode=job.early_stop_mode, patience=job.early_stop_patience, stop_on_nan=job.stop_on_nan)
     if job.early_stop_metric and job.early_stop_patience:
         for data in job.events.filter(kind="metric").order_by("seq").values_list("data", flat=True).iterator():
             values = (data or {}).get("values", {})
@@ -894,12 +895,24 @@ class Runner:
             # A package built from source runs its own code: in a sandbox, as a uid of the pool.
             def source_builds(command, folder, env, read_only, timeout):
                 return self.isolation.run_untrusted(
-                    "env-build", command, folder, env, read_only=read_only, timeout=timeout, network=not settings.E31_ENV_NO_INDEX,
+                    "env-build",
+                    command,
+                    folder,
+                    env,
+                    read_only=read_only,
+                    timeout=timeout,
+                    network=not settings.E31_ENV_NO_INDEX,
                 )
 
         return EnvironmentCache(
-            self.env_root, settings.E31_ENV_CACHE_BYTES, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
-            index=index_arguments(settings), timeout=settings.E31_ENV_BUILD_SECONDS, source_builds=source_builds,
+            self.env_root,
+            settings.E31_ENV_CACHE_BYTES,
+            uv=find_uv_bin(),
+            python=sys.executable,
+            base_sites=site.getsitepackages(),
+            index=index_arguments(settings),
+            timeout=settings.E31_ENV_BUILD_SECONDS,
+            source_builds=source_builds,
         )
 
     def prepare_environment(self, job, announce_cached=True):
@@ -974,9 +987,7 @@ class Runner:
         Staging.objects.filter(node=node, state=Staging.STAGING).update(state=Staging.WAITING)
         # What the cache holds, as the scheduler sees it.
         CachedBlob.objects.filter(node=node).delete()
-        CachedBlob.objects.bulk_create(
-            [CachedBlob(node=node, sha256=sha, size=size) for sha, size in self.cache.sizes.items()], batch_size=500
-        )
+        CachedBlob.objects.bulk_create([CachedBlob(node=node, sha256=sha, size=size) for sha, size in self.cache.sizes.items()], batch_size=500)
         self.isolation.kill_leftovers(own_allocations(node, self.isolation.cgroups.leftovers()))
         self.publish_environments()
         return node
@@ -1059,9 +1070,19 @@ class Runner:
                 self.envs.touch(env_key)
                 sandbox.runtime = (str(self.envs.path(env_key)),)
             env = build_environment(
-                job_id=job.pk, dirs=dirs, devices=allocation.devices, device_type=allocation.device_type, declared=job.env,
-                config=job.config, restart=job.restarts, python=python, hyperparameters=job.hyperparameters, processes=processes,
-                precision=job.precision, inputs=input_names(job), early_stop=early_stop_watched(job),
+                job_id=job.pk,
+                dirs=dirs,
+                devices=allocation.devices,
+                device_type=allocation.device_type,
+                declared=job.env,
+                config=job.config,
+                restart=job.restarts,
+                python=python,
+                hyperparameters=job.hyperparameters,
+                processes=processes,
+                precision=job.precision,
+                inputs=input_names(job),
+                early_stop=early_stop_watched(job),
             )
             env["E31_ALLOCATION_ID"] = str(allocation.pk)
             if is_smoke:
@@ -1072,7 +1093,9 @@ class Runner:
                 job.record("notice", data={"text": UNISOLATED_NOTICE, "isolation": "off"})
             argv, outer_env, fds = sandbox.command(
                 job_command(job, script, python=python, processes=processes, gang=gang, log_dir=dirs.tmp / "torchrun", env=env),
-                dirs, env, cwd=cwd,
+                dirs,
+                env,
+                cwd=cwd,
             )
             try:
                 process = subprocess.Popen(
@@ -1110,7 +1133,14 @@ class Runner:
             shutil.rmtree(dirs.root, ignore_errors=True)
             raise
         running = RunningJob(
-            allocation, process, dirs, self.max_line_bytes, keeper=keeper, watch=watch, ranked=torchrun, sandbox=sandbox,
+            allocation,
+            process,
+            dirs,
+            self.max_line_bytes,
+            keeper=keeper,
+            watch=watch,
+            ranked=torchrun,
+            sandbox=sandbox,
             disk_pool=self.disk_pool,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
@@ -1145,7 +1175,13 @@ class Runner:
             argv, env, fds = sandbox.command(command, dirs, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
             try:
                 result = subprocess.run(
-                    argv, env=env, pass_fds=fds, cwd=dirs.root, stdin=subprocess.DEVNULL, capture_output=True, timeout=UNPACK_SECONDS,
+                    argv,
+                    env=env,
+                    pass_fds=fds,
+                    cwd=dirs.root,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=UNPACK_SECONDS,
                 )
             except subprocess.TimeoutExpired:
                 raise archive.ArchiveError(f"unpacking the work took longer than {UNPACK_SECONDS} s") from None
@@ -1172,7 +1208,10 @@ class Runner:
         else:
             endpoint = allocation.rendezvous
         return Gang(
-            nodes=allocation.gang_size, endpoint=endpoint, run_id=str(allocation.gang), is_host=allocation.node_rank == 0,
+            nodes=allocation.gang_size,
+            endpoint=endpoint,
+            run_id=str(allocation.gang),
+            is_host=allocation.node_rank == 0,
             rank=allocation.node_rank,
         )
 
@@ -1183,8 +1222,12 @@ class Runner:
         missing = [item for item in items if not self.cache.has(item.sha256)]
         if missing:
             record = Staging.objects.create(
-                job=job, node=self.node, state=Staging.STAGING, started_at=timezone.now(),
-                files_total=len(items), bytes_total=sum(i.size for i in items),
+                job=job,
+                node=self.node,
+                state=Staging.STAGING,
+                started_at=timezone.now(),
+                files_total=len(items),
+                bytes_total=sum(i.size for i in items),
             )
             self.run_staging(record.pk, queued=False)
             record.refresh_from_db()
@@ -1258,9 +1301,7 @@ class Runner:
 
         def on_progress(progress):
             if throttle.ready():
-                Staging.objects.filter(pk=pk).update(
-                    files_done=progress.files_done, bytes_done=progress.bytes_done, bytes_moved=progress.bytes_moved
-                )
+                Staging.objects.filter(pk=pk).update(files_done=progress.files_done, bytes_done=progress.bytes_done, bytes_moved=progress.bytes_moved)
                 if queued and not Job.objects.filter(pk=job.pk, state=states.QUEUED).exists():
                     gone.append(True)
                     return
@@ -1268,7 +1309,11 @@ class Runner:
 
         try:
             progress = stage(
-                items, self.cache, datasets, workers=settings.E31_STAGING_WORKERS, on_progress=on_progress,
+                items,
+                self.cache,
+                datasets,
+                workers=settings.E31_STAGING_WORKERS,
+                on_progress=on_progress,
                 should_stop=lambda: self.shutdown or bool(gone),
             )
             try:
@@ -1280,9 +1325,7 @@ class Runner:
                 Staging.objects.filter(pk=pk).update(state=Staging.WAITING)  # the next runner here starts again
                 return
             if gone:
-                Staging.objects.filter(pk=pk).update(
-                    state=Staging.ABANDONED, finished_at=timezone.now(), error=self.LEFT_THE_QUEUE
-                )
+                Staging.objects.filter(pk=pk).update(state=Staging.ABANDONED, finished_at=timezone.now(), error=self.LEFT_THE_QUEUE)
                 return
             now = timezone.now()
             # One transaction: the scheduler never sees a queued job whose staging failed (it
@@ -1299,7 +1342,10 @@ class Runner:
             self.publish_cache(known)
         now = timezone.now()
         Staging.objects.filter(pk=pk).update(
-            state=Staging.STAGED, finished_at=now, files_done=progress.files_done, bytes_done=progress.bytes_done,
+            state=Staging.STAGED,
+            finished_at=now,
+            files_done=progress.files_done,
+            bytes_done=progress.bytes_done,
             bytes_moved=progress.bytes_moved,
         )
         record.refresh_from_db()
@@ -1336,9 +1382,7 @@ class Runner:
 
     def needed_digests(self):
         """Files jobs staged, staging or running here still need: never evicted."""
-        jobs = Job.objects.filter(
-            stagings__node=self.node, stagings__state__in=Staging.LIVE, state__in=states.ACTIVE
-        ).distinct()
+        jobs = Job.objects.filter(stagings__node=self.node, stagings__state__in=Staging.LIVE, state__in=states.ACTIVE).distinct()
         needed = set()
         for job in list(jobs) + [r.job for r in self.running.values()]:
             needed |= manifest_digests(job_manifest(job))
@@ -1372,9 +1416,7 @@ class Runner:
             elif cancel_requested_at is not None:
                 running.request_stop(Allocation.CANCELLED, states.CANCELLED, "cancelled by the team")
             elif preempt_requested_at is not None:
-                running.request_stop(
-                    Allocation.PREEMPTED, states.QUEUED, "preempted: checkpoint now; the job goes back to the queue and resumes"
-                )
+                running.request_stop(Allocation.PREEMPTED, states.QUEUED, "preempted: checkpoint now; the job goes back to the queue and resumes")
 
     def step(self):
         """One pass over the node's work; returns True if there is more output waiting."""

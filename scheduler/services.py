@@ -2,8 +2,7 @@
 
 import logging
 import uuid
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -12,8 +11,8 @@ from django.db.models import Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import budgets, meter, statements
 from accounts.models import Team
+from billing import budgets, meter, statements
 from billing.models import Credit, NoRateInForce, Rate, UsageRecord
 from jobs import lineage, states
 from jobs.models import Job
@@ -21,8 +20,8 @@ from notifications import events as notify
 from notifications import policy as notify_policy
 from notifications.models import Notification
 from scheduler import policy
-from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.environments import packages_digest, requirements_of
+from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.staging import job_manifest, manifest_digests
 
 log = logging.getLogger(__name__)
@@ -53,9 +52,7 @@ def expire_lost_nodes(now=None, last_failure_at=None):
             last_heard = Node.objects.values_list("last_heartbeat", flat=True).get(pk=node.pk)
         count += 1
         log.warning("node %s lost: no heartbeat since %s", node.name, last_heard)
-        Staging.objects.filter(node=node, state__in=Staging.LIVE).update(
-            state=Staging.ABANDONED, finished_at=now, error=f"node {node.name} was lost"
-        )
+        Staging.objects.filter(node=node, state__in=Staging.LIVE).update(state=Staging.ABANDONED, finished_at=now, error=f"node {node.name} was lost")
         release_node(node, at=last_heard, reason=Allocation.NODE_LOST, why=f"node {node.name} was lost")
     return count
 
@@ -164,9 +161,7 @@ def team_usage(now=None):
     since = now - timedelta(seconds=8 * half_life)  # older usage weighs less than 1/256
     records = [
         (str(team), gpus * seconds, ended.timestamp())
-        for team, gpus, seconds, ended in UsageRecord.objects.filter(ended_at__gte=since).values_list(
-            "team_id", "gpus", "held_seconds", "ended_at"
-        )
+        for team, gpus, seconds, ended in UsageRecord.objects.filter(ended_at__gte=since).values_list("team_id", "gpus", "held_seconds", "ended_at")
     ]
     # What running allocations have held so far, the policy adds itself.
     return policy.decayed_usage(records, now.timestamp(), half_life)
@@ -258,10 +253,7 @@ def environment_digests(job):
 
 
 def node_states(now=None):
-    return [
-        policy.NodeState(id=str(node.pk), device_type=node.device_type, devices=node.devices, free=node.free_devices())
-        for node in Node.objects.live(now)
-    ]
+    return [policy.NodeState(id=str(node.pk), device_type=node.device_type, devices=node.devices, free=node.free_devices()) for node in Node.objects.live(now)]
 
 
 def place(placement, now=None):
@@ -328,9 +320,7 @@ def remaining_allowance(job, rate):
     Time credited for the network's faults is given back: it was not billed."""
     held_before, spent_before = job.held()
     credit_seconds, credit_amount = job.credited()
-    return meter.remaining_allowance(
-        job.meter_request(), rate, max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount)
-    )
+    return meter.remaining_allowance(job.meter_request(), rate, max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount))
 
 
 def running_allocations(nodes, now=None):
@@ -343,9 +333,15 @@ def running_allocations(nodes, now=None):
         end = a.started_at.timestamp() + a.limit_seconds if a.limit_seconds is not None else now.timestamp() + 3600
         running.append(
             policy.Running(
-                id=str(a.pk), node_id=str(a.node_id), devices=tuple(a.devices), preemptible=a.preemptible,
-                started_at=a.started_at.timestamp(), job_id=str(a.job_id), team=str(a.job.team_id),
-                expected_end=max(end, now.timestamp()), preempting=a.preempt_requested_at is not None,
+                id=str(a.pk),
+                node_id=str(a.node_id),
+                devices=tuple(a.devices),
+                preemptible=a.preemptible,
+                started_at=a.started_at.timestamp(),
+                job_id=str(a.job_id),
+                team=str(a.job.team_id),
+                expected_end=max(end, now.timestamp()),
+                preempting=a.preempt_requested_at is not None,
                 last_preempted_at=stamp(a.job.last_preempted_at),
             )
         )
@@ -378,8 +374,14 @@ def schedule(now=None):
     over_budget = budget_holds([(q.id, None) for q in queue], now, cumulative=False)
     queue = [q for q in queue if q.id not in over_budget]
     plan = policy.plan(
-        queue, nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
-        policy=settings.E31_SCHEDULER_POLICY, half_life=settings.E31_FAIR_SHARE_HALF_LIFE_HOURS * 3600,
+        queue,
+        nodes,
+        running_allocations(nodes, now),
+        now.timestamp(),
+        usage=team_usage(now),
+        shares=team_shares(),
+        policy=settings.E31_SCHEDULER_POLICY,
+        half_life=settings.E31_FAIR_SHARE_HALF_LIFE_HOURS * 3600,
         preempt_every=settings.E31_PREEMPT_EVERY_SECONDS,
     )
     for allocation_id in plan.preempt:
@@ -419,10 +421,7 @@ def budget_holds(entries, now, cumulative=True):
     rate of the job's type, the highest when it takes any type), in the order they would start.
     Only jobs of teams with a budget are looked at."""
     ids = [job_id for job_id, _ in entries]
-    jobs = {
-        str(job.pk): job
-        for job in Job.objects.filter(pk__in=ids, team__monthly_budget__isnull=False).select_related("team")
-    }
+    jobs = {str(job.pk): job for job in Job.objects.filter(pk__in=ids, team__monthly_budget__isnull=False).select_related("team")}
     if not jobs:
         return {}
     team_budgets = {str(job.team_id): job.team.monthly_budget for job in jobs.values()}
@@ -449,18 +448,18 @@ def month_spend(team_ids, now=None):
     billed this month, and what the allocations running now have cost so far and may cost in
     all (an allocation that nothing bounds counts what it cost so far)."""
     now = now or timezone.now()
-    utc = now.astimezone(dt_timezone.utc)
-    start, end = statements.month_bounds(utc.year, utc.month)
+    utc = now.astimezone(UTC)
+    start, _end = statements.month_bounds(utc.year, utc.month)
     team_ids = [str(team) for team in team_ids]
     period = start.date()
     released = {
         str(team): amount or Decimal(0)
         for team, amount in UsageRecord.objects.filter(team_id__in=team_ids, period=period)
-        .values("team_id").annotate(amount=Sum("amount")).values_list("team_id", "amount")
+        .values("team_id")
+        .annotate(amount=Sum("amount"))
+        .values_list("team_id", "amount")
     }
-    for team, credit in (
-        Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
-    ):
+    for team, credit in Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a"):
         released[str(team)] = released.get(str(team), Decimal(0)) - (credit or Decimal(0))
     so_far, worst = {}, {}
     for allocation in Allocation.objects.filter(ended_at__isnull=True, job__team_id__in=team_ids).select_related("job"):
@@ -471,7 +470,8 @@ def month_spend(team_ids, now=None):
         worst[team] = worst.get(team, Decimal(0)) + (spent if most is None else max(most, spent))
     return {
         team: budgets.Spend(
-            released=released.get(team, Decimal(0)), running_so_far=so_far.get(team, Decimal(0)),
+            released=released.get(team, Decimal(0)),
+            running_so_far=so_far.get(team, Decimal(0)),
             running_worst_case=worst.get(team, Decimal(0)),
         )
         for team in team_ids
@@ -495,7 +495,12 @@ def predictions(queue, now, extra=()):
     allocations (no new arrivals, expected durations)."""
     nodes = node_states(now)
     result = policy.predict(
-        [*queue, *extra], nodes, running_allocations(nodes, now), now.timestamp(), usage=team_usage(now), shares=team_shares(),
+        [*queue, *extra],
+        nodes,
+        running_allocations(nodes, now),
+        now.timestamp(),
+        usage=team_usage(now),
+        shares=team_shares(),
         policy=settings.E31_SCHEDULER_POLICY,
     )
     return {job_id: (moment(start), moment(finish)) for job_id, (start, finish) in result.items()}
@@ -503,7 +508,7 @@ def predictions(queue, now, extra=()):
 
 def moment(seconds):
     """The policy's float seconds as a datetime; None for never (a prediction of infinity)."""
-    return datetime.fromtimestamp(seconds, dt_timezone.utc) if seconds is not None and seconds < 4e9 else None
+    return datetime.fromtimestamp(seconds, UTC) if seconds is not None and seconds < 4e9 else None
 
 
 def update_predictions(now=None):
@@ -538,7 +543,11 @@ def notify_deadlines_at_risk(predicted, now):
             continue
         job = Job.objects.select_related("team").get(pk=job_id)
         notify.emit(
-            notify_policy.DEADLINE_AT_RISK, team=job.team, job=job, once=key, at=now,
+            notify_policy.DEADLINE_AT_RISK,
+            team=job.team,
+            job=job,
+            once=key,
+            at=now,
             data={"deadline": job.deadline, "predicted_finish": finish},
         )
 
@@ -550,11 +559,12 @@ def notify_budgets(now=None):
     team_budgets = dict(Team.objects.filter(monthly_budget__isnull=False).values_list("pk", "monthly_budget"))
     if not team_budgets:
         return []
-    utc = now.astimezone(dt_timezone.utc)
+    utc = now.astimezone(UTC)
     spends = month_spend(team_budgets, now)
     keys = {
         notify_policy.budget_key(team, utc.year, utc.month, threshold): (str(team), threshold)
-        for team in team_budgets for threshold in notify_policy.BUDGET_THRESHOLDS
+        for team in team_budgets
+        for threshold in notify_policy.BUDGET_THRESHOLDS
     }
     told = {}
     for key in Notification.objects.filter(key__in=list(keys)).values_list("key", flat=True):
@@ -570,10 +580,17 @@ def notify_budgets(now=None):
         kind = notify_policy.BUDGET_100 if threshold >= 100 else notify_policy.BUDGET_80
         status = budgets.status(budget, spends[str(team_id)])
         notification = notify.emit(
-            kind, team=team, once=notify_policy.budget_key(team_id, utc.year, utc.month, threshold), at=now,
+            kind,
+            team=team,
+            once=notify_policy.budget_key(team_id, utc.year, utc.month, threshold),
+            at=now,
             data={
-                "threshold": threshold, "percent": status.percent, "spent": meter.round_money(spent), "budget": budget,
-                "currency": settings.E31_CURRENCY, "month": f"{utc.year:04d}-{utc.month:02d}",
+                "threshold": threshold,
+                "percent": status.percent,
+                "spent": meter.round_money(spent),
+                "budget": budget,
+                "currency": settings.E31_CURRENCY,
+                "month": f"{utc.year:04d}-{utc.month:02d}",
                 "url": notify.site_url(reverse("billing:usage")),
             },
         )
@@ -587,7 +604,14 @@ def predict_request(team, request, *, gpu_type="", not_before=None, deadline=Non
     is now: (start, finish) as datetimes, or (None, None) when no node could run it."""
     now = now or timezone.now()
     wanted = policy.QueuedJob(
-        id="(this request)", gpus=request.gpus, submitted_at=now.timestamp(), gpu_type=gpu_type, not_before=stamp(not_before),
-        deadline=stamp(deadline), expected_seconds=expected_seconds(request, rate), team=str(team.pk), preemptible=preemptible,
+        id="(this request)",
+        gpus=request.gpus,
+        submitted_at=now.timestamp(),
+        gpu_type=gpu_type,
+        not_before=stamp(not_before),
+        deadline=stamp(deadline),
+        expected_seconds=expected_seconds(request, rate),
+        team=str(team.pk),
+        preemptible=preemptible,
     )
     return predictions(queued_jobs(now, staged=False), now, extra=[wanted]).get(wanted.id, (None, None))

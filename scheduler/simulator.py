@@ -95,8 +95,13 @@ def read_trace(path):
         for line, r in enumerate(reader, start=2):
             try:
                 rows.append(
-                    {"job_id": r["job_id"], "submit_time_s": float(r["submit_time_s"]), "num_gpus": int(r["num_gpus"]),
-                     "duration_s": float(r["duration_s"]), "deadline_s": float(r["deadline_s"]) if r.get("deadline_s") else None}
+                    {
+                        "job_id": r["job_id"],
+                        "submit_time_s": float(r["submit_time_s"]),
+                        "num_gpus": int(r["num_gpus"]),
+                        "duration_s": float(r["duration_s"]),
+                        "deadline_s": float(r["deadline_s"]) if r.get("deadline_s") else None,
+                    }
                 )
             except (TypeError, ValueError) as error:
                 raise ValueError(f"line {line}: {error}") from None
@@ -118,18 +123,27 @@ def prepare(rows, *, seed=0, teams=8, deadlines="trace", noise=True):
         factor = max(1.0, estimates.lognormvariate(math.log(1.5), 0.5)) if noise else 1.0
         u = stretch.uniform(1.5, 3.0)
         deadline = {"trace": r.get("deadline_s"), "stretched": r["submit_time_s"] + d * u, "none": None}[deadlines]
-        jobs.append(TraceJob(id=r["job_id"], submit=r["submit_time_s"], gpus=r["num_gpus"], duration=d,
-                             estimate=d * factor, deadline=deadline, team=team_of(r["job_id"], seed, teams)))
+        jobs.append(
+            TraceJob(
+                id=r["job_id"],
+                submit=r["submit_time_s"],
+                gpus=r["num_gpus"],
+                duration=d,
+                estimate=d * factor,
+                deadline=deadline,
+                team=team_of(r["job_id"], seed, teams),
+            )
+        )
     return jobs
 
 
 def make_nodes(gpus, per_node=8, device_type="gpu"):
     count = math.ceil(gpus / per_node)
-    return [P.NodeState(f"n{i:03d}", device_type, min(per_node, gpus - i * per_node), tuple(range(min(per_node, gpus - i * per_node))))
-            for i in range(count)]
+    return [P.NodeState(f"n{i:03d}", device_type, min(per_node, gpus - i * per_node), tuple(range(min(per_node, gpus - i * per_node)))) for i in range(count)]
 
 
 # The engine -------------------------------------------------------------------------------------
+
 
 class _Sim:
     def __init__(self, nodes, policy, half_life, shares, usage=None, check=True):
@@ -161,8 +175,15 @@ class _Sim:
 
     def enqueue(self, job, t):
         self.queue[job.id] = P.QueuedJob(
-            id=job.id, gpus=job.gpus, submitted_at=job.submit, gpu_type=job.gpu_type, not_before=job.not_before,
-            deadline=job.deadline, expected_seconds=self.estimate_left[job.id], team=job.team, preemptible=job.preemptible,
+            id=job.id,
+            gpus=job.gpus,
+            submitted_at=job.submit,
+            gpu_type=job.gpu_type,
+            not_before=job.not_before,
+            deadline=job.deadline,
+            expected_seconds=self.estimate_left[job.id],
+            team=job.team,
+            preemptible=job.preemptible,
         )
 
     def start_running(self, allocation, true_end):
@@ -203,8 +224,17 @@ class _Sim:
         self.plans += 1
         nodes = [P.NodeState(n.id, n.device_type, n.devices, tuple(sorted(self.free[n.id]))) for n in self.nodes.values()]
         running = [r[0] for r in self.running.values()]
-        result = P.plan(list(self.queue.values()), nodes, running, t, usage=self.usage_at(t), shares=self.shares,
-                        policy=self.policy, half_life=self.half_life, explain=False)
+        result = P.plan(
+            list(self.queue.values()),
+            nodes,
+            running,
+            t,
+            usage=self.usage_at(t),
+            shares=self.shares,
+            policy=self.policy,
+            half_life=self.half_life,
+            explain=False,
+        )
         stopped = set()
         for allocation_id in result.preempt:
             if allocation_id in stopped:
@@ -250,11 +280,17 @@ class _Sim:
             if outcome.first_start is None:
                 outcome.first_start = t
             outcome.runs.append((t, None, placement.parts))
-            for k, (node_id, devices) in enumerate(placement.parts):
+            for node_id, devices in placement.parts:
                 self.serial += 1
                 allocation = P.Running(
-                    id=f"a{self.serial}", node_id=node_id, devices=tuple(devices), preemptible=job.preemptible, started_at=t,
-                    job_id=job.id, team=job.team, expected_end=t + job.expected_seconds,
+                    id=f"a{self.serial}",
+                    node_id=node_id,
+                    devices=tuple(devices),
+                    preemptible=job.preemptible,
+                    started_at=t,
+                    job_id=job.id,
+                    team=job.team,
+                    expected_end=t + job.expected_seconds,
                     last_preempted_at=self.last_preempted.get(job.id),
                 )
                 self.free[node_id].difference_update(devices)
@@ -278,8 +314,9 @@ def simulate(jobs, nodes, policy="ours", *, half_life=P.DEFAULT_HALF_LIFE, share
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
     _run(sim, arrivals, max_plans)
     stuck = [j.id for j in jobs if sim.outcomes[j.id].finish is None]
-    return Result(jobs=list(jobs), outcomes=sim.outcomes, gpus=sum(n.devices for n in nodes), plans=sim.plans,
-                  wall_seconds=time.perf_counter() - began, stuck=stuck)
+    return Result(
+        jobs=list(jobs), outcomes=sim.outcomes, gpus=sum(n.devices for n in nodes), plans=sim.plans, wall_seconds=time.perf_counter() - began, stuck=stuck
+    )
 
 
 def _run(sim, arrivals, max_plans=None, start=None):
@@ -323,8 +360,18 @@ def predict_queue(queue, nodes, running, now, *, usage=None, shares=None, policy
         end = INF if allocation.expected_end is None else max(allocation.expected_end, now)
         sim.start_running(allocation, end)
     for job in queue:
-        sim.jobs[job.id] = TraceJob(job.id, job.submitted_at, job.gpus, job.expected_seconds, job.expected_seconds,
-                                    job.deadline, job.team, job.preemptible, job.not_before, job.gpu_type)
+        sim.jobs[job.id] = TraceJob(
+            job.id,
+            job.submitted_at,
+            job.gpus,
+            job.expected_seconds,
+            job.expected_seconds,
+            job.deadline,
+            job.team,
+            job.preemptible,
+            job.not_before,
+            job.gpu_type,
+        )
         sim.left[job.id] = sim.estimate_left[job.id] = job.expected_seconds
         sim.outcomes[job.id] = Outcome()
         sim.queue[job.id] = job
@@ -342,6 +389,7 @@ def predict_queue(queue, nodes, running, now, *, usage=None, shares=None, policy
 
 
 # Metrics ----------------------------------------------------------------------------------------
+
 
 def _pct(values, q):
     if not values:
@@ -376,17 +424,20 @@ def metrics(result):
         per_team.setdefault(j.team, []).append(s)
     big = [w for j, w in zip(done, wait) if j.gpus >= 16]
     out.update(
-        mean_jct=statistics.fmean(jct), median_jct=statistics.median(jct), p99_jct=_pct(jct, 0.99),
-        mean_wait=statistics.fmean(wait), p99_wait=_pct(wait, 0.99),
+        mean_jct=statistics.fmean(jct),
+        median_jct=statistics.median(jct),
+        p99_jct=_pct(jct, 0.99),
+        mean_wait=statistics.fmean(wait),
+        p99_wait=_pct(wait, 0.99),
         mean_bounded_slowdown=statistics.fmean(slow),
         makespan=makespan,
         utilization=sum(j.gpus * j.duration for j in done) / (result.gpus * makespan) if makespan > 0 else float("nan"),
-        deadline_satisfaction=(sum(1 for j in with_deadline if o[j.id].finish <= j.deadline + 1e-6) / len(with_deadline)
-                               if with_deadline else float("nan")),
+        deadline_satisfaction=(sum(1 for j in with_deadline if o[j.id].finish <= j.deadline + 1e-6) / len(with_deadline) if with_deadline else float("nan")),
         jain_teams=jain([statistics.fmean(v) for v in per_team.values()]),
         longest_wait_16plus=max(big) if big else float("nan"),
         preemptions=sum(o[j.id].preemptions for j in done),
-        plans=result.plans, wall_seconds=result.wall_seconds,
+        plans=result.plans,
+        wall_seconds=result.wall_seconds,
     )
     return out
 
@@ -438,5 +489,5 @@ def table(rows):
     """rows: [(name, metrics)] -> lines of a fixed-width table."""
     head = ["policy"] + [c[1] for c in COLUMNS]
     body = [[name] + [fmt.format(m[key] / scale) if m.get(key) is not None else "-" for key, _, scale, fmt in COLUMNS] for name, m in rows]
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
-    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [head] + body]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [head, *body]]

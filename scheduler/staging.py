@@ -92,9 +92,13 @@ def _team_bucket(dataset_id, credentials_token, endpoint_url, region):
         aws_access_key_id=credentials.get("access_key_id"),
         aws_secret_access_key=credentials.get("secret_access_key"),
         region_name=region or "us-east-1",
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"},
-                      max_pool_connections=32,  # a runner's stagings at once, each with its workers
-                      proxies={}),  # never an environment's proxy, which would connect by name
+        config=Config(
+            signature_version="s3v4",
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 5, "mode": "standard"},
+            max_pool_connections=32,  # a runner's stagings at once, each with its workers
+            proxies={},
+        ),  # never an environment's proxy, which would connect by name
     )
     return pin_boto3(client, "s3")
 
@@ -212,8 +216,11 @@ def _source(item, datasets):
     dataset = datasets[item.source[1]]
     client, bucket, key = team_bucket_client(dataset), dataset.s3_bucket, item.source[2]
     return _Source(
-        item, lambda start, end: s3_open_range(client, bucket, key, start, end),
-        f"{item.dest}: s3://{bucket}/{key} is missing", ranged=True, refused=f"{item.dest}: the bucket refused: {{code}}",
+        item,
+        lambda start, end: s3_open_range(client, bucket, key, start, end),
+        f"{item.dest}: s3://{bucket}/{key} is missing",
+        ranged=True,
+        refused=f"{item.dest}: the bucket refused: {{code}}",
     )
 
 
@@ -296,7 +303,7 @@ class _Fetch:
                     raise _Abandoned()
                 filled = position - flushed
                 try:
-                    n = stream.readinto(buffer[filled: filled + min(len(buffer) - filled, end - position)])
+                    n = stream.readinto(buffer[filled : filled + min(len(buffer) - filled, end - position)])
                     if n == 0:
                         raise ConnectionError("the connection closed before the end of the object")
                 except _transient_errors() as error:
@@ -309,7 +316,7 @@ class _Fetch:
                     stream = self.source.open(position, end)
                     continue
                 if inline:
-                    self.digest.update(buffer[filled: filled + n])  # while the bytes are still in the CPU's cache
+                    self.digest.update(buffer[filled : filled + n])  # while the bytes are still in the CPU's cache
                     self.hashed += n
                 position += n
                 if position - flushed == len(buffer) or position == end:

@@ -123,4 +123,3 @@ class Watch:
 
     def _better(self, value, best):
         return value < best if self.mode == "min" else value > best
-

@@ -84,8 +84,10 @@ class Recorder:
                 index = int(t // self.width)
         if self._open is None:
             self._open = {
-                "index": index, "count": 0,
-                "sums": [[0.0, 0.0] for _ in readings], "peaks": [[0.0, 0] for _ in readings],
+                "index": index,
+                "count": 0,
+                "sums": [[0.0, 0.0] for _ in readings],
+                "peaks": [[0.0, 0] for _ in readings],
             }
         self._add(t, readings)
         return closed
@@ -103,10 +105,7 @@ class Recorder:
         o, self._open = self._open, None
         start = o["index"] * self.width
         seconds = min(o["count"] * self.every, self.width)
-        series = [
-            [_num(s[0] / o["count"]), _num(p[0]), round(s[1] / o["count"] / MIB), round(p[1] / MIB)]
-            for s, p in zip(o["sums"], o["peaks"])
-        ]
+        series = [[_num(s[0] / o["count"]), _num(p[0]), round(s[1] / o["count"] / MIB), round(p[1] / MIB)] for s, p in zip(o["sums"], o["peaks"])]
         return [_num(start), _num(seconds), series]
 
     def snapshot(self):
@@ -156,8 +155,7 @@ class Summary:
             "seconds": round(self.seconds, 1),
             "busy": round(self.busy, 2),
             "series": [
-                {"name": s.name, "mean": s.mean, "peak": s.peak, "memory_mean": s.memory_mean, "memory_peak": s.memory_peak,
-                 "memory_total": s.memory_total}
+                {"name": s.name, "mean": s.mean, "peak": s.peak, "memory_mean": s.memory_mean, "memory_peak": s.memory_peak, "memory_total": s.memory_total}
                 for s in self.series
             ],
         }
@@ -178,7 +176,7 @@ def summarize(runs):
     total = 0.0
     for series, windows in runs:
         for window in windows:
-            start, seconds, values = window
+            _start, seconds, values = window
             total += seconds
             for meta, (mean, peak, mem_mean, mem_peak) in zip(series, values):
                 a = acc.setdefault(meta["name"], {"s": 0.0, "u": 0.0, "m": 0.0, "peak": 0.0, "mpeak": 0, "total": None})
@@ -329,6 +327,10 @@ def chart(runs, width=600, height=140, memory=False):
         return " ".join(f"{x / end * width:.1f},{height - min(y, top) / top * height:.1f}" for x, y in pts)
 
     return {
-        "width": width, "height": height, "top": top, "top_bytes": round(top * MIB) if memory else None, "seconds": end,
+        "width": width,
+        "height": height,
+        "top": top,
+        "top_bytes": round(top * MIB) if memory else None,
+        "seconds": end,
         "lines": [{"name": name, "points": line(pts)} for name, pts in points.items()],
     }

@@ -4,7 +4,7 @@ upload, and an issued invoice. Their names are unique words, to search answers f
 
 import io
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from billing import invoice_service, meter
@@ -16,7 +16,7 @@ from jobs.models import Artifact, JobEvent
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job
 
-UTC = timezone.utc
+UTC = UTC
 
 
 @dataclass
@@ -43,7 +43,16 @@ class World:
 
     def secrets(self):
         """What must never appear in an answer to someone outside the team."""
-        return [str(self.job.pk), self.job.name, str(self.dataset.pk), self.dataset.name, str(self.upload.pk), str(self.invoice.pk), self.job.team.name, str(self.folder.pk)]
+        return [
+            str(self.job.pk),
+            self.job.name,
+            str(self.dataset.pk),
+            self.dataset.name,
+            str(self.upload.pk),
+            str(self.invoice.pk),
+            self.job.team.name,
+            str(self.folder.pk),
+        ]
 
 
 def make_world(user, word):
@@ -63,8 +72,16 @@ def make_world(user, word):
         job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=started, ended_at=ended, end_reason=Allocation.EXITED
     )
     UsageRecord.objects.create(
-        team=team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=started, ended_at=ended, held_seconds=3600,
-        rate=Decimal("2.40"), amount=meter.charge(1, 3600, Decimal("2.40")),
+        team=team,
+        job=job,
+        allocation=allocation,
+        gpu_type="cpu",
+        gpus=1,
+        started_at=started,
+        ended_at=ended,
+        held_seconds=3600,
+        rate=Decimal("2.40"),
+        amount=meter.charge(1, 3600, Decimal("2.40")),
     )
     invoice = invoice_service.invoice_team_month(team, 2026, 11, now=datetime(2026, 12, 15, tzinfo=UTC))
     # A job's code folder on its way, one of its files part sent (jobs/folder_uploads.py).

@@ -37,9 +37,18 @@ _SEEDS = {}
 # Settings only the running processes read: systems that differ only in these start from the
 # same seed. (Anything else in a system's environment gets a seed of its own.)
 RUNTIME_ONLY = {
-    "E31_VAR_DIR", "DATABASE_URL", "REDIS_URL", "PYTHONUNBUFFERED", "E31_SCHEDULER_INTERVAL_SECONDS",
-    "E31_HEARTBEAT_SECONDS", "E31_STOP_GRACE_SECONDS", "E31_NODE_TIMEOUT_SECONDS", "E31_PREEMPT_EVERY_SECONDS",
-    "E31_UPLOAD_CHUNK_BYTES", "E31_UPLOAD_INLINE_COMPLETE_BYTES", "E31_API_RATE",
+    "E31_VAR_DIR",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "PYTHONUNBUFFERED",
+    "E31_SCHEDULER_INTERVAL_SECONDS",
+    "E31_HEARTBEAT_SECONDS",
+    "E31_STOP_GRACE_SECONDS",
+    "E31_NODE_TIMEOUT_SECONDS",
+    "E31_PREEMPT_EVERY_SECONDS",
+    "E31_UPLOAD_CHUNK_BYTES",
+    "E31_UPLOAD_INLINE_COMPLETE_BYTES",
+    "E31_API_RATE",
 }
 SEED_CODE = """
 import io
@@ -102,9 +111,7 @@ class LiveSystem:
     # Processes ------------------------------------------------------------------------------
 
     def manage(self, *args, timeout=120):
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result.stdout
@@ -176,9 +183,7 @@ class LiveSystem:
             seed["pg_name"] = f"e31_seed_{secrets.token_hex(4)}"
             self._postgres(f'CREATE DATABASE "{seed["pg_name"]}"')
             env["DATABASE_URL"] = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{seed['pg_name']}"
-        result = subprocess.run(
-            [sys.executable, "manage.py", "shell", "-c", SEED_CODE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
+        result = subprocess.run([sys.executable, "manage.py", "shell", "-c", SEED_CODE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"seeding a database failed:\n{result.stdout}\n{result.stderr}")
         seed["token"] = result.stdout.rsplit("token ", 1)[1].strip()
@@ -292,9 +297,7 @@ class LiveSystem:
         client = httpx.Client(base_url=self.url, timeout=60, follow_redirects=False)
         page = client.get("/accounts/login/")
         token = csrf_from(page.text)
-        response = client.post(
-            "/accounts/login/", data={"username": username, "password": password, "csrfmiddlewaretoken": token}
-        )
+        response = client.post("/accounts/login/", data={"username": username, "password": password, "csrfmiddlewaretoken": token})
         assert response.status_code == 302, response.text
         return client
 

@@ -238,8 +238,17 @@ def test_months_outside_the_calendar_are_a_400(api, month):
 def test_checkpoint_and_stopping_fields_through_the_api(api):
     body = submit(api, {"gpus": 1, "span_hours": 1}).json()
     assert body["stop_on_nan"] is True and body["preemptible"] is False and body["keep_checkpoints"] == 3
-    spec = {"gpus": 1, "span_hours": 1, "preemptible": True, "stop_on_nan": False, "keep_checkpoints": 2,
-            "max_restarts": 0, "early_stop_metric": "acc", "early_stop_mode": "max", "early_stop_patience": 5}
+    spec = {
+        "gpus": 1,
+        "span_hours": 1,
+        "preemptible": True,
+        "stop_on_nan": False,
+        "keep_checkpoints": 2,
+        "max_restarts": 0,
+        "early_stop_metric": "acc",
+        "early_stop_mode": "max",
+        "early_stop_patience": 5,
+    }
     body = submit(api, spec).json()
     assert (body["preemptible"], body["stop_on_nan"], body["keep_checkpoints"], body["max_restarts"]) == (True, False, 2, 0)
     assert (body["early_stop_metric"], body["early_stop_mode"], body["early_stop_patience"]) == ("acc", "max", 5)

@@ -49,9 +49,13 @@ def test_the_schema_and_its_docs_are_served(client):
                 if parameter["in"] == "path":
                     assert parameter["schema"].get("format") == "uuid" or parameter["schema"]["type"] in ("integer", "string"), (path, parameter)
             if method in ("post", "put"):
-                assert "requestBody" in operation or operation["operationId"] in ("job_cancel", "job_compare", "dataset_rescan", "dataset_version_open", "dataset_version_seal"), (
-                    f"{method.upper()} {path} does not describe its body"
-                )
+                assert "requestBody" in operation or operation["operationId"] in (
+                    "job_cancel",
+                    "job_compare",
+                    "dataset_rescan",
+                    "dataset_version_open",
+                    "dataset_version_seal",
+                ), f"{method.upper()} {path} does not describe its body"
     assert schema["components"]["schemas"]["Error"]["required"] == ["detail"]
     docs = client.get(reverse("api:docs"))
     assert docs.status_code == 200 and b"swagger-ui" in docs.content.lower()
@@ -86,8 +90,12 @@ def test_the_api_keeps_to_its_schema_under_fuzzing(wsgi_app, alice, rate):
             seen = []
 
             @settings(
-                max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+                max_examples=EXAMPLES,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
             )
             @given(case=operation.as_strategy(generation_mode=mode), use_real=st.booleans())
             def run(case, use_real):
@@ -100,7 +108,7 @@ def test_the_api_keeps_to_its_schema_under_fuzzing(wsgi_app, alice, rate):
                 try:
                     case.validate_response(response, checks=CHECKS, headers=headers)
                 except (Exception, BaseExceptionGroup) as error:  # noqa: BLE001 - collected, reported together below
-                    seen.append(f"{operation.label} [{mode.value}]: {error}")
+                    seen.append(f"{operation.label} [{mode.value}]: {error}")  # noqa: B023 - run() is called within its loop turn
 
             try:
                 run()

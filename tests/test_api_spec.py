@@ -82,7 +82,7 @@ def test_a_spec_file_submits_a_job_with_every_part(api, dataset):
         (("  gpus: 2", "  gpu: 2"), 14, "unknown field 'gpu' in 'request'; did you mean 'gpus'?"),
         (("  span_hours: 1.5", "  span_hours: 0"), 15, "The span must be longer than 0 hours"),
         (("  train: numbers", "  train: nope"), 11, "No dataset 'nope' in your team"),
-        (("  args: [--epochs, \"3\"]", "  args: {a: 1}"), 6, "args must be a list or a string"),
+        (('  args: [--epochs, "3"]', "  args: {a: 1}"), 6, "args must be a list or a string"),
         (("  early_stop: {metric: heldout_loss, mode: min, patience: 4}", "  early_stop: {metric: heldout_loss, mode: up}"), 21, "output.early_stop.mode"),
         (("    lr: 0.1", "    lr: [0.1"), 9, "not valid YAML"),
     ],
@@ -115,9 +115,7 @@ def test_a_recipe_setting_is_refused_at_its_line(api):
 
 
 def test_the_flat_api_spec_still_works_as_a_json_object(api):
-    response = api.post(
-        reverse("api:jobs"), {"spec": {"gpus": 1, "span_hours": 1, "entrypoint": "train.py"}}, content_type="application/json"
-    )
+    response = api.post(reverse("api:jobs"), {"spec": {"gpus": 1, "span_hours": 1, "entrypoint": "train.py"}}, content_type="application/json")
     # No files: the form refuses for want of a script, without any line (the spec came as an object).
     assert response.status_code == 400
     assert all("line" not in m for m in all_messages(response.json()))
@@ -157,8 +155,27 @@ def test_a_job_downloads_as_a_spec_that_submits_the_same_job(api, alice, dataset
     again = post_spec(api, text, code=("train.py", b"print(1)\n"), data=("extra.csv", b"1\n"))
     assert again.status_code == 201, again.json()
     first, second = Job.objects.get(pk=created["id"]), Job.objects.get(pk=again.json()["id"])
-    fields = ["name", "kind", "entrypoint", "args", "config", "env", "gpus", "gpu_type", "span_hours", "ceiling_amount", "preemptible",
-              "network", "keep_checkpoints", "max_restarts", "early_stop_metric", "early_stop_mode", "early_stop_patience", "stop_on_nan", "train_version_id"]
+    fields = [
+        "name",
+        "kind",
+        "entrypoint",
+        "args",
+        "config",
+        "env",
+        "gpus",
+        "gpu_type",
+        "span_hours",
+        "ceiling_amount",
+        "preemptible",
+        "network",
+        "keep_checkpoints",
+        "max_restarts",
+        "early_stop_metric",
+        "early_stop_mode",
+        "early_stop_patience",
+        "stop_on_nan",
+        "train_version_id",
+    ]
     assert [getattr(second, f) for f in fields] == [getattr(first, f) for f in fields]
     assert api.get(reverse("api:job-spec", args=[created["id"]]) + "?format=json").json() == spec
 
@@ -266,8 +283,12 @@ def test_the_time_zone_is_set_from_the_api_and_used_for_by_morning(api, alice):
 
 
 def test_two_files_of_one_name_are_refused_not_overwritten(api):
-    payload = {"spec": "work: {entrypoint: train.py}\nrequest: {gpus: 1, span_hours: 1}\n", "spec_name": "job.yaml",
-               "code": named(b"print(1)\n", "train.py"), "data": [named(b"1\n", "part.csv"), named(b"2\n", "part.csv")]}
+    payload = {
+        "spec": "work: {entrypoint: train.py}\nrequest: {gpus: 1, span_hours: 1}\n",
+        "spec_name": "job.yaml",
+        "code": named(b"print(1)\n", "train.py"),
+        "data": [named(b"1\n", "part.csv"), named(b"2\n", "part.csv")],
+    }
     response = api.post(reverse("api:jobs"), payload)
     assert response.status_code == 400
     assert any("Two files are named part.csv" in m for m in all_messages(response.json()))

@@ -79,56 +79,134 @@ def finish_upload(w):
 
 # Each: (via, action, setup(world) or None, call(client, world) -> response, the object (type, id, label part)).
 ACTIONS = {
-    "web job.submit": ("web", "job.submit", None,
-                       lambda c, w: c.post(reverse("jobs:new"), {"name": "fresh", "gpus": "1", "mode": "span", "span_hours": "1", "code": code_file(), "data": data_file()}),
-                       lambda w: ("job", None, "fresh")),
-    "api job.submit": ("api", "job.submit", None,
-                       lambda c, w: c.post(reverse("api:jobs"), {"spec": '{"name": "fresh", "gpus": 1, "span_hours": 1}', "code": code_file(), "data": data_file()}),
-                       lambda w: ("job", None, "fresh")),
+    "web job.submit": (
+        "web",
+        "job.submit",
+        None,
+        lambda c, w: c.post(reverse("jobs:new"), {"name": "fresh", "gpus": "1", "mode": "span", "span_hours": "1", "code": code_file(), "data": data_file()}),
+        lambda w: ("job", None, "fresh"),
+    ),
+    "api job.submit": (
+        "api",
+        "job.submit",
+        None,
+        lambda c, w: c.post(reverse("api:jobs"), {"spec": '{"name": "fresh", "gpus": 1, "span_hours": 1}', "code": code_file(), "data": data_file()}),
+        lambda w: ("job", None, "fresh"),
+    ),
     "web job.cancel": ("web", "job.cancel", None, lambda c, w: c.post(reverse("jobs:cancel", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
     "api job.cancel": ("api", "job.cancel", None, lambda c, w: c.post(reverse("api:job-cancel", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
-    "web job.retrain": ("web", "job.retrain", None, lambda c, w: c.post(reverse("jobs:retrain", args=[w.job.pk]), retrain_data(w.job)),
-                        lambda w: ("job", w.job.pk, w.job.name)),
-    "api job.retrain": ("api", "job.retrain", None, lambda c, w: c.post(reverse("api:job-retrain", args=[w.job.pk]), {}, content_type="application/json"),
-                        lambda w: ("job", w.job.pk, w.job.name)),
+    "web job.retrain": (
+        "web",
+        "job.retrain",
+        None,
+        lambda c, w: c.post(reverse("jobs:retrain", args=[w.job.pk]), retrain_data(w.job)),
+        lambda w: ("job", w.job.pk, w.job.name),
+    ),
+    "api job.retrain": (
+        "api",
+        "job.retrain",
+        None,
+        lambda c, w: c.post(reverse("api:job-retrain", args=[w.job.pk]), {}, content_type="application/json"),
+        lambda w: ("job", w.job.pk, w.job.name),
+    ),
     "web job.compare": ("web", "job.compare", None, lambda c, w: c.post(reverse("jobs:compare", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
     "api job.compare": ("api", "job.compare", None, lambda c, w: c.post(reverse("api:job-compare", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
-    "web artifact.download": ("web", "artifact.download", None, lambda c, w: c.get(reverse("jobs:artifact", args=[w.job.pk, w.artifact.name])),
-                              lambda w: ("artifact", w.artifact.pk, "model.pt")),
-    "api artifact.download": ("api", "artifact.download", None, lambda c, w: c.get(reverse("api:job-artifact", args=[w.job.pk, w.artifact.name])),
-                              lambda w: ("artifact", w.artifact.pk, "model.pt")),
-    "web checkpoint.download": ("web", "checkpoint.download", None, lambda c, w: c.get(reverse("jobs:checkpoint", args=[w.job.pk, w.checkpoint.name])),
-                                lambda w: ("checkpoint", w.checkpoint.pk, "step-1.pt")),
-    "api checkpoint.download": ("api", "checkpoint.download", None, lambda c, w: c.get(reverse("api:job-checkpoint", args=[w.job.pk, w.checkpoint.name])),
-                                lambda w: ("checkpoint", w.checkpoint.pk, "step-1.pt")),
+    "web artifact.download": (
+        "web",
+        "artifact.download",
+        None,
+        lambda c, w: c.get(reverse("jobs:artifact", args=[w.job.pk, w.artifact.name])),
+        lambda w: ("artifact", w.artifact.pk, "model.pt"),
+    ),
+    "api artifact.download": (
+        "api",
+        "artifact.download",
+        None,
+        lambda c, w: c.get(reverse("api:job-artifact", args=[w.job.pk, w.artifact.name])),
+        lambda w: ("artifact", w.artifact.pk, "model.pt"),
+    ),
+    "web checkpoint.download": (
+        "web",
+        "checkpoint.download",
+        None,
+        lambda c, w: c.get(reverse("jobs:checkpoint", args=[w.job.pk, w.checkpoint.name])),
+        lambda w: ("checkpoint", w.checkpoint.pk, "step-1.pt"),
+    ),
+    "api checkpoint.download": (
+        "api",
+        "checkpoint.download",
+        None,
+        lambda c, w: c.get(reverse("api:job-checkpoint", args=[w.job.pk, w.checkpoint.name])),
+        lambda w: ("checkpoint", w.checkpoint.pk, "step-1.pt"),
+    ),
     "web log.download": ("web", "log.download", None, lambda c, w: c.get(reverse("jobs:log", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
     "api log.download": ("api", "log.download", None, lambda c, w: c.get(reverse("api:job-log", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
     "web spec.download": ("web", "spec.download", None, lambda c, w: c.get(reverse("jobs:spec", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
     "api spec.download": ("api", "spec.download", None, lambda c, w: c.get(reverse("api:job-spec", args=[w.job.pk])), lambda w: ("job", w.job.pk, w.job.name)),
-    "web invoice.download pdf": ("web", "invoice.download", None, lambda c, w: c.get(reverse("billing:invoice_pdf", args=[w.invoice.pk])),
-                                 lambda w: ("invoice", w.invoice.pk, w.invoice.number)),
-    "web invoice.download csv": ("web", "invoice.download", None, lambda c, w: c.get(reverse("billing:invoice_csv", args=[w.invoice.pk])),
-                                 lambda w: ("invoice", w.invoice.pk, "(csv)")),
-    "api invoice.download": ("api", "invoice.download", None, lambda c, w: c.get(reverse("api:invoice-pdf", args=[w.invoice.pk])),
-                             lambda w: ("invoice", w.invoice.pk, "(pdf)")),
-    "web statement.download pdf": ("web", "statement.download", None, lambda c, w: c.get(reverse("billing:statement_pdf") + "?month=2026-11"),
-                                   lambda w: ("", "", "2026-11")),
-    "web statement.download csv": ("web", "statement.download", None, lambda c, w: c.get(reverse("billing:statement_csv") + "?month=2026-11"),
-                                   lambda w: ("", "", "2026-11")),
+    "web invoice.download pdf": (
+        "web",
+        "invoice.download",
+        None,
+        lambda c, w: c.get(reverse("billing:invoice_pdf", args=[w.invoice.pk])),
+        lambda w: ("invoice", w.invoice.pk, w.invoice.number),
+    ),
+    "web invoice.download csv": (
+        "web",
+        "invoice.download",
+        None,
+        lambda c, w: c.get(reverse("billing:invoice_csv", args=[w.invoice.pk])),
+        lambda w: ("invoice", w.invoice.pk, "(csv)"),
+    ),
+    "api invoice.download": (
+        "api",
+        "invoice.download",
+        None,
+        lambda c, w: c.get(reverse("api:invoice-pdf", args=[w.invoice.pk])),
+        lambda w: ("invoice", w.invoice.pk, "(pdf)"),
+    ),
+    "web statement.download pdf": (
+        "web",
+        "statement.download",
+        None,
+        lambda c, w: c.get(reverse("billing:statement_pdf") + "?month=2026-11"),
+        lambda w: ("", "", "2026-11"),
+    ),
+    "web statement.download csv": (
+        "web",
+        "statement.download",
+        None,
+        lambda c, w: c.get(reverse("billing:statement_csv") + "?month=2026-11"),
+        lambda w: ("", "", "2026-11"),
+    ),
     "web usage.download": ("web", "usage.download", None, lambda c, w: c.get(reverse("billing:usage_csv") + "?month=2026-11"), lambda w: ("", "", "2026-11")),
-    "api dataset.create": ("api", "dataset.create", None, lambda c, w: c.post(reverse("api:datasets"), {"name": "fresh-data"}, content_type="application/json"),
-                           lambda w: ("dataset", None, "fresh-data")),
+    "api dataset.create": (
+        "api",
+        "dataset.create",
+        None,
+        lambda c, w: c.post(reverse("api:datasets"), {"name": "fresh-data"}, content_type="application/json"),
+        lambda w: ("dataset", None, "fresh-data"),
+    ),
     "api dataset.upload.complete": (
-        "api", "dataset.upload.complete", lambda w: datasets.put_chunk(w.upload, 0, b"0123456789"),
+        "api",
+        "dataset.upload.complete",
+        lambda w: datasets.put_chunk(w.upload, 0, b"0123456789"),
         lambda c, w: c.post(reverse("api:dataset-upload-complete", args=[w.upload.pk]), {}, content_type="application/json"),
         lambda w: ("datasetupload", w.upload.pk, "more.csv"),
     ),
-    "api dataset.seal": ("api", "dataset.seal", finish_upload,
-                         lambda c, w: c.post(reverse("api:dataset-seal", args=[w.dataset.pk, w.upload.version.number])),
-                         lambda w: ("datasetversion", w.upload.version.pk, f"{w.dataset.name}@{w.upload.version.number}")),
-    "web dataset.seal": ("web", "dataset.seal", finish_upload,
-                         lambda c, w: c.post(reverse("datasets:seal", args=[w.dataset.pk, w.upload.version.number])),
-                         lambda w: ("datasetversion", w.upload.version.pk, f"{w.dataset.name}@{w.upload.version.number}")),
+    "api dataset.seal": (
+        "api",
+        "dataset.seal",
+        finish_upload,
+        lambda c, w: c.post(reverse("api:dataset-seal", args=[w.dataset.pk, w.upload.version.number])),
+        lambda w: ("datasetversion", w.upload.version.pk, f"{w.dataset.name}@{w.upload.version.number}"),
+    ),
+    "web dataset.seal": (
+        "web",
+        "dataset.seal",
+        finish_upload,
+        lambda c, w: c.post(reverse("datasets:seal", args=[w.dataset.pk, w.upload.version.number])),
+        lambda w: ("datasetversion", w.upload.version.pk, f"{w.dataset.name}@{w.upload.version.number}"),
+    ),
 }
 
 
@@ -183,20 +261,31 @@ def test_another_teams_objects_are_404s_and_record_only_the_probe(client, world,
     w = world
     c = web(client, charlie)
     for url in [
-        reverse("jobs:artifact", args=[w.job.pk, w.artifact.name]), reverse("jobs:checkpoint", args=[w.job.pk, w.checkpoint.name]),
-        reverse("jobs:log", args=[w.job.pk]), reverse("jobs:spec", args=[w.job.pk]), reverse("billing:invoice_pdf", args=[w.invoice.pk]),
+        reverse("jobs:artifact", args=[w.job.pk, w.artifact.name]),
+        reverse("jobs:checkpoint", args=[w.job.pk, w.checkpoint.name]),
+        reverse("jobs:log", args=[w.job.pk]),
+        reverse("jobs:spec", args=[w.job.pk]),
+        reverse("billing:invoice_pdf", args=[w.invoice.pk]),
     ]:
         assert c.get(url).status_code == 404, url
     assert c.post(reverse("jobs:cancel", args=[w.job.pk])).status_code == 404
     assert c.post(reverse("datasets:seal", args=[w.dataset.pk, w.upload.version.number])).status_code == 404
     c = api(client, charlie)
     for url in [
-        reverse("api:job-artifact", args=[w.job.pk, w.artifact.name]), reverse("api:job-checkpoint", args=[w.job.pk, w.checkpoint.name]),
-        reverse("api:job-log", args=[w.job.pk]), reverse("api:job-spec", args=[w.job.pk]), reverse("api:invoice-csv", args=[w.invoice.pk]),
+        reverse("api:job-artifact", args=[w.job.pk, w.artifact.name]),
+        reverse("api:job-checkpoint", args=[w.job.pk, w.checkpoint.name]),
+        reverse("api:job-log", args=[w.job.pk]),
+        reverse("api:job-spec", args=[w.job.pk]),
+        reverse("api:invoice-csv", args=[w.invoice.pk]),
     ]:
         assert c.get(url).status_code == 404, url
-    for url in [reverse("api:job-cancel", args=[w.job.pk]), reverse("api:job-retrain", args=[w.job.pk]), reverse("api:job-compare", args=[w.job.pk]),
-                reverse("api:dataset-upload-complete", args=[w.upload.pk]), reverse("api:dataset-seal", args=[w.dataset.pk, w.upload.version.number])]:
+    for url in [
+        reverse("api:job-cancel", args=[w.job.pk]),
+        reverse("api:job-retrain", args=[w.job.pk]),
+        reverse("api:job-compare", args=[w.job.pk]),
+        reverse("api:dataset-upload-complete", args=[w.upload.pk]),
+        reverse("api:dataset-seal", args=[w.dataset.pk, w.upload.version.number]),
+    ]:
         assert c.post(url, {}, content_type="application/json").status_code == 404, url
     assert AuditEvent.objects.exclude(action__in=probes).count() == before
     assert set(AuditEvent.objects.filter(action="object.foreign").values_list("user__username", "team")) == {("charlie", team_a.pk)}
@@ -321,7 +410,7 @@ def test_the_api_lists_the_owners_team_only(client, alice, charlie, team_a, team
 
 def test_the_api_records_the_user_when_there_is_one(client, world, alice):
     api(client, alice).get(reverse("api:job-spec", args=[world.job.pk]) + "?format=json")
-    [row] = [e for e in client.get(reverse("api:audit") + "?action=spec.download").json()["results"]]
+    [row] = list(client.get(reverse("api:audit") + "?action=spec.download").json()["results"])
     assert (row["user"], row["actor"], row["via"], row["object_id"], row["label"]) == ("alice", "alice", "api", str(world.job.pk), world.job.name)
 
 

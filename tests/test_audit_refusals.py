@@ -313,9 +313,18 @@ def test_a_jobs_environment_names_are_recorded_never_their_values(client, alice,
 
 def test_the_form_records_the_environment_names_too(client, alice, rate):
     client.force_login(alice)
-    response = client.post(reverse("jobs:new"), {
-        "name": "form-env", "gpus": "1", "mode": "span", "span_hours": "1", "code": code_file(), "data": data_file(), "env": "HF_TOKEN=hf_abcdef\nDEBUG=1",
-    })
+    response = client.post(
+        reverse("jobs:new"),
+        {
+            "name": "form-env",
+            "gpus": "1",
+            "mode": "span",
+            "span_hours": "1",
+            "code": code_file(),
+            "data": data_file(),
+            "env": "HF_TOKEN=hf_abcdef\nDEBUG=1",
+        },
+    )
     assert response.status_code == 302, response.context["form"].errors if response.context else response
     event = only("job.env")
     assert (event.via, event.label) == ("web", "DEBUG, HF_TOKEN") and "hf_abcdef" not in str(event.__dict__)
@@ -383,7 +392,7 @@ def test_the_pool_page_shows_a_burst_of_refusals_from_one_address(client, staff,
     AuditEvent.objects.create(actor="alice", team=team_a, action="job.submit", via="web", ip="192.0.2.88")  # not a refusal
     client.force_login(staff)
     page = client.get(reverse("ops:pool")).content.decode()
-    section = page[page.index('id="ops-refusals"'):]
+    section = page[page.index('id="ops-refusals"') :]
     assert f'data-ip="{ATTACKER}"' in section and "12" in section.split(f'data-ip="{ATTACKER}"')[1][:400]
     assert section.index(ATTACKER) < section.index("198.51.100.2")
     assert "192.0.2.77" not in page and "192.0.2.88" not in page

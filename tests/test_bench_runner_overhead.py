@@ -37,9 +37,7 @@ def test_the_folder_case_sends_the_code_the_direct_run_gets(tmp_path):
     with zipfile.ZipFile(folder.upload(tmp_path)) as packed:
         assert {name: packed.read(name) for name in packed.namelist()} == folder.code
     assert "digitsnet/example.py" in folder.code and folder.inputs == ["training", "testing"]
-    assert folder.spec("x", {}, {"training": "digits@1", "testing": "digits-heldout@1"})["inputs"] == {
-        "training": "digits@1", "testing": "digits-heldout@1"
-    }
+    assert folder.spec("x", {}, {"training": "digits@1", "testing": "digits-heldout@1"})["inputs"] == {"training": "digits@1", "testing": "digits-heldout@1"}
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])

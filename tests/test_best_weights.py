@@ -7,8 +7,7 @@ script jobs on a real runner, and a recipe run as a job runs it."""
 
 import hashlib
 import json
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +17,7 @@ from scheduler.stopping import Watch, best_report, returned_message, unmatched_m
 
 
 def checkpoint(step, name=None, minute=0):
-    written_at = datetime(2025, 1, 1, tzinfo=dt_timezone.utc) + timedelta(minutes=minute)
+    written_at = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(minutes=minute)
     return SimpleNamespace(step=step, name=name or f"ckpt-{step}.bin", written_at=written_at)
 
 
@@ -106,8 +105,14 @@ def test_metrics_json_names_the_weights_and_the_best():
     report = best_report("val_loss", "min", (100, 0.0474), "ckpt-90.bin", 90, {"val_loss": 0.05, "loss": 0.02}, 402)
     assert report == {
         "early_stop": {
-            "metric": "val_loss", "mode": "min", "best": 0.0474, "best_step": 100, "weights": "ckpt-90.bin", "weights_step": 90,
-            "last": "last/", "last_step": 402,
+            "metric": "val_loss",
+            "mode": "min",
+            "best": 0.0474,
+            "best_step": 100,
+            "weights": "ckpt-90.bin",
+            "weights_step": 90,
+            "last": "last/",
+            "last_step": 402,
         },
         "metrics": {"val_loss": 0.05, "loss": 0.02},
     }
@@ -205,8 +210,14 @@ def test_a_job_stopped_early_on_its_metric_gets_the_best_step_s_weights(make_run
 
     report = json.loads(artifact_bytes(job, "metrics.json"))
     assert report["early_stop"] == {
-        "metric": "val_loss", "mode": "min", "best": 0.3, "best_step": 30, "weights": "ckpt-30.bin", "weights_step": 30,
-        "last": "last/", "last_step": report["early_stop"]["last_step"],
+        "metric": "val_loss",
+        "mode": "min",
+        "best": 0.3,
+        "best_step": 30,
+        "weights": "ckpt-30.bin",
+        "weights_step": 30,
+        "last": "last/",
+        "last_step": report["early_stop"]["last_step"],
     }
     assert report["early_stop"]["last_step"] >= 60 and report["metrics"] == {"val_loss": 0.3, "loss": 0.15}
     said = [n for n in notices(job) if n.startswith("the weights returned")]
@@ -229,10 +240,7 @@ def test_without_a_checkpoint_at_the_best_step_the_latest_before_it_comes_back_a
     assert job.state == "succeeded", job.reason
     assert job.artifacts.get(name="ckpt-20.bin").sha256 == weights_at(20)
     assert json.loads(artifact_bytes(job, "metrics.json"))["early_stop"]["weights_step"] == 20
-    said = (
-        "the weights returned are those of step 20 (checkpoint ckpt-20.bin), the latest kept at or before the best val_loss "
-        "(0.3, at step 30)"
-    )
+    said = "the weights returned are those of step 20 (checkpoint ckpt-20.bin), the latest kept at or before the best val_loss (0.3, at step 30)"
     assert any(n.startswith(said) for n in notices(job))
 
 
@@ -305,8 +313,13 @@ def test_the_stop_notice_tells_a_stop_on_the_metric_from_any_other():
     notice = {"reason": "stopped early", "deadline": 0, "early_stop": early_stop_notice("val_acc", "max", (30, 0.9))}
     assert early_stop_of(json.loads(json.dumps(notice))) == ("val_acc", "max", (30, 0.9))
     assert early_stop_of({"reason": "stopped early", "early_stop": early_stop_notice("val_loss", "min", None)}) == ("val_loss", "min", None)
-    for other in (None, {"reason": "preempted", "deadline": 0}, {"early_stop": {"metric": "", "mode": "min"}},
-                  {"early_stop": {"metric": "val_loss", "mode": "sideways"}}, {"early_stop": "val_loss"}):
+    for other in (
+        None,
+        {"reason": "preempted", "deadline": 0},
+        {"early_stop": {"metric": "", "mode": "min"}},
+        {"early_stop": {"metric": "val_loss", "mode": "sideways"}},
+        {"early_stop": "val_loss"},
+    ):
         assert early_stop_of(other) is None
     assert early_stop_of({"early_stop": {"metric": "m", "mode": "min", "best": "x", "best_step": 3}}) == ("m", "min", None)
     assert early_stop_of({"early_stop": {"metric": "m", "mode": "min", "best": 1, "best_step": True}}) == ("m", "min", (None, 1.0))
@@ -373,9 +386,9 @@ def test_a_restart_puts_back_the_checkpoint_holding_the_best_step_beside_the_lat
     for step in (10, 20, 30, 40):
         key = f"jobs/{job.pk}/checkpoints/{step}/step-{step:012d}.pt"
         size, sha256 = get_storage().save(key, io.BytesIO(f"weights at step {step}".encode()))
-        written_at = datetime(2025, 1, 1, tzinfo=dt_timezone.utc) + timedelta(minutes=step)
+        written_at = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(minutes=step)
         Checkpoint.objects.create(job=job, name=f"step-{step:012d}.pt", step=step, key=key, size=size, sha256=sha256, written_at=written_at)
-    Checkpoint.objects.filter(job=job, step=30).update(pruned_at=datetime(2025, 1, 2, tzinfo=dt_timezone.utc))
+    Checkpoint.objects.filter(job=job, step=30).update(pruned_at=datetime(2025, 1, 2, tzinfo=UTC))
 
     assert restore(job, tmp_path / "a", best_step=35).step == 40
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["step-000000000020.pt", "step-000000000040.pt"]
@@ -468,8 +481,14 @@ def check_best_returned(job, merged=lambda state: state):
     assert metric_watch(job).best() == (best_step, early["best"])  # the network's best point, and the recipe's
     name = f"step-{best_step:012d}.pt"
     assert early == {
-        "metric": "val_loss", "mode": "min", "best": early["best"], "best_step": best_step, "weights": name, "weights_step": best_step,
-        "last": "last/", "last_step": last_step,
+        "metric": "val_loss",
+        "mode": "min",
+        "best": early["best"],
+        "best_step": best_step,
+        "weights": name,
+        "weights_step": best_step,
+        "last": "last/",
+        "last_step": last_step,
     }
     assert last_step > best_step
     assert report["val_loss"] == pytest.approx(early["best"], abs=1e-9)  # the evaluation of the weights returned
@@ -506,8 +525,15 @@ def test_a_recipe_stopped_early_on_its_metric_returns_the_best_step_s_weights_an
     # Never its end: the network stops it (after its best, 3 evaluations without a better val_loss).
     config = {"max_steps": 1_000_000, "eval_every": 5, "checkpoint_every": 0, "hidden": 32, "batch_size": NOISE_ROWS, "lr": 0.003, "seed": 0}
     job = recipe_job(
-        alice, team_a, "noise", config, train_version=train, heldout_version=heldout,
-        early_stop_metric="val_loss", early_stop_patience=3, keep_checkpoints=1,
+        alice,
+        team_a,
+        "noise",
+        config,
+        train_version=train,
+        heldout_version=heldout,
+        early_stop_metric="val_loss",
+        early_stop_patience=3,
+        keep_checkpoints=1,
     )
     job = run([runner], job)
     report = check_best_returned(job)

@@ -1,6 +1,6 @@
 import csv
 import io
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -27,7 +27,7 @@ def run_for(job, seconds):
 
 
 def test_the_rate_in_force_is_the_latest_effective_one(db):
-    now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 2, tzinfo=UTC)
     Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("1"), effective_from=now - timedelta(days=30))
     Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("2"), effective_from=now - timedelta(days=1))
     Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("3"), effective_from=now + timedelta(days=1))
@@ -127,7 +127,13 @@ def test_credits_are_shown_and_taken_off_the_total(client, alice, rate, node):
     job = make_job(alice, name="lost-run")
     [allocation] = schedule_now()
     Checkpoint.objects.create(
-        job=job, allocation=allocation, name="c.pt", step=1, key="k", size=1, sha256="0" * 64,
+        job=job,
+        allocation=allocation,
+        name="c.pt",
+        step=1,
+        key="k",
+        size=1,
+        sha256="0" * 64,
         written_at=allocation.started_at + timedelta(seconds=1800),
     )
     allocation.release(allocation.started_at + timedelta(hours=1), Allocation.NODE_LOST)

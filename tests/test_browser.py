@@ -31,7 +31,6 @@ def system(runner_system):
     return runner_system
 
 
-
 def open_new_job(page):
     page.get_by_role("navigation").get_by_role("link", name="New job").click()
     expect(page).to_have_url(re.compile(r"/jobs/new/$"))

@@ -142,8 +142,12 @@ def test_upload_a_multi_file_dataset_and_watch_the_progress(page, files):
     expect(page.locator("#versions")).to_contain_text("Ready")
     expect_manifest(
         page,
-        {"big.bin": files["big"], "labels.csv": files["small"], "images/train/0.png": files["folder"] / "train" / "0.png",
-         "images/readme.txt": files["folder"] / "readme.txt"},
+        {
+            "big.bin": files["big"],
+            "labels.csv": files["small"],
+            "images/train/0.png": files["folder"] / "train" / "0.png",
+            "images/readme.txt": files["folder"] / "readme.txt",
+        },
     )
     shot(page, "dataset-page.png")
 
@@ -163,8 +167,13 @@ def test_upload_a_multi_file_dataset_and_watch_the_progress(page, files):
     expect(page.locator("#version-2")).to_contain_text("from v1")
     expect_manifest(
         page,
-        {"big.bin": files["big"], "labels.csv": files["small"], "images/train/0.png": files["folder"] / "train" / "0.png",
-         "images/readme.txt": files["folder"] / "readme.txt", "extra.csv": extra},
+        {
+            "big.bin": files["big"],
+            "labels.csv": files["small"],
+            "images/train/0.png": files["folder"] / "train" / "0.png",
+            "images/readme.txt": files["folder"] / "readme.txt",
+            "extra.csv": extra,
+        },
     )
     shot(page, "dataset-page-v2.png")
 

@@ -125,12 +125,16 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
 
     # New points while the page is open: the latest value follows, the chart grows.
     before = chart_points(page, "loss")
-    add_events(system, job_id, """
+    add_events(
+        system,
+        job_id,
+        """
         JobEvent.append(job.pk, [
             JobEvent(kind="metric", at=now, data={"step": 2401, "values": {"loss": 0.0123, "lr": 0.0001}}),
             JobEvent(kind="metric", at=now, data={"step": 2402, "values": {"loss": 0.0117, "brand_new": 7}}),
         ])
-    """)
+    """,
+    )
     expect(loss_row.locator(".latest")).to_have_text("0.0117", timeout=15_000)
     expect(loss_row.locator(".step")).to_have_text("2402")
     expect(loss_chart.locator(".readout")).to_contain_text("latest 0.0117 at step 2402")
@@ -139,15 +143,22 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
     assert chart_points(page, "loss") >= before  # redrawn with the new points (and never fewer)
 
     # A NaN: a gap in the chart, shown as what it is.
-    add_events(system, job_id, """
+    add_events(
+        system,
+        job_id,
+        """
         JobEvent.append(job.pk, [JobEvent(kind="metric", at=now, data={"step": 2403, "values": {"loss": "NaN"}})])
-    """)
+    """,
+    )
     expect(loss_row.locator(".latest")).to_have_text("NaN", timeout=15_000)
     expect(loss_row.locator(".count")).to_contain_text("(1 not finite)")
     expect(loss_chart.locator("svg line.nonfinite")).to_have_count(1)
 
     # A checkpoint kept while the page is open: listed, on the timeline, downloadable.
-    add_events(system, job_id, """
+    add_events(
+        system,
+        job_id,
+        """
         import io
         from e31web.storage import get_storage
         for step in (2000, 2400):
@@ -157,7 +168,8 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
             Checkpoint.objects.create(job=job, name=name, step=step, key=key, size=size, sha256=sha256, written_at=now)
             job.record("checkpoint", at=now, data={"name": name, "step": step, "size": size, "node": "node-a",
                                                    "text": f"checkpoint {name} kept (step {step})"})
-    """)
+    """,
+    )
     rows = page.locator("#checkpoint-rows li")
     expect(rows).to_have_count(2, timeout=15_000)
     expect(rows.first).to_contain_text("step-000000002400.pt")
@@ -171,7 +183,10 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
     # (What was fetched before is forgotten first: on a busy machine the card's refetch can come
     # back before this test gets to look for it.)
     fetched.clear()
-    add_events(system, job_id, """
+    add_events(
+        system,
+        job_id,
+        """
         import io
         from e31web.storage import get_storage
         name = "step-000000002402.pt"
@@ -183,7 +198,8 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
         Checkpoint.objects.filter(pk=oldest.pk).update(pruned_at=now)
         job.record("checkpoint", at=now, data={"name": name, "step": 2402, "size": size, "node": "node-a",
                                                "text": f"checkpoint {name} kept (step 2402)"})
-    """)
+    """,
+    )
     expect(rows).to_have_count(3, timeout=15_000)
     pruned = page.locator('#checkpoint-rows li[data-name="step-000000002000.pt"]')
     expect(pruned).to_have_class("pruned")

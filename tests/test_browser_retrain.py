@@ -34,11 +34,16 @@ def table(rows, seed):
 
 def test_retrain_a_finished_job_by_morning_and_compare(page, system, tmp_path):
     spec = {
-        "name": "lines", "recipe": "classifier", "gpus": 1, "span_hours": 1,
+        "name": "lines",
+        "recipe": "classifier",
+        "gpus": 1,
+        "span_hours": 1,
         "config": {"max_steps": 30, "eval_every": 10, "batch_size": 32, "hidden": 16},
     }
     response = system.api(
-        "POST", "/api/jobs/", data={"spec": json.dumps(spec)},
+        "POST",
+        "/api/jobs/",
+        data={"spec": json.dumps(spec)},
         files=[("data", ("part-0.csv", table(200, 1))), ("heldout", ("test.csv", table(300, 2)))],
     )
     assert response.status_code == 201, response.text

@@ -33,9 +33,7 @@ def test_the_worst_case_is_the_limit_at_the_rate_capped():
 def test_a_job_past_the_budget_is_held_back_with_the_reason():
     spends = {"A": budgets.Spend(released=D("90"), running_so_far=D("1"), running_worst_case=D("3"))}
     held = budgets.hold_back([budgets.Candidate("j1", "A", D("12"))], {"A": D("100")}, spends)
-    assert held == {
-        "j1": "held back: its worst case of USD 12.00 would take this month's spend to USD 105.00, past the team's budget of USD 100.00"
-    }
+    assert held == {"j1": "held back: its worst case of USD 12.00 would take this month's spend to USD 105.00, past the team's budget of USD 100.00"}
 
 
 def test_jobs_under_the_budget_or_without_one_start():
@@ -61,9 +59,7 @@ def test_the_spend_counts_what_running_jobs_may_still_cost():
     assert spend.so_far == D("12") and spend.committed == D("15")
 
 
-@pytest.mark.parametrize(
-    "spent,level", [("0", ""), ("79.99", ""), ("80", "warning"), ("99.99", "warning"), ("100", "over"), ("150", "over")]
-)
+@pytest.mark.parametrize("spent,level", [("0", ""), ("79.99", ""), ("80", "warning"), ("99.99", "warning"), ("100", "over"), ("150", "over")])
 def test_warnings_at_80_and_100_percent(spent, level):
     status = budgets.status(D("100"), budgets.Spend(released=D(spent)))
     assert status.level == level
@@ -89,12 +85,26 @@ def spent_this_month(job, amount, credit="0"):
     old = Node.objects.create(name=f"old-{job.pk}", device_type="cpu", devices=1, stopped_at=timezone.now())
     ended = timezone.now()
     allocation = Allocation.objects.create(
-        job=job, node=old, devices=[0], device_type="cpu", rate=D("2.40"), started_at=ended - timedelta(hours=1),
-        ended_at=ended, end_reason="exited",
+        job=job,
+        node=old,
+        devices=[0],
+        device_type="cpu",
+        rate=D("2.40"),
+        started_at=ended - timedelta(hours=1),
+        ended_at=ended,
+        end_reason="exited",
     )
     usage = UsageRecord.objects.create(
-        team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=allocation.started_at, ended_at=ended,
-        held_seconds=3600, rate=D("2.40"), amount=D(amount),
+        team=job.team,
+        job=job,
+        allocation=allocation,
+        gpu_type="cpu",
+        gpus=1,
+        started_at=allocation.started_at,
+        ended_at=ended,
+        held_seconds=3600,
+        rate=D("2.40"),
+        amount=D(amount),
     )
     if D(credit):
         Credit.objects.create(team=job.team, job=job, usage=usage, seconds=1, amount=D(credit), reason="node lost")
@@ -113,9 +123,7 @@ def test_a_team_budget_holds_a_job_back(alice, team_a, rate, node):
     assert schedule_now() == []
     job.refresh_from_db()
     assert job.state == "queued"
-    assert job.wait_reason == (
-        "held back: its worst case of USD 12.00 would take this month's spend to USD 105.00, past the team's budget of USD 100.00"
-    )
+    assert job.wait_reason == ("held back: its worst case of USD 12.00 would take this month's spend to USD 105.00, past the team's budget of USD 100.00")
     # Held back, it has no start to predict.
     from scheduler import services
 
@@ -324,8 +332,13 @@ def test_the_operator_sets_a_budget_in_the_admin(admin_client, team_a):
     url = reverse("admin:accounts_team_change", args=[team_a.pk])
     assert 'name="monthly_budget"' in admin_client.get(url).content.decode()
     data = {
-        "name": team_a.name, "share": "1", "monthly_budget": "75.00",
-        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0", "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "name": team_a.name,
+        "share": "1",
+        "monthly_budget": "75.00",
+        "memberships-TOTAL_FORMS": "0",
+        "memberships-INITIAL_FORMS": "0",
+        "memberships-MIN_NUM_FORMS": "0",
+        "memberships-MAX_NUM_FORMS": "1000",
     }
     assert admin_client.post(url, data).status_code == 302
     team_a.refresh_from_db()

@@ -242,7 +242,10 @@ def test_an_unmodified_sagemaker_script_runs(runner, alice, rate, team_a):
     (x, y), _ = digits_split()
     dataset = add_dataset(team_a, "digits", {"digits-train.csv": digits_csv(x[:400], y[:400])})
     job = make_job(
-        alice, script=script, train_version=dataset.latest_version(), config={"epochs": 2, "lr": 0.01},
+        alice,
+        script=script,
+        train_version=dataset.latest_version(),
+        config={"epochs": 2, "lr": 0.01},
         args=["--epochs", "2"],
     )
     job = run_job(runner, job, timeout=90)

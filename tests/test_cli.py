@@ -137,8 +137,12 @@ def test_submit_sends_the_spec_unchanged_and_every_file(fake_server, tmp_path, c
     assert ("spec_name", None, b"job.yaml") in parts
     files = sorted((name, filename) for name, filename, _ in parts if filename)
     assert files == [
-        ("base_model", "model.safetensors"), ("code", "train.py"), ("data", "a.csv"), ("data", "extra.csv"),
-        ("data", "sub/b.csv"), ("heldout", "held.csv"),
+        ("base_model", "model.safetensors"),
+        ("code", "train.py"),
+        ("data", "a.csv"),
+        ("data", "extra.csv"),
+        ("data", "sub/b.csv"),
+        ("heldout", "held.csv"),
     ]
 
 
@@ -303,12 +307,18 @@ def test_following_logs_reconnects_after_a_drop_without_duplicates(fake_server):
 
 @pytest.mark.nodb
 def test_following_a_job_that_ended_while_disconnected_prints_the_rest_over_http(fake_server):
-    server, port, paths = serve_events([[[log(1, "one")]]])
+    server, port, _paths = serve_events([[[log(1, "one")]]])
     fake_server[("GET", f"/api/jobs/{JOB_ID}/")] = httpx.Response(200, json={"id": JOB_ID, "state": "succeeded"})
-    fake_server[("GET", f"/api/jobs/{JOB_ID}/logs/")] = lambda request: httpx.Response(200, json={
-        "lines": [log(2, "two")] if request.url.params["after"] == "1" else [],
-        "next_after": 2, "more": False, "state": "succeeded", "done": True,
-    })
+    fake_server[("GET", f"/api/jobs/{JOB_ID}/logs/")] = lambda request: httpx.Response(
+        200,
+        json={
+            "lines": [log(2, "two")] if request.url.params["after"] == "1" else [],
+            "next_after": 2,
+            "more": False,
+            "state": "succeeded",
+            "done": True,
+        },
+    )
     out = io.StringIO()
     try:
         with Client(f"http://127.0.0.1:{port}", "secret-token") as client:
@@ -320,7 +330,7 @@ def test_following_a_job_that_ended_while_disconnected_prints_the_rest_over_http
 
 @pytest.mark.nodb
 def test_following_survives_the_server_being_briefly_unreachable(fake_server):
-    server, port, paths = serve_events([[[log(1, "one")]], [[log(2, "two"), {"seq": 3, "kind": "state", "at": "x", "state": "succeeded"}]]])
+    server, port, _paths = serve_events([[[log(1, "one")]], [[log(2, "two"), {"seq": 3, "kind": "state", "at": "x", "state": "succeeded"}]]])
     answers = iter([httpx.ConnectError("down"), httpx.Response(200, json={"id": JOB_ID, "state": "running"})])
 
     def job(request):
@@ -375,7 +385,9 @@ def test_retrain_changes_hyperparameters_config_and_inputs_keeping_the_rest(fake
     argv = ["retrain", JOB_ID, "--hp", "lr=0.01", "--set", "depth=4", "--set", "note=fast run", "--input", "training=digits@2", "--args=--fast"]
     assert commands.main(argv) == 0
     assert sent["spec"] == {
-        "args": "--fast", "hyperparameters": {"lr": 0.01, "epochs": 3}, "config": {"depth": 4, "note": "fast run"},
+        "args": "--fast",
+        "hyperparameters": {"lr": 0.01, "epochs": 3},
+        "config": {"depth": 4, "note": "fast run"},
         "inputs": {"training": "digits@2"},
     }
     assert commands.main(["retrain", JOB_ID, "--hp", "nonsense"]) != 0
@@ -457,7 +469,13 @@ def e31(live, tmp_path):
 
     def run(*args, extra_env=None, timeout=180, stdin=None):
         return subprocess.run(
-            [*command, *args], env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, input=stdin,
+            [*command, *args],
+            env={**env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+            input=stdin,
         )
 
     return run
@@ -515,8 +533,9 @@ def test_login_with_a_password_keeps_a_token_the_next_command_uses(live, e31, tm
 
     wrong = e31("login", "--server", live.url, "--username", DEMO_USER[0], "--password-stdin", stdin="nope\n", extra_env={"E31_TOKEN": ""})
     assert wrong.returncode == 3 and "Wrong username or password" in wrong.stderr
-    logged = e31("login", "--server", live.url, "--username", DEMO_USER[0], "--password-stdin", stdin=DEMO_USER[1] + "\n",
-                 extra_env={"E31_TOKEN": "", "E31_SERVER": ""})
+    logged = e31(
+        "login", "--server", live.url, "--username", DEMO_USER[0], "--password-stdin", stdin=DEMO_USER[1] + "\n", extra_env={"E31_TOKEN": "", "E31_SERVER": ""}
+    )
     assert logged.returncode == 0, logged.stderr
     stored = tmp_path / "config" / "config.json"
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600 and json.loads(stored.read_text())["server"] == live.url

@@ -20,9 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def live_mode(request, settings):
     settings.E31_LIVE_MODE = request.param
     if request.param == "redis":
-        settings.CHANNEL_LAYERS = {
-            "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}
-        }
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
     else:
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     channel_layers.backends = {}
@@ -83,9 +81,7 @@ def test_on_redis_a_socket_catches_up_on_events_whose_announcement_was_lost(sett
     from jobs import consumers
 
     settings.E31_LIVE_MODE = "redis"
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}
-    }
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
     channel_layers.backends = {}
     monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.3)
     job = make_job(alice)

@@ -139,8 +139,13 @@ def nothing_allowed(settings):
 
 def register_body(seaweed, bucket, **fields):
     return {
-        "name": "lake", "uri": f"s3://{bucket}/data", "endpoint_url": seaweed.endpoint, "region": "us-east-1",
-        "access_key_id": seaweed.access_key, "secret_access_key": seaweed.secret_key, **fields,
+        "name": "lake",
+        "uri": f"s3://{bucket}/data",
+        "endpoint_url": seaweed.endpoint,
+        "region": "us-east-1",
+        "access_key_id": seaweed.access_key,
+        "secret_access_key": seaweed.secret_key,
+        **fields,
     }
 
 
@@ -307,7 +312,7 @@ def test_only_the_owner_changes_credentials_and_only_of_a_bucket(alice, bob, cha
     assert api_of(charlie).post(url, body).status_code == 404
     uploaded = datasets.create_dataset(team_a, "files", {"a.txt": b"a"})
     response = api_of(alice).post(reverse("api:dataset-credentials", args=[uploaded.pk]), body)
-    assert response.status_code == 400 and "Only a dataset registered from a bucket has credentials to change." == response.json()["detail"]
+    assert response.status_code == 400 and response.json()["detail"] == "Only a dataset registered from a bucket has credentials to change."
     assert not AuditEvent.objects.filter(action="dataset.credentials").exists()
 
 
@@ -319,8 +324,13 @@ def test_the_page_changes_credentials_for_the_owner_only(client, alice, bob, sea
     assert 'id="credentials"' in page and f'value="{seaweed.endpoint}"' in page and seaweed.access_key not in page
     bad = client.post(reverse("datasets:credentials", args=[dataset.pk]), {"credentials-access_key_id": "", "credentials-secret_access_key": "typed-secret"})
     assert bad.status_code == 400 and "The credentials were not changed." in bad.content.decode() and "typed-secret" not in bad.content.decode()
-    fields = {"credentials-access_key_id": seaweed.access_key, "credentials-secret_access_key": seaweed.secret_key,
-              "credentials-endpoint_url": seaweed.endpoint, "credentials-region": "", "credentials-rescan": "on"}
+    fields = {
+        "credentials-access_key_id": seaweed.access_key,
+        "credentials-secret_access_key": seaweed.secret_key,
+        "credentials-endpoint_url": seaweed.endpoint,
+        "credentials-region": "",
+        "credentials-rescan": "on",
+    }
     response = client.post(reverse("datasets:credentials", args=[dataset.pk]), fields, follow=True)
     text = response.content.decode()
     assert "The credentials of lake are changed. Scanning the bucket again as version" in text and seaweed.secret_key not in text
@@ -420,7 +430,7 @@ def test_a_finished_job_keeps_the_name_of_a_deleted_dataset(alice, team_a, clien
     assert "digits@1" in text and "digits-heldout@1" in text
     client.force_login(alice)
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
-    assert "digits@1 <span class=\"muted small\">(deleted since)</span>" in page
+    assert 'digits@1 <span class="muted small">(deleted since)</span>' in page
 
 
 def client_spec(client, user, job):

@@ -612,7 +612,7 @@ def test_nothing_is_uploaded_into_a_registered_bucket_s_version(api, team_a):
 def test_only_a_bucket_is_scanned_again_and_only_an_upload_gets_files(api, team_a):
     uploaded = make_dataset(team_a)
     response = api.post(reverse("api:dataset-rescan", args=[uploaded.pk]))
-    assert response.status_code == 400 and "Only a dataset registered from a bucket can be scanned again." == response.json()["detail"]
+    assert response.status_code == 400 and response.json()["detail"] == "Only a dataset registered from a bucket can be scanned again."
     bucket = Dataset.objects.get(pk=register(api).json()["id"])
     response = api.post(reverse("api:dataset-versions", args=[bucket.pk]))
     assert response.status_code == 400 and "by scanning it again" in response.json()["detail"]
@@ -626,8 +626,14 @@ def test_a_bucket_is_scanned_into_a_manifest(api, team_a, seaweed, client, alice
     objects = {"data/train/a.csv": b"x,y\n1,2\n", "data/train/b.csv": payload(70_000), "data/readme.txt": b"hello", "other/skip.txt": b"no"}
     for key, body in objects.items():
         s3.put_object(Bucket=bucket, Key=key, Body=body)
-    response = register(api, uri=f"s3://{bucket}/data", endpoint_url=seaweed.endpoint, region="us-east-1",
-                        access_key_id=seaweed.access_key, secret_access_key=seaweed.secret_key)
+    response = register(
+        api,
+        uri=f"s3://{bucket}/data",
+        endpoint_url=seaweed.endpoint,
+        region="us-east-1",
+        access_key_id=seaweed.access_key,
+        secret_access_key=seaweed.secret_key,
+    )
     dataset = Dataset.objects.get(pk=response.json()["id"])
     [version] = datasets.claim_scans()
     assert datasets.scan(version).state == "ready"
@@ -666,8 +672,9 @@ def test_a_scan_with_bad_credentials_fails_with_a_reason(api, team_a, seaweed, c
 
 def test_a_scan_of_an_empty_prefix_fails_with_a_reason(api, team_a, seaweed):
     bucket = seaweed.bucket("team")
-    response = register(api, uri=f"s3://{bucket}/nothing", endpoint_url=seaweed.endpoint,
-                        access_key_id=seaweed.access_key, secret_access_key=seaweed.secret_key)
+    response = register(
+        api, uri=f"s3://{bucket}/nothing", endpoint_url=seaweed.endpoint, access_key_id=seaweed.access_key, secret_access_key=seaweed.secret_key
+    )
     version = datasets.scan(Dataset.objects.get(pk=response.json()["id"]).versions.get())
     assert (version.state, version.error) == ("failed", f"there are no objects under s3://{bucket}/nothing/")
 
@@ -699,8 +706,13 @@ def test_the_new_page_says_what_to_do_without_javascript(browser_client):
 
 
 def test_a_bucket_is_registered_through_the_page(browser_client, team_a):
-    fields = {"s3-name": "lake", "s3-uri": "s3://lake-bucket/train", "s3-endpoint_url": "http://127.0.0.1:9",
-              "s3-access_key_id": "AKIAEXAMPLE", "s3-secret_access_key": SECRET}
+    fields = {
+        "s3-name": "lake",
+        "s3-uri": "s3://lake-bucket/train",
+        "s3-endpoint_url": "http://127.0.0.1:9",
+        "s3-access_key_id": "AKIAEXAMPLE",
+        "s3-secret_access_key": SECRET,
+    }
     response = browser_client.post(reverse("datasets:new"), fields)
     dataset = Dataset.objects.get(name="lake")
     assert response.status_code == 302 and response["Location"] == reverse("datasets:detail", args=[dataset.pk])

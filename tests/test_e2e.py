@@ -110,9 +110,7 @@ def check_bill(system, job):
     ended_at = datetime.fromisoformat(record["ended_at"])
     held = int((ended_at - started).total_seconds())
     assert record["held_seconds"] == held > 0
-    expected = (Decimal(record["gpus"] * held) * Decimal(record["rate"]) / 3600).quantize(
-        Decimal("0.00000001"), rounding=ROUND_HALF_EVEN
-    )
+    expected = (Decimal(record["gpus"] * held) * Decimal(record["rate"]) / 3600).quantize(Decimal("0.00000001"), rounding=ROUND_HALF_EVEN)
     assert Decimal(record["amount"]) == expected
     assert Decimal(record["rate"]) == Decimal("2.50")  # the demo's rate, set as an operator would
     assert job["held_seconds"] == held
@@ -190,9 +188,7 @@ def test_the_core_loop(system, tmp_path):
 
 
 def test_reconnecting_after_the_end_sends_only_what_was_missed(system):
-    job = system.submit(
-        {"name": "digits-api", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25, "config": {"epochs": 5}}, EXAMPLE
-    )
+    job = system.submit({"name": "digits-api", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25, "config": {"epochs": 5}}, EXAMPLE)
     done = system.wait_for_state(job["id"])
     assert done["state"] == "succeeded", done
     headers = {"Authorization": f"Token {system.token}"}
@@ -221,9 +217,7 @@ def test_a_browser_socket_needs_our_origin_and_a_session(system):
 
 
 def test_cancel_stops_a_running_job_within_five_seconds(system):
-    job = system.submit(
-        {"name": "long", "train_dataset": "digits", "gpus": 1, "span_hours": 1, "config": {"epochs": 100000}}, EXAMPLE
-    )
+    job = system.submit({"name": "long", "train_dataset": "digits", "gpus": 1, "span_hours": 1, "config": {"epochs": 100000}}, EXAMPLE)
     system.wait_until(lambda: system.api("GET", f"/api/jobs/{job['id']}/logs/").json()["lines"], 60, "the first log line")
     asked = time.monotonic()
     response = system.api("POST", f"/api/jobs/{job['id']}/cancel/")

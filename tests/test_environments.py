@@ -90,7 +90,6 @@ def node(make_runner, wheelhouse):
     return make_runner("env-node", devices=2)
 
 
-
 def run(node, job, timeout=90):
     from tests.test_isolation import run as run_job
 
@@ -98,7 +97,7 @@ def run(node, job, timeout=90):
 
 
 def lines(job):
-    return [t for t in job.events.filter(kind="log").order_by("seq").values_list("text", flat=True)]
+    return list(job.events.filter(kind="log").order_by("seq").values_list("text", flat=True))
 
 
 def notices(job):
@@ -203,7 +202,11 @@ def test_building_never_runs_a_package_s_code_as_the_runner(tmp_path):
     with zf.ZipFile(path, "a") as wheel:  # RECORD need not list it for uv to install it
         wheel.writestr("sneaky_hook.pth", f"import os; open({str(marker)!r}, 'w').write(str(os.getuid()))\n")
     cache = EnvironmentCache(
-        tmp_path / "envs", 10**10, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
+        tmp_path / "envs",
+        10**10,
+        uv=find_uv_bin(),
+        python=sys.executable,
+        base_sites=site.getsitepackages(),
         index=["--find-links", str(wheels), "--no-index"],
     )
     key, built = cache.ensure(["sneaky==1.0"])
@@ -220,8 +223,13 @@ def local_cache(tmp_path, wheels, **options):
     from scheduler.environments import EnvironmentCache
 
     return EnvironmentCache(
-        tmp_path / "envs", 10**10, uv=find_uv_bin(), python=sys.executable, base_sites=site.getsitepackages(),
-        index=["--find-links", str(wheels), "--no-index"], **options,
+        tmp_path / "envs",
+        10**10,
+        uv=find_uv_bin(),
+        python=sys.executable,
+        base_sites=site.getsitepackages(),
+        index=["--find-links", str(wheels), "--no-index"],
+        **options,
     )
 
 
@@ -255,7 +263,7 @@ def test_requests_that_resolve_the_same_share_one_environment_keyed_by_what_was_
     assert cache.lookup(["e31demo==1.0"]) is None and cache.held() == {}
 
 
-BACKEND = '''
+BACKEND = """
 import base64, hashlib, os, zipfile
 
 SECRET = {secret!r}
@@ -285,7 +293,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             wheel.writestr(path, data)
         wheel.writestr(dist + "/RECORD", record)
     return name
-'''
+"""
 
 
 def make_sdist(folder, secret):
@@ -329,7 +337,9 @@ def test_a_source_build_runs_only_where_allowed_and_then_in_a_sandbox_as_a_uid_o
     key, built = node.envs.ensure(["built==1.0"])
     assert built and node.envs.resolved(key) == ["built==1.0"]
     probe = subprocess.run(
-        [node.envs.python_of(key), "-c", "import built; print(built.UID, built.SECRET)"], capture_output=True, text=True,
+        [node.envs.python_of(key), "-c", "import built; print(built.UID, built.SECRET)"],
+        capture_output=True,
+        text=True,
     ).stdout.split()
     assert int(probe[0]) >= settings.E31_JOB_UID_BASE, probe  # never root, never the runner
     assert probe[1] in ("FileNotFoundError", "PermissionError"), probe  # the node's files are not in its sandbox

@@ -27,12 +27,27 @@ def heavy_usage(team, job, hours):
     node = Node.objects.create(name=f"old-{team.pk}", device_type="cpu", devices=8, stopped_at=timezone.now())
     ended = timezone.now() - timedelta(hours=1)
     allocation = Allocation.objects.create(
-        job=job, node=node, devices=list(range(8)), device_type="cpu", rate=Decimal("1"), started_at=ended - timedelta(hours=hours),
-        ended_at=ended, end_reason="exited", launched_at=ended - timedelta(hours=hours),
+        job=job,
+        node=node,
+        devices=list(range(8)),
+        device_type="cpu",
+        rate=Decimal("1"),
+        started_at=ended - timedelta(hours=hours),
+        ended_at=ended,
+        end_reason="exited",
+        launched_at=ended - timedelta(hours=hours),
     )
     UsageRecord.objects.create(
-        team=team, job=job, allocation=allocation, gpu_type="cpu", gpus=8, started_at=allocation.started_at, ended_at=ended,
-        held_seconds=hours * 3600, rate=Decimal("1"), amount=Decimal(8 * hours),
+        team=team,
+        job=job,
+        allocation=allocation,
+        gpu_type="cpu",
+        gpus=8,
+        started_at=allocation.started_at,
+        ended_at=ended,
+        held_seconds=hours * 3600,
+        rate=Decimal("1"),
+        amount=Decimal(8 * hours),
     )
 
 

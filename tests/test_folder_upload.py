@@ -42,7 +42,7 @@ def refusal(pairs, **limits):
 
 
 def test_it_packs_the_files_with_their_paths_relative_to_the_folder_chosen():
-    pairs = [(path, content) for path, content in PROJECT.items()]
+    pairs = list(PROJECT.items())
     pairs[2] = (pairs[2][0], io.BytesIO(pairs[2][1]))  # a file as well as bytes
     top, paths, archive = packed(pairs)
     assert top == "myproj"

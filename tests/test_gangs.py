@@ -75,7 +75,7 @@ def test_a_gang_never_starts_partly(alice, rate, nodes):
 
 def test_a_gang_is_held_whole_at_one_moment(alice, rate, nodes):
     job = make_job(alice, name="wide", gpus=2, ceiling_amount=None)
-    [first] = schedule_now()
+    [_first] = schedule_now()
     allocations = list(job.allocations.order_by("node_rank"))
     assert [a.node.name for a in allocations] == ["n1", "n2"] or [a.node.name for a in allocations] == ["n2", "n1"]
     assert len({a.gang for a in allocations}) == 1 and allocations[0].gang is not None
@@ -134,9 +134,14 @@ class ReferenceRun:
         script.write_bytes(DDP_SCRIPT)
         (folder / "config.json").write_text(json.dumps(config))
         env = {
-            "PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-            "E31_OUTPUT_DIR": str(folder), "E31_CHECKPOINT_DIR": str(folder / "ckpt"),
-            "E31_CONFIG": str(folder / "config.json"), "E31_METRICS_FILE": str(folder / "metrics.jsonl"),
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "E31_OUTPUT_DIR": str(folder),
+            "E31_CHECKPOINT_DIR": str(folder / "ckpt"),
+            "E31_CONFIG": str(folder / "config.json"),
+            "E31_METRICS_FILE": str(folder / "metrics.jsonl"),
         }
         self.process = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._weights = None
@@ -257,7 +262,8 @@ def test_a_gang_that_loses_a_runner_stops_whole_and_resumes_from_its_checkpoint(
         # The other rank is stopped too and both devices are released: the job goes back to the queue.
         first = system.wait_until(
             lambda: (j := system.job(job_id))["restarts"] == 1 and all(a["ended_at"] for a in j["allocations"]) and j["allocations"],
-            60, "the whole gang to be released",
+            60,
+            "the whole gang to be released",
         )
         ended = sorted(a["ended_at"] for a in first)
         from tests.system import parse_time

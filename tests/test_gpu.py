@@ -73,7 +73,7 @@ def test_a_gpu_job_sees_its_own_device_only_and_every_precision_runs(alice, rate
     report = next(json.loads(e.text) for e in job.events.filter(kind="log").order_by("seq") if e.text.startswith('{"nodes"'))
     [device] = job.allocations.get().devices
     own = f"/dev/nvidia{device}"
-    others = [n for n in report["nodes"] if n[len("/dev/nvidia"):].isdigit() and n != own]
+    others = [n for n in report["nodes"] if n[len("/dev/nvidia") :].isdigit() and n != own]
     assert own in report["nodes"] and "/dev/nvidiactl" in report["nodes"] and not others, report["nodes"]
     assert report["visible"] == str(device) and report["count"] == 1
     assert report["steps"] == {"fp32": ["torch.float32", True], "bf16": ["torch.bfloat16", True], "fp16": ["torch.float16", True]}

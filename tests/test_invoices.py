@@ -2,7 +2,7 @@ import csv
 import io
 import shutil
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from jobs.models import Job
 from scheduler.models import Allocation, Node, Staging
 from tests.conftest import make_user
 
-UTC = timezone.utc
+UTC = UTC
 NOV = datetime(2026, 11, 1, tzinfo=UTC)
 LATER = datetime(2026, 12, 15, tzinfo=UTC)  # November is over
 
@@ -32,7 +32,12 @@ def node(db):
 
 def new_job(user, name="job", created_at=None, gpus=1):
     return Job.objects.create(
-        team=user.membership.team, created_by=user, name=name, entrypoint="train.py", gpus=gpus, span_hours=Decimal(1),
+        team=user.membership.team,
+        created_by=user,
+        name=name,
+        entrypoint="train.py",
+        gpus=gpus,
+        span_hours=Decimal(1),
         created_at=created_at or NOV,
     )
 
@@ -41,13 +46,27 @@ def record(job, node, started, seconds, rate, gpus=1, credit=Decimal(0), reason=
     """A released allocation and its usage record, as Allocation.release writes them."""
     ended = started + timedelta(seconds=seconds)
     allocation = Allocation.objects.create(
-        job=job, node=node, devices=list(range(gpus)), device_type=gpu_type, rate=rate, started_at=started, ended_at=ended,
+        job=job,
+        node=node,
+        devices=list(range(gpus)),
+        device_type=gpu_type,
+        rate=rate,
+        started_at=started,
+        ended_at=ended,
         end_reason=Allocation.NODE_LOST if credit else Allocation.EXITED,
     )
     amount = meter.charge(gpus, seconds, rate)
     usage = UsageRecord.objects.create(
-        team=job.team, job=job, allocation=allocation, gpu_type=gpu_type, gpus=gpus, started_at=started, ended_at=ended,
-        held_seconds=seconds, rate=rate, amount=amount,
+        team=job.team,
+        job=job,
+        allocation=allocation,
+        gpu_type=gpu_type,
+        gpus=gpus,
+        started_at=started,
+        ended_at=ended,
+        held_seconds=seconds,
+        rate=rate,
+        amount=amount,
     )
     if credit:
         Credit.objects.create(team=job.team, job=job, usage=usage, seconds=seconds, amount=min(Decimal(credit), amount), reason=reason)
@@ -80,8 +99,16 @@ def usages_of(items):
         credit = (amount * percent / 100).quantize(meter.AMOUNT_PLACES)
         out.append(
             invoices.Usage(
-                job_id=f"job-{job}", job_name=f"run {job}", gpus=gpus, gpu_type="H100", held_seconds=seconds, rate=rate,
-                amount=amount, credit_seconds=seconds * percent // 100, credit_amount=credit, credit_reason="node lost" if credit else "",
+                job_id=f"job-{job}",
+                job_name=f"run {job}",
+                gpus=gpus,
+                gpu_type="H100",
+                held_seconds=seconds,
+                rate=rate,
+                amount=amount,
+                credit_seconds=seconds * percent // 100,
+                credit_amount=credit,
+                credit_reason="node lost" if credit else "",
             )
         )
     return out
@@ -111,8 +138,7 @@ def test_the_total_is_the_sum_of_the_rounded_lines_and_each_line_is_rounded_once
             assert line.amount <= 0 and line.description == "node lost" and str(line.amount) != "-0.00"
     # The same figures as the usage page's statement, and the same again when regenerated.
     old = statements.statement(
-        statements.Usage(u.job_id, u.job_name, u.gpus, u.gpu_type, u.held_seconds, u.rate, u.amount, u.credit_seconds, u.credit_amount)
-        for u in usages
+        statements.Usage(u.job_id, u.job_name, u.gpus, u.gpu_type, u.held_seconds, u.rate, u.amount, u.credit_seconds, u.credit_amount) for u in usages
     )
     assert doc.total == old.total and doc.credits == -old.credits
     assert invoices.lines(usages) == doc.lines
@@ -147,7 +173,16 @@ def test_issued_invoices_store_the_statement_and_never_change(alice, charlie, no
             if key not in jobs:
                 jobs[key] = new_job(users[who], name=f"run-{who}-{job}")
             amount = meter.charge(gpus, seconds, rate)
-            record(jobs[key], node, NOV + timedelta(days=day), seconds, rate, gpus, credit=(amount * percent / 100).quantize(meter.AMOUNT_PLACES), reason="preempted")
+            record(
+                jobs[key],
+                node,
+                NOV + timedelta(days=day),
+                seconds,
+                rate,
+                gpus,
+                credit=(amount * percent / 100).quantize(meter.AMOUNT_PLACES),
+                reason="preempted",
+            )
         before = {u.membership.team_id: invoice_service.statement(u.membership.team, 2026, 11) for u in users}
         made = invoice_service.invoice_month(2026, 11, now=LATER)
         assert invoice_service.invoice_month(2026, 11, now=LATER) == []  # idempotent
@@ -162,10 +197,13 @@ def test_issued_invoices_store_the_statement_and_never_change(alice, charlie, no
             assert (invoice.subtotal, invoice.credits) == (stored.subtotal, stored.credits)
             assert invoice.number == "2026-0001" and invoice.state == Invoice.ISSUED
             # The usage page's figures are the invoice's.
-            assert statements.statement(
-                statements.Usage(str(r.job_id), r.job.name, r.gpus, r.gpu_type, r.held_seconds, r.rate, r.amount, r.credit_seconds, r.credit_amount)
-                for r in invoice.team.usage.filter(period=november)
-            ).total == invoice.total
+            assert (
+                statements.statement(
+                    statements.Usage(str(r.job_id), r.job.name, r.gpus, r.gpu_type, r.held_seconds, r.rate, r.amount, r.credit_seconds, r.credit_amount)
+                    for r in invoice.team.usage.filter(period=november)
+                ).total
+                == invoice.total
+            )
             invoice.total += 1
             with pytest.raises(InvoiceImmutable):
                 invoice.save()
@@ -277,7 +315,9 @@ def test_a_rate_change_during_the_month_shows_each_rate(alice, node):
 def test_queue_and_staging_times_are_shown_free(alice, node):
     job = new_job(alice, "waited", created_at=NOV + timedelta(days=1))
     start = NOV + timedelta(days=1, seconds=754)
-    Staging.objects.create(job=job, node=node, state=Staging.STAGED, started_at=NOV + timedelta(days=1, seconds=600), finished_at=NOV + timedelta(days=1, seconds=725))
+    Staging.objects.create(
+        job=job, node=node, state=Staging.STAGED, started_at=NOV + timedelta(days=1, seconds=600), finished_at=NOV + timedelta(days=1, seconds=725)
+    )
     record(job, node, start, 60, Decimal("2.40"))
     lines = list(issue_november(alice.membership.team).lines.all())
     assert [(line.kind, line.seconds, line.amount) for line in lines] == [
@@ -329,7 +369,7 @@ def urls(invoice):
 
 
 def test_the_team_sees_its_invoice_and_an_outsider_gets_404_everywhere(client, alice, bob, charlie, issued):
-    assert [u for u in urls(issued)][0] == f"/billing/invoices/{issued.pk}/"
+    assert next(iter(urls(issued))) == f"/billing/invoices/{issued.pk}/"
     assert urls(issued)[4] == f"/api/invoices/{issued.pk}.pdf"
     for user in (alice, bob):
         client.force_login(user)
@@ -357,7 +397,9 @@ def test_the_invoice_page_api_and_csv_hold_the_lines(client, alice, issued):
     data = client.get(f"/api/invoices/{issued.pk}/").json()
     assert (data["number"], data["total"], data["credits"], data["period"]) == (issued.number, "13.54", "-3.00", "2026-11")
     assert [(line["kind"], line["amount"]) for line in data["lines"] if line["kind"] in ("usage", "credit")] == [
-        ("usage", "14.40"), ("credit", "-3.00"), ("usage", "2.14"),
+        ("usage", "14.40"),
+        ("credit", "-3.00"),
+        ("usage", "2.14"),
     ]
     rows = list(csv.DictReader(io.StringIO(client.get(f"/api/invoices/{issued.pk}.csv").content.decode())))
     assert rows[0]["job"] == "resnet-50 <&> sweep" and rows[0]["amount"] == "14.40" and rows[0]["seconds"] == "5400"
@@ -390,8 +432,24 @@ def test_the_pdf_holds_the_header_lines_and_total(client, alice, issued):
     assert f"e31-invoice-{issued.number}.pdf" in response["Content-Disposition"]
     assert client.get(reverse("api:invoice-pdf", args=[issued.pk])).content == response.content  # never changes
     text = pdf_text(response.content)
-    for needle in ("E31 Network", f"Invoice {issued.number}", "Team A", "2026-11", "resnet-50 <&> sweep", "bert-finetune", "NVIDIA H100",
-                   "14.40", "-3.00", "2.14", "USD 13.54", "Queue time, not billed", "1:30:00", "0:20:34", "3.125", "USD"):
+    for needle in (
+        "E31 Network",
+        f"Invoice {issued.number}",
+        "Team A",
+        "2026-11",
+        "resnet-50 <&> sweep",
+        "bert-finetune",
+        "NVIDIA H100",
+        "14.40",
+        "-3.00",
+        "2.14",
+        "USD 13.54",
+        "Queue time, not billed",
+        "1:30:00",
+        "0:20:34",
+        "3.125",
+        "USD",
+    ):
         assert needle in text, needle
     pdftoppm = shutil.which("pdftoppm")
     if pdftoppm is None:
@@ -404,10 +462,10 @@ def test_the_pdf_holds_the_header_lines_and_total(client, alice, issued):
 
 
 def test_a_long_invoice_pdf_runs_over_pages(alice, node):
-    lines = invoices.lines(
-        [invoices.Usage(f"job-{i}", f"run {i}", 1, "cpu", 3600, Decimal("2.40"), Decimal("2.40")) for i in range(120)]
+    lines = invoices.lines([invoices.Usage(f"job-{i}", f"run {i}", 1, "cpu", 3600, Decimal("2.40"), Decimal("2.40")) for i in range(120)])
+    doc = invoices.Document(
+        team_name="Team A", period_start=NOV, period_end=LATER.replace(day=1), currency="USD", lines=lines, state="issued", number="2026-0009", issued_at=LATER
     )
-    doc = invoices.Document(team_name="Team A", period_start=NOV, period_end=LATER.replace(day=1), currency="USD", lines=lines, state="issued", number="2026-0009", issued_at=LATER)
     text = pdf_text(invoices.render_pdf(doc))
     assert "run 119" in text and "USD 288.00" in text and "Page 2" in text
 
@@ -476,7 +534,10 @@ def test_four_issuers_at_once_take_each_number_once_without_gaps():
         workers = [
             subprocess.Popen(
                 [sys.executable, "manage.py", "shell", "-c", CONCURRENT_WORKER.format(part=part, start=start)],
-                cwd=ROOT, env=system.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=system.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
             )
             for part in range(4)
         ]

@@ -59,25 +59,48 @@ def test_uid_slots_cycle_and_never_collide():
 @pytest.mark.nodb
 def test_limits_come_from_the_settings_or_the_job_s_share_of_the_node_less_a_reserve():
     share = job_limits(
-        memory_bytes=0, max_processes=100, max_open_files=1000, max_file_bytes=10, disk_bytes=0,
-        devices_held=2, devices_total=8, node_memory=64 * 2**30, node_disk=1000 * 2**30, memory_reserve=4 * 2**30,
+        memory_bytes=0,
+        max_processes=100,
+        max_open_files=1000,
+        max_file_bytes=10,
+        disk_bytes=0,
+        devices_held=2,
+        devices_total=8,
+        node_memory=64 * 2**30,
+        node_disk=1000 * 2**30,
+        memory_reserve=4 * 2**30,
     )
     # (64 - 4) GiB x 2/8; the disk's reserve is a tenth: 900 GiB x 2/8.
     assert share == Limits(15 * 2**30, 100, 1000, 10, 225 * 2**30, 2.0)
     # Two 1-slot jobs on a 2-slot node of 24 GiB leave the system its reserve (2.4 GiB), not nothing.
     half = job_limits(
-        memory_bytes=0, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=2,
+        memory_bytes=0,
+        max_processes=1,
+        max_open_files=1,
+        max_file_bytes=1,
+        disk_bytes=1,
+        devices_held=1,
+        devices_total=2,
         node_memory=24 * 2**30,
     )
     assert 2 * half.memory_bytes <= 24 * 2**30 - 2**30 and half.cpus == 1.0 and half.disk_bytes == 1
     fixed = job_limits(
-        memory_bytes=2**30, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=8,
+        memory_bytes=2**30,
+        max_processes=1,
+        max_open_files=1,
+        max_file_bytes=1,
+        disk_bytes=1,
+        devices_held=1,
+        devices_total=8,
         node_memory=None,
     )
     assert fixed.memory_bytes == 2**30 and fixed.memory_text == "1024 MB"
-    assert job_limits(
-        memory_bytes=0, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=2, node_memory=None
-    ).memory_bytes is None
+    assert (
+        job_limits(
+            memory_bytes=0, max_processes=1, max_open_files=1, max_file_bytes=1, disk_bytes=1, devices_held=1, devices_total=2, node_memory=None
+        ).memory_bytes
+        is None
+    )
     assert oom_message(fixed) == "ran out of memory (limit 1024 MB)"
     assert disk_message(5 * 10**9) == "used more than 5 GB of disk in its folder"
 
@@ -96,9 +119,12 @@ def test_cpu_follows_the_slots_held_or_the_gpus_share_of_the_node():
 @pytest.mark.nodb
 def test_the_sandbox_binds_only_what_the_view_names_and_cuts_the_network():
     view = View(
-        root="/srv/e31/runs/7-ab", cwd="/srv/e31/runs/7-ab/code",
+        root="/srv/e31/runs/7-ab",
+        cwd="/srv/e31/runs/7-ab/code",
         system=(("bind", "/usr", "/usr"), ("symlink", "usr/bin", "/bin"), ("bind", "/etc", "/etc")),
-        runtime=("/opt/venv",), read_only=("/srv/e31/runs/7-ab/data",), env=(("LD_PRELOAD", "./evil.so"), ("A", "1")),
+        runtime=("/opt/venv",),
+        read_only=("/srv/e31/runs/7-ab/data",),
+        env=(("LD_PRELOAD", "./evil.so"), ("A", "1")),
     )
     args = sandbox_args(view)
     assert args[:3] == ["--unshare-all", "--unshare-user", "--disable-userns"] and "--share-net" not in args
@@ -106,13 +132,17 @@ def test_the_sandbox_binds_only_what_the_view_names_and_cuts_the_network():
         assert flag in args
     binds = [(args[i], args[i + 1], args[i + 2]) for i in range(len(args) - 2) if args[i] in ("--bind", "--ro-bind", "--dev-bind", "--symlink")]
     assert binds == [
-        ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"), ("--ro-bind", "/etc", "/etc"), ("--ro-bind", "/opt/venv", "/opt/venv"),
-        ("--bind", "/srv/e31/runs/7-ab", "/srv/e31/runs/7-ab"), ("--ro-bind", "/srv/e31/runs/7-ab/data", "/srv/e31/runs/7-ab/data"),
+        ("--ro-bind", "/usr", "/usr"),
+        ("--symlink", "usr/bin", "/bin"),
+        ("--ro-bind", "/etc", "/etc"),
+        ("--ro-bind", "/opt/venv", "/opt/venv"),
+        ("--bind", "/srv/e31/runs/7-ab", "/srv/e31/runs/7-ab"),
+        ("--ro-bind", "/srv/e31/runs/7-ab/data", "/srv/e31/runs/7-ab/data"),
     ]
     # Private /tmp, /var/tmp and /run come before anything is bound (a runtime under /tmp stays).
     assert args.index("/var/tmp") < args.index("/opt/venv")
     # The job's environment is set inside only, after --clearenv.
-    assert args[args.index("--clearenv"):] == ["--clearenv", "--setenv", "LD_PRELOAD", "./evil.so", "--setenv", "A", "1"]
+    assert args[args.index("--clearenv") :] == ["--clearenv", "--setenv", "LD_PRELOAD", "./evil.so", "--setenv", "A", "1"]
     assert "--share-net" in sandbox_args(View(root="/r", cwd="/r", network=True))
 
 
@@ -120,12 +150,15 @@ def test_the_sandbox_binds_only_what_the_view_names_and_cuts_the_network():
 def test_a_gpu_job_gets_only_its_own_device_nodes_and_a_cpu_job_none():
     present = {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm"}
     assert gpu_device_nodes([1, 2], "h100", exists=present.__contains__) == (
-        "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm",
+        "/dev/nvidia1",
+        "/dev/nvidia2",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
     )
     assert gpu_device_nodes([0, 1], "cpu", exists=present.__contains__) == ()
     view = View(root="/r", cwd="/r", devices=("/dev/nvidia1", "/dev/nvidiactl"))
     args = sandbox_args(view)
-    assert ["--dev-bind", "/dev/nvidia1", "/dev/nvidia1"] == args[args.index("--dev-bind"):args.index("--dev-bind") + 3]
+    assert args[args.index("--dev-bind") : args.index("--dev-bind") + 3] == ["--dev-bind", "/dev/nvidia1", "/dev/nvidia1"]
     assert "/dev/nvidia0" not in args
 
 
@@ -133,7 +166,8 @@ def test_a_gpu_job_gets_only_its_own_device_nodes_and_a_cpu_job_none():
 def test_resource_limits_never_pass_the_runner_s_own_and_processes_only_per_user():
     limits = Limits(None, 500, 65536, 2**40, 1)
     assert rlimits(limits, per_user=False, hard={"RLIMIT_NOFILE": 20000, "RLIMIT_FSIZE": -1}) == {
-        "RLIMIT_NOFILE": (20000, 20000), "RLIMIT_FSIZE": (2**40, 2**40),
+        "RLIMIT_NOFILE": (20000, 20000),
+        "RLIMIT_FSIZE": (2**40, 2**40),
     }
     assert rlimits(limits, per_user=True)["RLIMIT_NPROC"] == (500, 500)
 
@@ -173,7 +207,11 @@ def test_a_job_s_own_network_refuses_the_node_s_addresses_and_the_operator_s_net
     assert local_addresses(FIB_TRIE) == ["127.0.0.1", "192.0.2.7", "203.0.113.9"]
     deny = parse_networks("10.0.0.0/8, 169.254.0.0/16 100.64.0.0/10")
     assert denied_networks(deny, local_addresses(FIB_TRIE)) == [
-        "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "192.0.2.7/32", "203.0.113.9/32",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "169.254.0.0/16",
+        "192.0.2.7/32",
+        "203.0.113.9/32",
     ]  # never the job's own loopback
     # A node that is itself a slirp guest (10.0.2.15): its address is refused, the uplink's
     # gateway, DNS and the job's own address never are (the broad 10/8 route loses to the uplink's
@@ -247,7 +285,6 @@ def test_mount_plan_hides_the_network_s_folders_and_binds_back_what_the_job_need
 def node(make_runner, settings):
     settings.E31_JOB_DISK_CHECK_SECONDS = 0.3
     return make_runner("iso-node", devices=2)
-
 
 
 def run(node, job, until=None, timeout=30):
@@ -547,7 +584,9 @@ def live(tmp_path_factory):
 @needs_root
 def test_a_job_finds_none_of_the_network_s_secrets(live, tmp_path):
     sleeper = tmp_path / "sleep.py"
-    sleeper.write_text("import os, time\nopen(os.path.join(os.environ['E31_OUTPUT_DIR'], 'mine'), 'w').write('private')\nprint('up', flush=True)\ntime.sleep(60)\n")
+    sleeper.write_text(
+        "import os, time\nopen(os.path.join(os.environ['E31_OUTPUT_DIR'], 'mine'), 'w').write('private')\nprint('up', flush=True)\ntime.sleep(60)\n"
+    )
     other = live.submit({"name": "other", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25}, sleeper)
     live.wait_for_state(other["id"], "running", timeout=60)
     runs = live.var_dir / "runs"
@@ -557,16 +596,22 @@ def test_a_job_finds_none_of_the_network_s_secrets(live, tmp_path):
     other_folder = next(runs.glob(f"{other['id']}-*"))
     cache = live.var_dir / "cache"
     files = [
-        live.var_dir / "e31.sqlite3", live.var_dir / "secret_key", other_folder / "output" / "mine", other_folder / "config.json",
+        live.var_dir / "e31.sqlite3",
+        live.var_dir / "secret_key",
+        other_folder / "output" / "mine",
+        other_folder / "config.json",
         *(p for p in cache.rglob("*") if p.is_file()),
     ]
     folders = [live.var_dir, runs, other_folder, other_folder / "output", cache, live.var_dir / "storage"]
     hunter = tmp_path / "hunt.py"
     hunter.write_text(HUNTER)
     spec = {
-        "name": "hunter", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25,
+        "name": "hunter",
+        "train_dataset": "digits",
+        "gpus": 1,
+        "span_hours": 0.25,
         "env": {
-            "HUNT_VALUES": json.dumps(list(SECRETS.values()) + ["e31.sqlite3"]),
+            "HUNT_VALUES": json.dumps([*list(SECRETS.values()), "e31.sqlite3"]),
             "HUNT_RUNNER_PID": str(live.processes["runner"].pid),
             "HUNT_FILES": json.dumps([str(p) for p in files]),
             "HUNT_FOLDERS": json.dumps([str(p) for p in folders]),
@@ -613,9 +658,15 @@ def test_a_uid_claimed_by_one_runner_is_not_given_out_by_another(tmp_path):
 
     folder = tmp_path / "uids"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from scheduler.isolation import UidClaims; c = UidClaims(sys.argv[1]); "
-         "print(c.claim(200005), flush=True); sys.stdin.read()", str(folder)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from scheduler.isolation import UidClaims; c = UidClaims(sys.argv[1]); print(c.claim(200005), flush=True); sys.stdin.read()",
+            str(folder),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "True"
@@ -642,10 +693,7 @@ def test_two_systems_on_one_machine_never_touch_each_other_s_jobs(live, tmp_path
     from scheduler.runner import Runner
 
     sleeper = tmp_path / "sleep.py"
-    sleeper.write_text(
-        "import os, time\nprint('up', flush=True)\ntime.sleep(8)\n"
-        "open(os.path.join(os.environ['E31_OUTPUT_DIR'], 'done'), 'w').write('ok')\n"
-    )
+    sleeper.write_text("import os, time\nprint('up', flush=True)\ntime.sleep(8)\nopen(os.path.join(os.environ['E31_OUTPUT_DIR'], 'done'), 'w').write('ok')\n")
     job = live.submit({"name": "neighbour", "train_dataset": "digits", "gpus": 1, "span_hours": 0.25}, sleeper)
     live.wait_for_state(job["id"], "running", timeout=60)
     # The other system: its own database (this test's), a runner of the same name on this machine.

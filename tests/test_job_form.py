@@ -211,8 +211,15 @@ def test_an_oversized_upload_is_refused_with_its_name(client_a, settings):
 
 def test_checkpoint_and_stopping_choices_are_kept_on_the_job(client_a):
     response = post(
-        client_a, code=script(), data=data_file(), preemptible="on", keep_checkpoints="5", max_restarts="1",
-        early_stop_metric="heldout_loss", early_stop_mode="min", early_stop_patience="4",
+        client_a,
+        code=script(),
+        data=data_file(),
+        preemptible="on",
+        keep_checkpoints="5",
+        max_restarts="1",
+        early_stop_metric="heldout_loss",
+        early_stop_mode="min",
+        early_stop_patience="4",
     )
     assert response.status_code == 302, errors_of(response)
     job = Job.objects.get()
@@ -330,9 +337,7 @@ def test_the_packages_given_and_the_archive_s_together_hold_the_limit(client_a):
     work = zipped({"train.py": "x", "requirements.txt": "\n".join(f"b{i}" for i in range(60))})
     response = post(client_a, code=work, data=data_file(), entrypoint="train.py", packages=given)
     assert response.status_code == 200 and not Job.objects.exists()
-    assert errors_of(response)["packages"] == [
-        "With the archive's requirements.txt: 210 requirements in all: a job may name at most 200"
-    ]
+    assert errors_of(response)["packages"] == ["With the archive's requirements.txt: 210 requirements in all: a job may name at most 200"]
 
 
 def test_the_job_page_shows_the_packages_of_a_job_that_has_some(client_a):

@@ -54,10 +54,10 @@ def swap_for_link(path, target):
 
 # Hostile jobs, run by a runner in this process --------------------------------------------------
 
+
 @pytest.fixture
 def node(make_runner):
     return make_runner("links-node", devices=2)
-
 
 
 def run(node, job, timeout=60):
@@ -323,7 +323,7 @@ def test_regular_files_walks_deep_trees_with_few_descriptors(tmp_path, monkeypat
     before = len(os.listdir("/proc/self/fd"))
     most = 0
     found = []
-    for name, fd in jobfiles.regular_files(root):
+    for name, _fd in jobfiles.regular_files(root):
         most = max(most, len(os.listdir("/proc/self/fd")) - before)
         found.append(name)
     assert sorted(found) == sorted(expected)
@@ -350,6 +350,7 @@ def test_disk_used_counts_each_inode_once_skips_the_staged_and_follows_no_link(t
     assert big <= used < 1_000_000
     assert jobfiles.disk_used(root) >= used + st.st_blocks * 512
     assert jobfiles.disk_used(tmp_path / "missing") == 0
+
     # The same figure as the path-based measure it replaces, where there is nothing to race.
     def measured_by_path(root, skip_inodes=frozenset()):
         seen, total = set(), 0

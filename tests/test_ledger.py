@@ -2,7 +2,7 @@
 immutable) when it is released; credits as records of their own; usage released into a month
 already invoiced is billed in the next open month; two schedulers cannot pass a budget together."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from datetime import timezone as dt_timezone
 from decimal import Decimal
 
@@ -19,7 +19,7 @@ from scheduler.runner import Runner
 from tests.conftest import make_job, schedule_now
 
 D = Decimal
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 @pytest.fixture
@@ -75,7 +75,13 @@ def test_a_credit_is_a_record_of_its_own(alice, team_a, rate, node):
     job = make_job(alice)
     [allocation] = schedule_now()
     Checkpoint.objects.create(
-        job=job, allocation=allocation, name="step-1.pt", step=1, key="k", size=1, sha256="0" * 64,
+        job=job,
+        allocation=allocation,
+        name="step-1.pt",
+        step=1,
+        key="k",
+        size=1,
+        sha256="0" * 64,
         written_at=allocation.started_at + timedelta(seconds=400),
     )
     usage = allocation.release(allocation.started_at + timedelta(seconds=600), Allocation.NODE_LOST)

@@ -2,7 +2,7 @@
 not stored, and the job keeps running. One line marks where storing stopped; the run's last line
 says how much was not stored; a requeued job's new run counts what its earlier runs stored."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -11,7 +11,7 @@ from jobs.models import JobEvent
 from scheduler.logcap import MARKER_STREAM, LogBudget, line_bytes, size_text
 from tests.conftest import make_job
 
-AT = datetime(2025, 1, 1, tzinfo=timezone.utc)
+AT = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def lines(*texts, stream="stdout"):
@@ -65,8 +65,8 @@ def test_a_line_that_reaches_the_cap_exactly_is_stored_and_the_next_is_not():
 @pytest.mark.nodb
 def test_a_batch_straddling_the_cap_keeps_its_head_then_one_marker():
     budget = LogBudget(cap=25)
-    at_drop = datetime(2025, 1, 1, 0, 0, 7, tzinfo=timezone.utc)
-    batch = lines("0" * 9, "1" * 9) + [("stderr", at_drop, "2" * 9, None)] + lines("3" * 9)
+    at_drop = datetime(2025, 1, 1, 0, 0, 7, tzinfo=UTC)
+    batch = [*lines("0" * 9, "1" * 9), ("stderr", at_drop, "2" * 9, None), *lines("3" * 9)]
     stored = budget.take(batch)
     assert stored[:2] == batch[:2]
     assert len(stored) == 3 and stored[2][0] == MARKER_STREAM and stored[2][1] == at_drop  # where it stopped
@@ -179,7 +179,7 @@ def test_a_job_printing_fast_keeps_its_log_under_the_cap_and_succeeds(runner, al
     assert stored_bytes(job.pk) == sum(line_bytes(t) for _, t in kept) + line_bytes(marker) + line_bytes(summary)
     # The one line that says how much was not stored: everything printed, less what was kept.
     printed = [f"line {i}" for i in range(PRINTED)] + ["the end"]
-    not_stored = sum(line_bytes(text) for text in printed[len(kept):])
+    not_stored = sum(line_bytes(text) for text in printed[len(kept) :])
     assert summary == f"[e31] {len(printed) - len(kept)} lines ({not_stored} bytes) past the log cap of 50 KB were not stored"
 
 
@@ -213,7 +213,7 @@ def test_a_requeued_job_counts_what_its_earlier_runs_stored(runner, alice, rate)
     assert first_run == [f"run 0 line {i:04d}" for i in range(len(first_run))]  # nothing of the second run
     assert stored_bytes(job.pk) <= 50_000 + sum(line_bytes(text) for stream, text in stored if stream == MARKER_STREAM)
     # The cap is said to be reached once; each run says what of its own output was not stored.
-    assert [text for stream, text in stored[len(first_run):]] == [
+    assert [text for stream, text in stored[len(first_run) :]] == [
         "[e31] the log reached its cap of 50 KB: further lines are counted, not stored; the job keeps running",
         f"[e31] {4000 - len(first_run)} lines ({(4000 - len(first_run)) * 16} bytes) past the log cap of 50 KB were not stored",
         "[e31] 4000 lines (64000 bytes) past the log cap of 50 KB were not stored",

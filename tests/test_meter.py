@@ -1,4 +1,4 @@
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from billing import meter
 from billing.statements import Usage, month_bounds, parse_month, statement
 
-T0 = datetime(2026, 12, 1, 22, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 22, 0, tzinfo=UTC)
 
 
 def test_held_seconds_counts_whole_seconds():
@@ -110,7 +110,7 @@ def test_december_ends_at_new_year():
 
 
 def test_the_credit_for_lost_time_runs_from_the_last_checkpoint():
-    start = datetime(2026, 12, 2, 22, 0, tzinfo=timezone.utc)
+    start = datetime(2026, 12, 2, 22, 0, tzinfo=UTC)
     end = start + timedelta(seconds=600)
     rate = Decimal("3.60")  # 0.001 per GPU-second
     charged = meter.charge(2, 600, rate)
@@ -123,7 +123,9 @@ def test_the_credit_for_lost_time_runs_from_the_last_checkpoint():
     assert meter.lost_time_credit(2, rate, start, end, None, Decimal("0.25")) == (600, Decimal("0.25"))
 
 
-from hypothesis import given, settings as hypothesis_settings, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 
 @hypothesis_settings(max_examples=300, deadline=None)
@@ -136,7 +138,8 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st 
             st.integers(0, 10**7),  # how long the process would have held it
             st.floats(0, 1),  # the share of it lost through the network's fault, credited
         ),
-        min_size=1, max_size=6,
+        min_size=1,
+        max_size=6,
     ),
 )
 def test_no_job_is_ever_billed_past_its_money_ceiling(gpus, ceiling, runs):

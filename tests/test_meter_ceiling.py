@@ -172,10 +172,7 @@ def test_cancel_asks_for_confirmation_and_still_cancels_without_javascript(clien
     job = make_job(alice, name="o'brien <run>")
     client.force_login(alice)
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
-    assert (
-        'id="cancel-form" onsubmit="return confirm(\'Cancel the job “o\\u0027brien \\u003Crun\\u003E”? This cannot be undone.\')"'
-        in page
-    )
+    assert 'id="cancel-form" onsubmit="return confirm(\'Cancel the job “o\\u0027brien \\u003Crun\\u003E”? This cannot be undone.\')"' in page
     client.post(reverse("jobs:cancel", args=[job.pk]))
     job.refresh_from_db()
     assert job.state == "cancelled"
@@ -235,10 +232,20 @@ def test_following_prints_the_meter_now_and_then_and_when_it_stops(fake_server):
 
     def job(request):
         cost, left, used = next(answers)
-        return httpx.Response(200, json={
-            "id": JOB_ID, "state": "running", "cost": cost, "currency": "USD", "held_seconds": 60,
-            "ceiling_amount": "5.00", "ceiling_used_fraction": used, "ceiling_amount_left": left, "ceiling_gpu_hours_left": None,
-        })
+        return httpx.Response(
+            200,
+            json={
+                "id": JOB_ID,
+                "state": "running",
+                "cost": cost,
+                "currency": "USD",
+                "held_seconds": 60,
+                "ceiling_amount": "5.00",
+                "ceiling_used_fraction": used,
+                "ceiling_amount_left": left,
+                "ceiling_gpu_hours_left": None,
+            },
+        )
 
     fake_server[("GET", f"/api/jobs/{JOB_ID}/")] = job
     now = [0.0]

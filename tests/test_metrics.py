@@ -2,7 +2,7 @@
 download and the job page's Metrics, Checkpoints, Timeline, Meter and Request cards."""
 
 import json
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.urls import reverse
@@ -14,7 +14,7 @@ from jobs.models import Checkpoint, JobEvent
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
 
-T0 = datetime(2025, 6, 1, 12, 0, tzinfo=dt_timezone.utc)
+T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
 
 def point(step, at=None, **values):
@@ -93,7 +93,11 @@ def test_downsampling_keeps_ends_extremes_and_gaps_within_the_limit():
 
 
 def test_summary_best_follows_the_direction_of_the_series():
-    events = [point(1, loss=0.9, heldout_accuracy=0.5, lr=0.1), point(2, loss=0.4, heldout_accuracy=0.9, lr=0.05), point(3, loss=0.6, heldout_accuracy=0.7, lr=0.01)]
+    events = [
+        point(1, loss=0.9, heldout_accuracy=0.5, lr=0.1),
+        point(2, loss=0.4, heldout_accuracy=0.9, lr=0.05),
+        point(3, loss=0.6, heldout_accuracy=0.7, lr=0.01),
+    ]
     summary = metrics.summarize(metrics.series_from_events(events))
     assert (summary["loss"]["mode"], summary["loss"]["best"], summary["loss"]["best_x"]) == ("min", 0.4, 2)
     assert (summary["heldout_accuracy"]["mode"], summary["heldout_accuracy"]["best"]) == ("max", 0.9)
@@ -340,7 +344,7 @@ def test_the_meter_shows_the_credit_for_time_lost_through_the_network(client, al
     job.requeue("node n1 lost")
     page = page_of(client, alice, job)
     assert 'id="meter-credit" hidden' not in page
-    assert "Credited: <span id=\"credit-held\" class=\"mono\">0:01:12</span>" in page
+    assert 'Credited: <span id="credit-held" class="mono">0:01:12</span>' in page
     assert "USD 0.0480</span> for time lost through the network's fault" in page
     assert 'id="job-restarts">1</span>' in page
 

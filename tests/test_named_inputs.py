@@ -23,8 +23,12 @@ from tests.test_staging import run
 @pytest.mark.parametrize(
     "name,words",
     [
-        ("../up", "letters, digits"), ("", "letters, digits"), ("a b", "letters, digits"), ("x" * 65, "at most 64"),
-        ("model", "the models' channel"), ("-x", "letters, digits"),
+        ("../up", "letters, digits"),
+        ("", "letters, digits"),
+        ("a b", "letters, digits"),
+        ("x" * 65, "at most 64"),
+        ("model", "the models' channel"),
+        ("-x", "letters, digits"),
     ],
 )
 def test_an_input_s_name_is_a_folder_and_a_variable(name, words):
@@ -33,9 +37,7 @@ def test_an_input_s_name_is_a_folder_and_a_variable(name, words):
 
 @pytest.mark.nodb
 def test_two_names_that_would_be_one_variable_are_refused():
-    assert launch.input_name_problem("train-set", ["train-set", "train_set"]) == (
-        "'train-set' and 'train_set' would both be SM_CHANNEL_TRAIN_SET: rename one"
-    )
+    assert launch.input_name_problem("train-set", ["train-set", "train_set"]) == ("'train-set' and 'train_set' would both be SM_CHANNEL_TRAIN_SET: rename one")
     assert launch.input_name_problem("training", ["training", "testing"]) is None
 
 
@@ -201,7 +203,8 @@ def submit_files(api, fields, files):
 @pytest.mark.django_db
 def test_an_input_may_be_files_sent_with_the_job(api, two):
     response = submit_files(
-        api, {"inputs": {"training": "mnist-train", "testing": {"files": ["t1.csv", "t2.csv"]}}},
+        api,
+        {"inputs": {"training": "mnist-train", "testing": {"files": ["t1.csv", "t2.csv"]}}},
         {"input:testing": [("t1.csv", b"x\n1\n"), ("t2.csv", b"x\n2\n")]},
     )
     assert response.status_code == 201, response.json()
@@ -245,10 +248,19 @@ def test_a_script_reads_an_input_of_sent_files(make_runner, alice, rate, team_a,
     client.force_login(alice)
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    response = client.post(reverse("jobs:new"), {
-        "code": SimpleUploadedFile("train.py", SAGEMAKER), "inputs": f"training: {train.name}", "name": "files-in",
-        "input:testing": [SimpleUploadedFile("b.csv", b"x\n4\n5\n")], "gpus": 1, "mode": "span", "span_hours": "0.25", "stop_on_nan": "on",
-    })
+    response = client.post(
+        reverse("jobs:new"),
+        {
+            "code": SimpleUploadedFile("train.py", SAGEMAKER),
+            "inputs": f"training: {train.name}",
+            "name": "files-in",
+            "input:testing": [SimpleUploadedFile("b.csv", b"x\n4\n5\n")],
+            "gpus": 1,
+            "mode": "span",
+            "span_hours": "0.25",
+            "stop_on_nan": "on",
+        },
+    )
     assert response.status_code == 302, response.context["form"].errors if response.context else response
     job = run([make_runner()], Job.objects.get(name="files-in"))
     assert job.state == "succeeded", job.reason

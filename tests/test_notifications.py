@@ -8,8 +8,7 @@ import json
 import re
 import threading
 import time
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -33,7 +32,7 @@ from scheduler.models import Allocation, Node
 from tests.conftest import PASSWORD, make_job, schedule_now
 
 D = Decimal
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 # Pure: signatures ---------------------------------------------------------------------------
@@ -84,7 +83,11 @@ def test_which_changes_are_told():
     assert policy.deadline_at_risk(now + timedelta(minutes=1), now) and not policy.deadline_at_risk(now, now)
     assert not policy.deadline_at_risk(None, now) and not policy.deadline_at_risk(now, None)
     assert [policy.kind_for_transition("running", s) for s in ("succeeded", "failed", "stopped", "cancelled", "queued")] == [
-        "job.finished", "job.failed", "job.stopped", None, None,
+        "job.finished",
+        "job.failed",
+        "job.stopped",
+        None,
+        None,
     ]
     assert policy.kind_for_transition("queued", "starting") == "job.started"
     assert policy.STARTED not in policy.DEFAULT_EMAIL_KINDS and policy.FINISHED in policy.DEFAULT_EMAIL_KINDS
@@ -94,10 +97,20 @@ def test_which_changes_are_told():
 @pytest.mark.nodb
 def test_a_stopped_job_s_email_names_its_limit_held_time_and_cost():
     event = {
-        "kind": "job.stopped", "team": {"id": "t", "name": "Team A"}, "data": {},
+        "kind": "job.stopped",
+        "team": {"id": "t", "name": "Team A"},
+        "data": {},
         "job": {
-            "id": "0123456789", "name": "digits", "state": "stopped", "reason": "the job's ceiling is reached: stopping it",
-            "gpus": 2, "limit": "ceiling", "held_seconds": 5400, "amount": "7.2", "currency": "USD", "url": "https://e31.example/jobs/0123/",
+            "id": "0123456789",
+            "name": "digits",
+            "state": "stopped",
+            "reason": "the job's ceiling is reached: stopping it",
+            "gpus": 2,
+            "limit": "ceiling",
+            "held_seconds": 5400,
+            "amount": "7.2",
+            "currency": "USD",
+            "url": "https://e31.example/jobs/0123/",
         },
     }
     assert policy.subject(event) == "digits stopped at its ceiling"
@@ -335,7 +348,7 @@ def test_the_worker_thread_delivers_in_the_background(receiver):
     thread = start_thread(stop, interval=0.05)
     try:
         deadline = time.monotonic() + 20
-        while not Delivery.objects.filter(state=Delivery.PENDING).count() == 0 and time.monotonic() < deadline:
+        while Delivery.objects.filter(state=Delivery.PENDING).count() != 0 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         stop.set()
@@ -351,11 +364,26 @@ def spent(team, job, amount, at=None):
     at = at or timezone.now()
     old = Node.objects.create(name=f"old-{amount}-{job.pk}", device_type="cpu", devices=1, stopped_at=at)
     allocation = Allocation.objects.create(
-        job=job, node=old, devices=[0], device_type="cpu", rate=D("2.40"), started_at=at - timedelta(hours=1), ended_at=at, end_reason="exited",
+        job=job,
+        node=old,
+        devices=[0],
+        device_type="cpu",
+        rate=D("2.40"),
+        started_at=at - timedelta(hours=1),
+        ended_at=at,
+        end_reason="exited",
     )
     UsageRecord.objects.create(
-        team=team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=allocation.started_at, ended_at=at,
-        held_seconds=3600, rate=D("2.40"), amount=D(amount),
+        team=team,
+        job=job,
+        allocation=allocation,
+        gpu_type="cpu",
+        gpus=1,
+        started_at=allocation.started_at,
+        ended_at=at,
+        held_seconds=3600,
+        rate=D("2.40"),
+        amount=D(amount),
     )
 
 
@@ -375,7 +403,8 @@ def test_the_budget_at_80_and_100_percent_is_told_once_a_month(alice, team_a, ra
     assert over.kind == "budget.100" and services.notify_budgets() == []
     assert Worker().drain() == 2
     assert [m.subject for m in mail.outbox] == [
-        "[E31] Team A has spent 85% of its monthly budget", "[E31] Team A has spent 105% of its monthly budget",
+        "[E31] Team A has spent 85% of its monthly budget",
+        "[E31] Team A has spent 105% of its monthly budget",
     ]
     assert "Spent this month: USD 105.00 of USD 100.00" in mail.outbox[1].body
     # A new month starts afresh: nothing spent in it, nothing told.

@@ -1,7 +1,7 @@
 """The operator's view: the pure arithmetic of scheduler.pool on plain data (nodb), the staff-only
 page at /ops/ and the Prometheus metrics at /metrics on real rows."""
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -17,7 +17,7 @@ from scheduler import pool, prom
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, make_user
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 12, 2, 0, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 nodb = pytest.mark.nodb
@@ -166,11 +166,16 @@ def values(text):
 def test_the_metrics_of_a_snapshot_parse_as_prometheus_text():
     beat = NOW - timedelta(seconds=5)
     snapshot = pool.Snapshot(
-        now=NOW, node_timeout_seconds=30,
+        now=NOW,
+        node_timeout_seconds=30,
         nodes=[pool.NodeRow('gpu "1"', "NVIDIA H100", 8, 6, beat), pool.NodeRow("old", "cpu", 2, 0, beat, lost_at=beat)],
-        job_counts={"queued": 2, "running": 1}, queued=[pool.Queued("q", "q", "A", 2, NOW - HOUR)],
+        job_counts={"queued": 2, "running": 1},
+        queued=[pool.Queued("q", "q", "A", 2, NOW - HOUR)],
         stuck=[pool.Stuck(pool.JobState("s", "s", "A", "starting"), 60, "slow")],
-        held_device_seconds={"NVIDIA H100": 7200}, charged=Decimal("4.80"), credited=Decimal("0.40"), currency="EUR",
+        held_device_seconds={"NVIDIA H100": 7200},
+        charged=Decimal("4.80"),
+        credited=Decimal("0.40"),
+        currency="EUR",
     )
     samples = values(prom.exposition(snapshot).decode())
     assert samples[("e31_node_devices", (("device_type", "NVIDIA H100"), ("node", 'gpu "1"')))] == 8
@@ -202,15 +207,22 @@ def world(alice, charlie, rate):
 
     now = dj_timezone.now()
     gpu = Node.objects.create(name="gpu-a", device_type="cpu", devices=4, registered_at=now - timedelta(days=2), last_heartbeat=now)
-    Node.objects.create(
-        name="gpu-lost", device_type="cpu", devices=2, registered_at=now - timedelta(days=2), last_heartbeat=now - HOUR, lost_at=now - HOUR / 2
-    )
+    Node.objects.create(name="gpu-lost", device_type="cpu", devices=2, registered_at=now - timedelta(days=2), last_heartbeat=now - HOUR, lost_at=now - HOUR / 2)
     running = make_job(alice, name="alices-long-run")
     Job.objects.filter(pk=running.pk).update(state=states.RUNNING, predicted_finish=now + HOUR)
     allocation = Allocation.objects.create(job=running, node=gpu, devices=[0, 1], device_type="cpu", rate=Decimal("2.40"), started_at=now - 2 * HOUR)
     UsageRecord.ledger.create(
-        team=running.team, job=running, allocation=allocation, gpu_type="cpu", gpus=2, started_at=now - 2 * HOUR, ended_at=now,
-        held_seconds=7200, rate=Decimal("2.40"), amount=meter.charge(2, 7200, Decimal("2.40")), provisional=True,
+        team=running.team,
+        job=running,
+        allocation=allocation,
+        gpu_type="cpu",
+        gpus=2,
+        started_at=now - 2 * HOUR,
+        ended_at=now,
+        held_seconds=7200,
+        rate=Decimal("2.40"),
+        amount=meter.charge(2, 7200, Decimal("2.40")),
+        provisional=True,
     )
     slow = make_job(alice, name="alices-slow-start")
     Job.objects.filter(pk=slow.pk).update(state=states.STARTING)
@@ -219,16 +231,28 @@ def world(alice, charlie, rate):
     Job.objects.filter(pk=done.pk).update(state=states.SUCCEEDED)
     ended = now - 3 * HOUR
     past = Allocation.objects.create(
-        job=done, node=gpu, devices=[3], device_type="cpu", rate=Decimal("2.40"), started_at=ended - HOUR, ended_at=ended,
+        job=done,
+        node=gpu,
+        devices=[3],
+        device_type="cpu",
+        rate=Decimal("2.40"),
+        started_at=ended - HOUR,
+        ended_at=ended,
         end_reason=Allocation.EXITED,
     )
     usage = UsageRecord.objects.create(
-        team=done.team, job=done, allocation=past, gpu_type="cpu", gpus=1, started_at=ended - HOUR, ended_at=ended, held_seconds=3600,
-        rate=Decimal("2.40"), amount=Decimal("2.40"),
+        team=done.team,
+        job=done,
+        allocation=past,
+        gpu_type="cpu",
+        gpus=1,
+        started_at=ended - HOUR,
+        ended_at=ended,
+        held_seconds=3600,
+        rate=Decimal("2.40"),
+        amount=Decimal("2.40"),
     )
-    Credit.objects.create(
-        team=done.team, job=done, usage=usage, seconds=600, amount=Decimal("0.40"), reason="node lost", period=usage.period, created_at=ended
-    )
+    Credit.objects.create(team=done.team, job=done, usage=usage, seconds=600, amount=Decimal("0.40"), reason="node lost", period=usage.period, created_at=ended)
     make_job(alice, name="alices-queued", predicted_start=now + HOUR)
     make_job(charlie, name="charlies-queued", gpus=2)
     return {"now": now, "running": running, "slow": slow}

@@ -58,7 +58,8 @@ def test_a_working_folder_outside_the_code_is_refused(workdir):
 def test_only_what_the_network_sets_is_refused_and_the_refusal_says_what_it_is():
     # SageMaker's channels a script expects but the network does not set are the job's to set.
     assert spec.parse_env("SM_CHANNEL_TRAINING=$E31_DATA_DIR/train\nSM_CHANNEL_TESTING=$E31_DATA_DIR/heldout") == {
-        "SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train", "SM_CHANNEL_TESTING": "$E31_DATA_DIR/heldout",
+        "SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train",
+        "SM_CHANNEL_TESTING": "$E31_DATA_DIR/heldout",
     }
     with pytest.raises(spec.SpecError, match=r"SM_CHANNEL_TRAIN is set by the network \(to the train channel's folder"):
         spec.parse_env("SM_CHANNEL_TRAIN=/x")
@@ -101,11 +102,19 @@ def submit(api, spec_object, code=b"print(1)\n"):
 
 @pytest.mark.django_db
 def test_the_api_takes_hyperparameters_variables_a_workdir_and_processes(api, dataset):
-    response = submit(api, {
-        "gpus": 2, "span_hours": 1, "entrypoint": "train.py", "args": ["--data", "$E31_DATA_DIR/train"],
-        "hyperparameters": {"epochs": 3, "lr": 0.5}, "env": {"SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train"}, "processes": 2,
-        "workdir": ".",
-    })
+    response = submit(
+        api,
+        {
+            "gpus": 2,
+            "span_hours": 1,
+            "entrypoint": "train.py",
+            "args": ["--data", "$E31_DATA_DIR/train"],
+            "hyperparameters": {"epochs": 3, "lr": 0.5},
+            "env": {"SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train"},
+            "processes": 2,
+            "workdir": ".",
+        },
+    )
     assert response.status_code == 201, response.json()
     job = Job.objects.get()
     assert (job.hyperparameters, job.processes, job.env) == ({"epochs": 3, "lr": 0.5}, 2, {"SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train"})
@@ -193,9 +202,15 @@ def test_a_script_from_elsewhere_runs_unchanged(make_runner, alice, rate, team_a
     runner = make_runner(devices=2)
     dataset = datasets.create_dataset(team_a, "numbers", {"numbers.txt": b"1 2 3 4\n"})
     job = archive_job(
-        alice, team_a, "src/train_x.py", {"src/train_x.py": ELSEWHERE, "src/helpers.py": b"def total(xs):\n    return sum(xs)\n"},
-        args=["--data", "$E31_DATA_DIR/train", "--save", "${E31_OUTPUT_DIR}/model.txt"], hyperparameters={"epochs": 3, "lr": 0.5},
-        env={"SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train"}, gpus=2, train_version=dataset.latest_version(),
+        alice,
+        team_a,
+        "src/train_x.py",
+        {"src/train_x.py": ELSEWHERE, "src/helpers.py": b"def total(xs):\n    return sum(xs)\n"},
+        args=["--data", "$E31_DATA_DIR/train", "--save", "${E31_OUTPUT_DIR}/model.txt"],
+        hyperparameters={"epochs": 3, "lr": 0.5},
+        env={"SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train"},
+        gpus=2,
+        train_version=dataset.latest_version(),
     )
     job = run([runner], job)
     assert job.state == "succeeded", (job.reason, logs(job))
@@ -225,8 +240,13 @@ def test_two_processes_when_asked_and_a_workdir_that_is_not_missing(make_runner,
 def test_a_command_runs_as_one_shell_line_without_code(make_runner, alice, rate, team_a):
     runner = make_runner()
     job = Job.objects.create(
-        team=team_a, created_by=alice, name="shell", entrypoint="", command='echo "made by $E31_JOB_ID" > $E31_OUTPUT_DIR/note.txt && echo done',
-        span_hours=1, gpus=1,
+        team=team_a,
+        created_by=alice,
+        name="shell",
+        entrypoint="",
+        command='echo "made by $E31_JOB_ID" > $E31_OUTPUT_DIR/note.txt && echo done',
+        span_hours=1,
+        gpus=1,
     )
     job.record("state", data={"state": "queued", "from": None, "reason": "submitted"})
     job = run([runner], job)
@@ -272,8 +292,16 @@ def test_a_spec_file_names_them_too_and_gets_them_back(api, dataset):
 @pytest.mark.django_db
 def test_the_job_page_shows_the_command_hyperparameters_and_folder(client, alice, rate):
     job = Job.objects.create(
-        team=alice.membership.team, created_by=alice, name="shown", entrypoint="", command="python -m http.server",
-        hyperparameters={"lr": 0.5}, workdir="src", processes=2, span_hours=1, gpus=2,
+        team=alice.membership.team,
+        created_by=alice,
+        name="shown",
+        entrypoint="",
+        command="python -m http.server",
+        hyperparameters={"lr": 0.5},
+        workdir="src",
+        processes=2,
+        span_hours=1,
+        gpus=2,
     )
     client.force_login(alice)
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()

@@ -211,7 +211,9 @@ def body_of(response):
 def call(client, name, method, url, key):
     headers = {"HTTP_AUTHORIZATION": f"Token {key}"} if key and is_api(name) else {}
     if method == "POST":
-        return client.generic("POST", url, b"{}" if is_api(name) else b"", content_type="application/json" if is_api(name) else "application/x-www-form-urlencoded", **headers)
+        return client.generic(
+            "POST", url, b"{}" if is_api(name) else b"", content_type="application/json" if is_api(name) else "application/x-www-form-urlencoded", **headers
+        )
     return client.generic(method, url, **headers)
 
 

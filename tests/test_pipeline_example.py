@@ -15,11 +15,19 @@ pytestmark = pytest.mark.nodb  # plain processes and tensors: run once, with the
 
 def test_it_trains_two_stages_and_writes_each_stage(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"steps": 25}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("E31_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("E31_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(
-        PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-        E31_OUTPUT_DIR=str(tmp_path / "out"), E31_CONFIG=str(tmp_path / "config.json"),
-        E31_METRICS_FILE=str(tmp_path / "metrics.jsonl"), E31_STOP_FILE=str(tmp_path / "stop"),
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        E31_OUTPUT_DIR=str(tmp_path / "out"),
+        E31_CONFIG=str(tmp_path / "config.json"),
+        E31_METRICS_FILE=str(tmp_path / "metrics.jsonl"),
+        E31_STOP_FILE=str(tmp_path / "stop"),
         E31_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "examples/pipeline/train.py"]

@@ -1,13 +1,13 @@
 """The placement policy on small hand-made queues: no database. Times are epoch seconds."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from scheduler import policy
 from scheduler.policy import NodeState, Placement, QueuedJob, Running, choose_preemptions, place_fcfs, plan
 
-NOW = datetime(2026, 12, 2, 23, 0, tzinfo=timezone.utc).timestamp()
+NOW = datetime(2026, 12, 2, 23, 0, tzinfo=UTC).timestamp()
 MIN, HOUR = 60.0, 3600.0
 
 
@@ -70,6 +70,7 @@ def test_no_nodes_no_placements():
 
 # Preemption ------------------------------------------------------------------------------------
 
+
 def running(id, node_id, devices, minutes_ago, preemptible=True, preempting=False, **kw):
     return Running(id, node_id, tuple(devices), preemptible, NOW - minutes_ago * MIN, preempting=preempting, **kw)
 
@@ -125,6 +126,7 @@ def test_preemptible_jobs_queue_behind_the_others():
 
 
 # plan(): the rules of the policy "ours" and its baselines ----------------------------------------
+
 
 def ids(result):
     return [p.job_id for p in result.placements]
@@ -268,13 +270,12 @@ def test_data_not_staged_on_a_node_keeps_the_job_off_it():
     nodes = [node("n1", 2), node("n2", 2)]
     result = plan([job("a", 1, 3, staged_on=frozenset({"n2"}))], nodes, [], NOW)
     assert [p.node_id for p in result.placements] == ["n2"]
-    result = plan([job("a", 1, 3, staged_on=frozenset(), staging_note="staging its data on n1: 40% done"), job("b", 1, 1)],
-                  [node("n1", 1)], [], NOW)
+    result = plan([job("a", 1, 3, staged_on=frozenset(), staging_note="staging its data on n1: 40% done"), job("b", 1, 1)], [node("n1", 1)], [], NOW)
     assert ids(result) == ["b"] and result.waiting["a"] == "staging its data on n1: 40% done"
 
 
 def test_not_before_is_respected_and_the_plan_wakes_for_it():
-    later = datetime(2026, 12, 3, 6, 0, tzinfo=timezone.utc).timestamp()
+    later = datetime(2026, 12, 3, 6, 0, tzinfo=UTC).timestamp()
     result = plan([job("tomorrow", 1, 5, not_before=later), job("now", 1, 1, expected_seconds=9 * HOUR)], [node("n", 2)], [], NOW)
     assert ids(result) == ["now"]
     assert result.waiting["tomorrow"] == "not before 2026-12-03 06:00 UTC"

@@ -2,6 +2,8 @@
 no device is ever held by two jobs at once, every job starts and finishes, and none starts
 before its not-before time (scheduler.simulator also checks each placement as it applies it)."""
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,13 +21,19 @@ def worlds(draw):
     for k in range(draw(st.integers(1, 12))):
         submit = float(draw(st.integers(0, 2000)))
         duration = float(draw(st.integers(1, 3000)))
-        jobs.append(S.TraceJob(
-            id=f"j{k}", submit=submit, gpus=draw(st.integers(1, total)), duration=duration,
-            estimate=duration * draw(st.sampled_from([0.5, 1.0, 1.5, 3.0])),  # some under-estimate
-            deadline=draw(st.none() | st.just(submit + duration * draw(st.sampled_from([0.8, 1.5, 4.0])))),
-            team=draw(st.sampled_from(["a", "b", "c"])), preemptible=draw(st.booleans()),
-            not_before=draw(st.none() | st.just(submit + draw(st.integers(0, 5000)))),
-        ))
+        jobs.append(
+            S.TraceJob(
+                id=f"j{k}",
+                submit=submit,
+                gpus=draw(st.integers(1, total)),
+                duration=duration,
+                estimate=duration * draw(st.sampled_from([0.5, 1.0, 1.5, 3.0])),  # some under-estimate
+                deadline=draw(st.none() | st.just(submit + duration * draw(st.sampled_from([0.8, 1.5, 4.0])))),
+                team=draw(st.sampled_from(["a", "b", "c"])),
+                preemptible=draw(st.booleans()),
+                not_before=draw(st.none() | st.just(submit + draw(st.integers(0, 5000)))),
+            )
+        )
     return nodes, jobs, draw(st.sampled_from(sorted(policy.POLICIES)))
 
 
@@ -53,5 +61,5 @@ def test_no_double_booking_every_job_runs_and_not_before_holds(world):
         assert outcome.preemptions == 0 or job.preemptible
     for spans in held.values():
         spans.sort()
-        for (_, end), (start, _) in zip(spans, spans[1:]):
+        for (_, end), (start, _) in itertools.pairwise(spans):
             assert start >= end

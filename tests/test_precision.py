@@ -42,7 +42,9 @@ def test_the_choices_are_the_precisions_and_the_default():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize(("asked", "dtype", "scaled"), [("bf16", torch.bfloat16, False), ("fp16", torch.float16, True), ("fp32", torch.float32, False), ("", torch.bfloat16, False)])
+@pytest.mark.parametrize(
+    ("asked", "dtype", "scaled"), [("bf16", torch.bfloat16, False), ("fp16", torch.float16, True), ("fp32", torch.float32, False), ("", torch.bfloat16, False)]
+)
 def test_on_a_gpu_the_recipes_autocast_and_scale_as_planned(monkeypatch, asked, dtype, scaled):
     from e31.recipes import common
 

@@ -111,9 +111,7 @@ def test_an_evaluation_scores_several_models_on_held_out_data(client_a, alice):
 def test_the_api_takes_a_recipe_and_a_starting_job(client, alice, rate, token):
     base = finished_with_weights(alice)
     spec = {"name": "api-tune", "kind": "finetune", "recipe": "classifier", "start_job": str(base.pk), "config": {"max_steps": 20}, "gpus": 1, "span_hours": 1}
-    response = client.post(
-        reverse("api:jobs"), {"spec": json.dumps(spec), "data": data_file()}, HTTP_AUTHORIZATION=f"Token {token}"
-    )
+    response = client.post(reverse("api:jobs"), {"spec": json.dumps(spec), "data": data_file()}, HTTP_AUTHORIZATION=f"Token {token}")
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["kind"] == "finetune" and body["recipe"] == "classifier" and body["config"]["max_steps"] == 20

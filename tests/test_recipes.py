@@ -331,7 +331,7 @@ CHARLM = {"max_steps": 20, "eval_every": 10, "context": 16, "d_model": 32, "n_la
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
     data = tmp_path_factory.mktemp("text")
-    words = "the cat sat on a mat and the dog ran to the big red house".split()
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "the", "dog", "ran", "to", "the", "big", "red", "house"]
     rng = np.random.default_rng(0)
     (data / "train").mkdir()
     (data / "train" / "a.txt").write_text(" ".join(rng.choice(words, size=1500)) + "\n")
@@ -361,12 +361,22 @@ def run_recipe_processes(recipe, folder, config, *, data, processes, stop_file=F
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("E31_", "SM_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("E31_", "SM_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(
-        PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-        E31_DATA_DIR=str(data), E31_OUTPUT_DIR=str(folder / "out"), E31_CHECKPOINT_DIR=str(folder / "ckpt"),
-        E31_CONFIG=str(folder / "config.json"), E31_METRICS_FILE=str(folder / "metrics.jsonl"),
-        E31_STOP_FILE=str(folder / "stop"), E31_RESTART="0",
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        E31_DATA_DIR=str(data),
+        E31_OUTPUT_DIR=str(folder / "out"),
+        E31_CHECKPOINT_DIR=str(folder / "ckpt"),
+        E31_CONFIG=str(folder / "config.json"),
+        E31_METRICS_FILE=str(folder / "metrics.jsonl"),
+        E31_STOP_FILE=str(folder / "stop"),
+        E31_RESTART="0",
     )
     if stop_file:
         (folder / "stop").write_text(json.dumps({"reason": "preempted", "deadline": 0}))

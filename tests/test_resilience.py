@@ -126,7 +126,8 @@ def test_a_runner_killed_mid_run_loses_nothing_and_the_weights_are_bit_identical
 
     system.wait_until(
         lambda: (job := system.job(job_id))["state"] == "running" and job["allocation"]["node"] != first_node,
-        60, "the job to run on the other runner",
+        60,
+        "the job to run on the other runner",
     )
     back_after = time.monotonic() - killed_at
     job = system.wait_for_state(job_id, timeout=180)
@@ -149,6 +150,7 @@ def test_two_preemptions_lose_nothing_and_the_weights_are_bit_identical(tmp_path
     # Preempted twice in a minute: the hour a preempted job is normally spared is cut short here.
     with LiveSystem(devices=1, env={"E31_STOP_GRACE_SECONDS": "5", "E31_PREEMPT_EVERY_SECONDS": "1"}) as system:
         job_id = submit(system, config, preemptible=True)
+
         def checkpointed_since_resuming():
             job = system.job(job_id)
             resumes = [e["seq"] for e in job["timeline"] if e["kind"] == "resume"]
@@ -157,9 +159,7 @@ def test_two_preemptions_lose_nothing_and_the_weights_are_bit_identical(tmp_path
 
         for round_ in (1, 2):
             system.wait_until(checkpointed_since_resuming, 120, "a checkpoint of this run")
-            urgent = system.submit(
-                {"name": f"urgent {round_}", "train_dataset": "digits", "gpus": 1, "span_hours": 1}, hello
-            )["id"]
+            urgent = system.submit({"name": f"urgent {round_}", "train_dataset": "digits", "gpus": 1, "span_hours": 1}, hello)["id"]
             assert system.wait_for_state(urgent, timeout=120)["state"] == "succeeded"
         job = system.wait_for_state(job_id, timeout=180)
         assert job["state"] == "succeeded", job

@@ -282,12 +282,7 @@ def test_a_daemon_holding_the_pipes_does_not_hold_the_job_forever(runner, alice,
 
     monkeypatch.setattr(runner_module, "READER_JOIN_SECONDS", 1.0)
     # The daemon leaves the job's session, so the group kill misses it, and keeps stdout open.
-    script = (
-        "import subprocess\n"
-        "daemon = subprocess.Popen(['setsid', 'sleep', '30'])\n"
-        "print(f'daemon {daemon.pid}', flush=True)\n"
-        "print('bye', flush=True)\n"
-    ).encode()
+    script = b"import subprocess\ndaemon = subprocess.Popen(['setsid', 'sleep', '30'])\nprint(f'daemon {daemon.pid}', flush=True)\nprint('bye', flush=True)\n"
     job = make_job(alice, script=script)
     started = time.monotonic()
     try:
@@ -308,9 +303,7 @@ def test_a_chatty_job_s_lines_are_all_stored_in_order(runner, alice, rate):
     job = run_job(runner, make_job(alice, script=script))
     texts = [t for _, t in log_lines(job)]
     assert texts == [str(i) for i in range(30000)]
-    assert list(job.events.filter(kind="log").values_list("seq", flat=True)) == sorted(
-        job.events.filter(kind="log").values_list("seq", flat=True)
-    )
+    assert list(job.events.filter(kind="log").values_list("seq", flat=True)) == sorted(job.events.filter(kind="log").values_list("seq", flat=True))
 
 
 def test_output_files_with_unusable_names_are_skipped_with_a_notice(runner, alice, rate):

@@ -55,11 +55,19 @@ def test_it_runs_through_the_form(make_runner, alice, rate, team_a, client):
     add_dataset(team_a, "digits", {"digits.csv": train})
     add_dataset(team_a, "digits-heldout", {"digits-heldout.csv": test})
     client.force_login(alice)
-    response = client.post(reverse("jobs:new"), {
-        "code": SimpleUploadedFile("train.py", SOURCE), "inputs": "training: digits\ntesting: digits-heldout",
-        "hyperparameters": '{"epochs": 5, "lr": 0.01}', "gpus": 1, "mode": "span", "span_hours": "0.25", "stop_on_nan": "on",
-        "name": "sm-form",
-    })
+    response = client.post(
+        reverse("jobs:new"),
+        {
+            "code": SimpleUploadedFile("train.py", SOURCE),
+            "inputs": "training: digits\ntesting: digits-heldout",
+            "hyperparameters": '{"epochs": 5, "lr": 0.01}',
+            "gpus": 1,
+            "mode": "span",
+            "span_hours": "0.25",
+            "stop_on_nan": "on",
+            "name": "sm-form",
+        },
+    )
     assert response.status_code == 302, response.context["form"].errors if response.context else response
     job = run([make_runner()], Job.objects.get(name="sm-form"))
     assert job.state == "succeeded", job.reason

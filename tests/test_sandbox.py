@@ -27,7 +27,6 @@ def node(make_runner):
     return make_runner("sandbox-node", devices=2)
 
 
-
 def zip_job(user, files, entrypoint="train.py", **fields):
     """A queued job whose work is a zip of files {name: bytes}."""
     from jobs.models import Job, Upload
@@ -64,7 +63,9 @@ def test_an_ld_preload_set_by_the_job_loads_only_into_the_job_never_as_root(node
     library = tmp_path / "evil.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     job = zip_job(
-        alice, {"train.py": b"print('trained', flush=True)\n", "evil.so": library.read_bytes()}, env={"LD_PRELOAD": "./evil.so"},
+        alice,
+        {"train.py": b"print('trained', flush=True)\n", "evil.so": library.read_bytes()},
+        env={"LD_PRELOAD": "./evil.so"},
     )
     job = run(node, job)
     assert job.state == "succeeded", (job.reason, lines(job))
@@ -212,7 +213,7 @@ def test_with_isolation_off_the_job_page_says_so(db, alice, rate, settings, tmp_
     finally:
         runner.stop_all()
     assert job.state == "succeeded", job.reason
-    assert any(UNISOLATED_NOTICE == (data or {}).get("text") for data in job.events.filter(kind="notice").values_list("data", flat=True))
+    assert any((data or {}).get("text") == UNISOLATED_NOTICE for data in job.events.filter(kind="notice").values_list("data", flat=True))
     client.force_login(alice)
     page = client.get(f"/jobs/{job.pk}/")
     assert page.status_code == 200
@@ -268,9 +269,8 @@ def test_a_job_given_the_network_never_reaches_the_node_s_own_services(node, ali
     of its own (its own loopback) with an uplink to the outside that refuses the node's loopback."""
     import socket
 
-    from tests.conftest import make_job
-
     from scheduler.isolation import local_addresses
+    from tests.conftest import make_job
 
     service = socket.socket()
     service.bind(("0.0.0.0", 0))  # the node's loopback and its other addresses

@@ -107,7 +107,13 @@ def test_a_requeued_job_only_has_what_is_left_of_its_span_less_what_was_credited
     job = make_job(alice, span_hours=Decimal("0.5"))
     [first] = schedule_now()
     Checkpoint.objects.create(
-        job=job, allocation=first, name="step-1.pt", step=1, key="k", size=1, sha256="0" * 64,
+        job=job,
+        allocation=first,
+        name="step-1.pt",
+        step=1,
+        key="k",
+        size=1,
+        sha256="0" * 64,
         written_at=first.started_at + timedelta(seconds=400),
     )
     first.release(first.started_at + timedelta(seconds=600), Allocation.NODE_LOST)
@@ -135,7 +141,7 @@ def test_not_before_holds_a_job_back(alice, rate, node):
 
 def test_a_job_cancelled_while_its_node_was_lost_ends_cancelled(alice, rate, node):
     job = make_job(alice)
-    [allocation] = schedule_now()
+    [_allocation] = schedule_now()
     job.request_cancel()
     services.release_node(node, at=timezone.now(), reason=Allocation.NODE_LOST, why="test")
     job.refresh_from_db()

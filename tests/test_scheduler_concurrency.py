@@ -1,6 +1,7 @@
 """Two scheduler processes at once against PostgreSQL place a burst of jobs, and no device is
 ever handed out twice."""
 
+import itertools
 import sys
 import threading
 import time
@@ -86,7 +87,7 @@ def test_two_schedulers_never_double_book_a_device():
                 by_device.setdefault((node_id, device), []).append((started_at, ended_at))
         for device, spans in by_device.items():
             spans.sort()
-            for (_, ended), (started, _) in zip(spans, spans[1:]):
+            for (_, ended), (started, _) in itertools.pairwise(spans):
                 assert ended is not None and ended <= started, f"device {device} was handed out twice: {spans}"
         for name in ("s1", "s2"):
             assert system.processes[name].poll() is None, system.logs()[name]

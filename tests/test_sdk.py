@@ -209,7 +209,7 @@ def test_log_metric_writes_strict_json_lines(tmp_path, monkeypatch):
     assert third["step"] is None and third["values"] == {"epoch_time": 1.5}
 
 
-@pytest.mark.parametrize("name", ["", "x" * 101, "has space", "naïve", "semi;colon", "quote\""])
+@pytest.mark.parametrize("name", ["", "x" * 101, "has space", "naïve", "semi;colon", 'quote"'])
 def test_bad_metric_names_raise(tmp_path, monkeypatch, name):
     metrics = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("E31_METRICS_FILE", str(metrics))

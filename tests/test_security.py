@@ -17,17 +17,21 @@ from tests.system import ROOT
 @pytest.mark.nodb
 def test_production_settings_pass_the_deploy_checks(tmp_path):
     env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "E31_VAR_DIR": str(tmp_path), "SECRET_KEY": secrets.token_urlsafe(50), "E31_HTTPS": "1",
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "E31_VAR_DIR": str(tmp_path),
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "E31_HTTPS": "1",
         "ALLOWED_HOSTS": "e31.example.com",
     }
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     # The embedded default (plain http on localhost) is what the same check warns about.
     plain = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
-        env={k: v for k, v in env.items() if k != "E31_HTTPS"}, capture_output=True, text=True,
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env={k: v for k, v in env.items() if k != "E31_HTTPS"},
+        capture_output=True,
+        text=True,
     )
     assert plain.returncode != 0 and "SECURE_SSL_REDIRECT" in plain.stdout + plain.stderr
 

@@ -79,13 +79,7 @@ def test_prepare_is_seeded_and_documents_its_noise():
 @pytest.fixture
 def tiny_trace(tmp_path):
     path = tmp_path / "tiny.csv"
-    path.write_text(
-        "job_id,submit_time_s,num_gpus,duration_s,deadline_s\n"
-        "a,0,8,3600,7200\n"
-        "b,10,16,600,2000\n"
-        "c,20,1,60,100\n"
-        "d,30,2,7200,20000\n"
-    )
+    path.write_text("job_id,submit_time_s,num_gpus,duration_s,deadline_s\na,0,8,3600,7200\nb,10,16,600,2000\nc,20,1,60,100\nd,30,2,7200,20000\n")
     return path
 
 
@@ -94,8 +88,16 @@ def test_the_command_prints_the_metrics(tiny_trace):
     call_command("simulate", trace=str(tiny_trace), gpus=16, gpus_per_node=8, policy="ours", stdout=out)
     text = out.getvalue()
     assert "4 jobs on 16 GPUs (8 per node), deadlines: trace" in text
-    for words in ("JCT: mean", "queueing delay: mean", "bounded slowdown", "makespan", "utilization",
-                  "deadline satisfaction", "Jain's index over teams", "longest wait of a job of 16+ GPUs"):
+    for words in (
+        "JCT: mean",
+        "queueing delay: mean",
+        "bounded slowdown",
+        "makespan",
+        "utilization",
+        "deadline satisfaction",
+        "Jain's index over teams",
+        "longest wait of a job of 16+ GPUs",
+    ):
         assert words in text
 
 

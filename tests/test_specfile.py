@@ -31,8 +31,15 @@ output:
 def test_fields_files_and_lines():
     spec = specfile.read(TEXT, "nightly.yaml")
     assert spec.fields == {
-        "name": "nightly", "kind": "finetune", "recipe": "classifier", "config": {"lr": 0.01}, "start_job": "digits-classifier",
-        "gpus": 2, "ceiling": 5, "by": "morning", "early_stop_metric": "val_loss",
+        "name": "nightly",
+        "kind": "finetune",
+        "recipe": "classifier",
+        "config": {"lr": 0.01},
+        "start_job": "digits-classifier",
+        "gpus": 2,
+        "ceiling": 5,
+        "by": "morning",
+        "early_stop_metric": "val_loss",
     }
     assert spec.lines["gpus"] == 14 and spec.lines["early_stop_metric"] == 18 and spec.key_lines[("work", "config", "lr")] == 6
     assert spec.files == {"base_model": [("model.safetensors", 10), ("recipe.json", 11)], "data": [("new/", 12)]}
@@ -84,8 +91,13 @@ def test_every_problem_is_named_at_once():
 
 
 def test_a_dumped_spec_reads_back_the_same():
-    spec = {"name": "n", "kind": "train", "work": {"code": "t.py", "entrypoint": "t.py", "config": {"lr": 0.1}},
-            "request": {"gpus": 1, "span_hours": 1.5}, "output": {"early_stop": {"metric": "loss", "mode": "max", "patience": 2}}}
+    spec = {
+        "name": "n",
+        "kind": "train",
+        "work": {"code": "t.py", "entrypoint": "t.py", "config": {"lr": 0.1}},
+        "request": {"gpus": 1, "span_hours": 1.5},
+        "output": {"early_stop": {"metric": "loss", "mode": "max", "patience": 2}},
+    }
     text = specfile.dump(spec)
     assert text.startswith("# An E31 Network job spec")
     again = specfile.read(text, "n.yaml")
@@ -99,8 +111,12 @@ def test_work_packages_are_read_as_a_list_with_their_line():
 
 
 def test_a_dumped_spec_with_packages_reads_back_the_same():
-    spec = {"name": "n", "kind": "train", "work": {"code": "t.py", "entrypoint": "t.py", "packages": ["numpy>=1.26", "einops==0.8.0"]},
-            "request": {"gpus": 1, "span_hours": 1}}
+    spec = {
+        "name": "n",
+        "kind": "train",
+        "work": {"code": "t.py", "entrypoint": "t.py", "packages": ["numpy>=1.26", "einops==0.8.0"]},
+        "request": {"gpus": 1, "span_hours": 1},
+    }
     again = specfile.read(specfile.dump(spec), "n.yaml")
     assert again.fields["packages"] == ["numpy>=1.26", "einops==0.8.0"]
 

@@ -297,19 +297,15 @@ def team_bucket(seaweed):
 
 
 def register(team, seaweed, bucket, name="corpus"):
-    dataset = datasets.register_s3(
-        team, name, f"s3://{bucket}/corpus", seaweed.access_key, seaweed.secret_key, endpoint_url=seaweed.endpoint
-    )
+    dataset = datasets.register_s3(team, name, f"s3://{bucket}/corpus", seaweed.access_key, seaweed.secret_key, endpoint_url=seaweed.endpoint)
     [version] = datasets.claim_scans()
     return dataset, datasets.scan(version)
 
 
 def test_a_registered_bucket_is_scanned_staged_and_read_by_the_job(make_runner, alice, rate, team_a, seaweed, team_bucket, s3_storage):
-    dataset, version = register(team_a, seaweed, team_bucket)
+    _dataset, version = register(team_a, seaweed, team_bucket)
     assert version.state == "ready", version.error
-    assert sorted(version.files.values_list("path", "size")) == [
-        ("nested/extra.txt", 6), ("shard-0.txt", 8000), ("shard-1.txt", 8000), ("shard-2.txt", 8000)
-    ]
+    assert sorted(version.files.values_list("path", "size")) == [("nested/extra.txt", 6), ("shard-0.txt", 8000), ("shard-1.txt", 8000), ("shard-2.txt", 8000)]
     runner = make_runner()
     job = run([runner], make_job(alice, script=READ_DATA, train_version=version))
     assert job.state == "succeeded", job.reason
@@ -335,7 +331,7 @@ def test_a_registered_bucket_is_a_named_input_too(make_runner, alice, rate, team
     the team's bucket into data/<name> like any dataset version, with no training set at all."""
     from jobs.models import JobInput
 
-    dataset, version = register(team_a, seaweed, team_bucket)
+    _dataset, version = register(team_a, seaweed, team_bucket)
     runner = make_runner()
     job = make_job(alice, script=READ_CHANNEL)
     JobInput.objects.create(job=job, name="corpus", version=version, label=version.label)
@@ -348,7 +344,7 @@ def test_a_registered_bucket_is_a_named_input_too(make_runner, alice, rate, team
 
 
 def test_a_corrupted_object_fails_the_job_before_any_charge(make_runner, alice, rate, team_a, seaweed, team_bucket):
-    dataset, version = register(team_a, seaweed, team_bucket)
+    _dataset, version = register(team_a, seaweed, team_bucket)
     seaweed.client().put_object(Bucket=team_bucket, Key="corpus/shard-1.txt", Body=b"tampered" * 1000)
     runner = make_runner()
     job = run([runner], make_job(alice, script=READ_DATA, train_version=version))
@@ -359,7 +355,7 @@ def test_a_corrupted_object_fails_the_job_before_any_charge(make_runner, alice, 
 
 
 def test_a_vanished_object_fails_the_job_with_its_name(make_runner, alice, rate, team_a, seaweed, team_bucket):
-    dataset, version = register(team_a, seaweed, team_bucket)
+    _dataset, version = register(team_a, seaweed, team_bucket)
     seaweed.client().delete_object(Bucket=team_bucket, Key="corpus/shard-2.txt")
     runner = make_runner()
     job = run([runner], make_job(alice, script=READ_DATA, train_version=version))

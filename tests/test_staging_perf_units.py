@@ -39,7 +39,7 @@ class Stream:
         if self.break_after is not None and self.read >= self.break_after:
             raise ConnectionResetError("connection reset by peer")
         n = min(len(buffer), self.step, self.end - self.position)
-        buffer[:n] = self.data[self.position:self.position + n]
+        buffer[:n] = self.data[self.position : self.position + n]
         self.position += n
         self.read += n
         return n
@@ -314,7 +314,7 @@ def test_s3_ranged_reads_on_a_real_server(s3_storage):
     pools = s3_storage.client._endpoint.http_session._manager.pools
     before = sum(pool.num_connections for pool in pools._container.values())
     for start in range(0, 100_000, 10_000):
-        assert read_all(s3_storage.open_range("blobs/x", start, start + 10_000)) == data[start:start + 10_000]
+        assert read_all(s3_storage.open_range("blobs/x", start, start + 10_000)) == data[start : start + 10_000]
     assert sum(pool.num_connections for pool in pools._container.values()) - before <= 1
 
 

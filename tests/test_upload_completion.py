@@ -324,8 +324,15 @@ def test_the_cli_waits_for_a_large_file(system, tmp_path):
     command = [str(Path(sys.executable).with_name("e31"))]
     if not Path(command[0]).exists():
         command = [sys.executable, "-m", "e31.cli"]
-    done = subprocess.run([*command, "datasets", "upload", str(folder), "--name", "cli-verified", "--json"],
-                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path, check=False)
+    done = subprocess.run(
+        [*command, "datasets", "upload", str(folder), "--name", "cli-verified", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        check=False,
+    )
     assert done.returncode == 0, (done.stdout, done.stderr)
     result = json.loads(done.stdout)
     assert (result["state"], result["ref"]) == ("ready", "cli-verified@1")

@@ -8,7 +8,15 @@ from decimal import Decimal
 import pytest
 
 from scheduler.utilization import (
-    IdleWatch, Reading, Recorder, Summary, chart, right_size, stored_bytes, suggested_devices, summarize,
+    IdleWatch,
+    Reading,
+    Recorder,
+    Summary,
+    chart,
+    right_size,
+    stored_bytes,
+    suggested_devices,
+    summarize,
 )
 
 GIB = 1024**3
@@ -177,7 +185,8 @@ class TestReading:
 
         sampler = GpuSampler(self.FakeNvml(), [3, 5], prefix="node1:")
         assert sampler.series == [
-            {"name": "node1:gpu0", "kind": "gpu", "memory_total": 80 * GIB}, {"name": "node1:gpu1", "kind": "gpu", "memory_total": 80 * GIB},
+            {"name": "node1:gpu0", "kind": "gpu", "memory_total": 80 * GIB},
+            {"name": "node1:gpu1", "kind": "gpu", "memory_total": 80 * GIB},
         ]
         assert sampler.read() == [Reading(90.0, 4 * GIB), Reading(0.0, 6 * GIB)]
 
@@ -288,7 +297,7 @@ class TestSampling:
         assert artifact.name == f"checkpoints/{latest.name}"  # the weights so far come back
         notices = [e.data["text"] for e in job.events.filter(kind="notice")]
         assert any(n.startswith("idle: every device below 5% busy since") for n in notices)
-        [(kind, kwargs)] = [call for call in emitted if call[0] == "job.idle"]
+        [(_kind, kwargs)] = [call for call in emitted if call[0] == "job.idle"]
         assert kwargs["team"] == job.team and kwargs["job"].pk == job.pk and kwargs["data"]["stop_if_idle"] is True
 
     def test_an_idle_job_without_consent_is_flagged_and_left_running(self, runner, alice, rate, emitted):
@@ -325,9 +334,7 @@ def wide_job(alice, rate):
     Job = type(job)
     Job.objects.get(pk=job.pk).mark_running()
     windows = record(RECORDED_8_GPUS, repeat=50).snapshot()
-    Utilization.objects.create(
-        job=job, allocation=allocation, started_at=allocation.started_at, every=2, width=30, series=SERIES_8, windows=windows
-    )
+    Utilization.objects.create(job=job, allocation=allocation, started_at=allocation.started_at, every=2, width=30, series=SERIES_8, windows=windows)
     Job.objects.filter(pk=job.pk).update(utilization=summarize([(SERIES_8, windows)]).as_data())
     end_allocation(allocation, allocation.started_at + timedelta(hours=2), Allocation.EXITED, states.SUCCEEDED, "the process exited with code 0")
     job.refresh_from_db()

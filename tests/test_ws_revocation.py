@@ -109,9 +109,7 @@ def test_on_redis_the_end_of_access_is_told_not_waited_for(settings, alice, bob,
     from rest_framework.authtoken.models import TokenProxy
 
     settings.E31_LIVE_MODE = "redis"
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}
-    }
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
     channel_layers.backends = {}
     monkeypatch.setattr(consumers, "ACCESS_CHECK_SECONDS", 600.0)
     job = make_job(alice)

@@ -23,7 +23,10 @@ class Client:
         # Redirects are followed (artifacts may be served by storage); httpx drops the
         # Authorization header when a redirect leaves the server.
         self.http = httpx.Client(
-            base_url=self.server, headers=headers, transport=transport or DEFAULT_TRANSPORT, follow_redirects=True,
+            base_url=self.server,
+            headers=headers,
+            transport=transport or DEFAULT_TRANSPORT,
+            follow_redirects=True,
             timeout=httpx.Timeout(timeout, connect=15.0),
         )
 
@@ -107,9 +110,9 @@ class Client:
 
     def ws_url(self, path: str) -> str:
         if self.server.startswith("https://"):
-            return "wss://" + self.server[len("https://"):] + path
+            return "wss://" + self.server[len("https://") :] + path
         if self.server.startswith("http://"):
-            return "ws://" + self.server[len("http://"):] + path
+            return "ws://" + self.server[len("http://") :] + path
         return self.server + path
 
 

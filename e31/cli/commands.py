@@ -144,8 +144,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         ui.print_json(estimate)
         return OK
     if isinstance(estimate, dict):
-        ui.print_fields([(k.replace("_", " "), when(v) if k.endswith(("_start", "_finish", "_at")) else v) for k, v in estimate.items()],
-                        title=f"Estimate for {spec_path.name}")
+        ui.print_fields(
+            [(k.replace("_", " "), when(v) if k.endswith(("_start", "_finish", "_at")) else v) for k, v in estimate.items()],
+            title=f"Estimate for {spec_path.name}",
+        )
     else:
         print(estimate)
     return OK
@@ -183,13 +185,27 @@ def cost(job: dict[str, Any]) -> str:
 
 def show_job(job: dict[str, Any]) -> None:
     fields = [
-        ("id", job.get("id")), ("name", job.get("name")), ("kind", job.get("kind")), ("recipe", job.get("recipe")),
-        ("state", job.get("state")), ("reason", job.get("reason")), ("waiting for", job.get("wait_reason") if job.get("state") == "queued" else None),
-        ("gpus", f"{job.get('gpus')} {job.get('gpu_type') or ''}".strip()), ("mode", job.get("mode")), ("span hours", job.get("span_hours")),
-        ("cost", cost(job)), ("created", when(job.get("created_at"))), ("predicted start", when(job.get("predicted_start"))),
-        ("predicted finish", when(job.get("predicted_finish"))), ("finished", when(job.get("finished_at"))),
-        ("exit code", job.get("exit_code")), ("train data", job.get("train_dataset")), ("heldout data", job.get("heldout_dataset")),
-        ("parent", job.get("parent")), ("restarts", job.get("restarts") or None), ("preemptions", job.get("preemptions") or None),
+        ("id", job.get("id")),
+        ("name", job.get("name")),
+        ("kind", job.get("kind")),
+        ("recipe", job.get("recipe")),
+        ("state", job.get("state")),
+        ("reason", job.get("reason")),
+        ("waiting for", job.get("wait_reason") if job.get("state") == "queued" else None),
+        ("gpus", f"{job.get('gpus')} {job.get('gpu_type') or ''}".strip()),
+        ("mode", job.get("mode")),
+        ("span hours", job.get("span_hours")),
+        ("cost", cost(job)),
+        ("created", when(job.get("created_at"))),
+        ("predicted start", when(job.get("predicted_start"))),
+        ("predicted finish", when(job.get("predicted_finish"))),
+        ("finished", when(job.get("finished_at"))),
+        ("exit code", job.get("exit_code")),
+        ("train data", job.get("train_dataset")),
+        ("heldout data", job.get("heldout_dataset")),
+        ("parent", job.get("parent")),
+        ("restarts", job.get("restarts") or None),
+        ("preemptions", job.get("preemptions") or None),
         ("url", job.get("url")),
     ]
     ui.print_fields(fields)
@@ -200,7 +216,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         job_id = client.resolve_job(args.job)
         if args.follow:
             return follow(client, job_id, args.json)
-        _, state = print_logs(client, job_id, Printer(as_json=args.json))
+        _, _state = print_logs(client, job_id, Printer(as_json=args.json))
     return OK
 
 
@@ -253,7 +269,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
                 overrides["hyperparameters"] = {**(current.get("hyperparameters") or {}), **hyperparameters}
             if config:
                 overrides["config"] = {k: v for k, v in {**(current.get("config") or {}), **config}.items() if k != "mode"}
-        files = [(name, open(p, "rb")) for path in paths for name, p in files_of(path)]
+        files = [(name, open(p, "rb")) for path in paths for name, p in files_of(path)]  # noqa: SIM115 - closed in the finally below
         try:
             total = sum(size_of(f) for _, f in files)
             with ui.progress_bar(total, f"uploading {len(files)} file(s)", enabled=not args.json and bool(files)) as bar:
@@ -358,8 +374,10 @@ def cmd_datasets_list(args: argparse.Namespace) -> int:
         return OK
     ui.print_table(
         ["name", "state", "latest", "open", "files", "bytes", "source"],
-        [(d.get("name"), d.get("state"), d.get("latest_version"), d.get("open_version"), d.get("files"), f"{d.get('bytes') or 0:,}", d.get("source"))
-         for d in found],
+        [
+            (d.get("name"), d.get("state"), d.get("latest_version"), d.get("open_version"), d.get("files"), f"{d.get('bytes') or 0:,}", d.get("source"))
+            for d in found
+        ],
     )
     return OK
 
@@ -385,8 +403,10 @@ def cmd_datasets_upload(args: argparse.Namespace) -> int:
         print(f"{result['ref']} already holds these {result['files']} file(s): nothing to upload.")
     else:
         resumed = f", {result['resumed_bytes']:,} resumed" if result["resumed_bytes"] else ""
-        print(f"Sealed {result['ref']}: {result['files']} file(s), {result['bytes']:,} bytes ({result['sent_bytes']:,} sent{resumed}, "
-              f"{len(result['skipped_files'])} file(s) already there).")
+        print(
+            f"Sealed {result['ref']}: {result['files']} file(s), {result['bytes']:,} bytes ({result['sent_bytes']:,} sent{resumed}, "
+            f"{len(result['skipped_files'])} file(s) already there)."
+        )
     return OK
 
 
@@ -413,8 +433,17 @@ def cmd_invoices(args: argparse.Namespace) -> int:
     else:
         ui.print_table(
             ["number", "period", "kind", "state", "total", "issued"],
-            [(i.get("number"), i.get("period"), i.get("kind"), i.get("state"), f"{i.get('total', '')} {i.get('currency', '')}".strip(),
-              when(i.get("issued_at"))) for i in invoices],
+            [
+                (
+                    i.get("number"),
+                    i.get("period"),
+                    i.get("kind"),
+                    i.get("state"),
+                    f"{i.get('total', '')} {i.get('currency', '')}".strip(),
+                    when(i.get("issued_at")),
+                )
+                for i in invoices
+            ],
         )
     for path in saved:
         print(f"saved {path}")

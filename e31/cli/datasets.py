@@ -157,7 +157,11 @@ class Uploader:
         for attempt in range(RETRIES):
             try:
                 answer = self.client.json(
-                    "PUT", path, params={"offset": offset}, content=data, headers={"Content-Type": "application/octet-stream"},
+                    "PUT",
+                    path,
+                    params={"offset": offset},
+                    content=data,
+                    headers={"Content-Type": "application/octet-stream"},
                 )
             except CliError as error:
                 if error.status == 409 and isinstance(error.body, dict) and isinstance(error.body.get("received"), int):

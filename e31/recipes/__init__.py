@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Param", "Recipe", "RECIPES", "validate"]
+__all__ = ["RECIPES", "Param", "Recipe", "validate"]
 
 KINDS = ("int", "float", "choice", "bool")
 
@@ -68,8 +68,8 @@ RECIPES = {
             "or NPZ files (arrays x and y; images are flattened) in train/ and heldout/. "
             "Features are standardised with the training set's mean and standard deviation."
         ),
-        params=_shared(lr=3e-3, batch_size=64, max_steps=300, eval_every=50, checkpoint_every=100)
-        + (
+        params=(
+            *_shared(lr=0.003, batch_size=64, max_steps=300, eval_every=50, checkpoint_every=100),
             Param("hidden", "int", 128, "width of each hidden layer", min=1, max=65536),
             Param("layers", "int", 2, "number of hidden layers", min=1, max=64),
         ),
@@ -81,15 +81,17 @@ RECIPES = {
             "A small causal transformer over bytes (vocabulary 256) trained on the *.txt files in train/; "
             "validated on heldout/*.txt, or on the last 10% of the training text."
         ),
-        params=_shared(lr=1e-3, batch_size=32, max_steps=500, eval_every=100, checkpoint_every=100)
-        + (
+        params=(
+            *_shared(lr=0.001, batch_size=32, max_steps=500, eval_every=100, checkpoint_every=100),
             Param("context", "int", 64, "bytes of context the model sees", min=2, max=8192),
             Param("d_model", "int", 64, "width of the transformer", min=4, max=8192),
             Param("n_layers", "int", 2, "transformer blocks", min=1, max=96),
             Param("n_heads", "int", 4, "attention heads (must divide d_model)", min=1, max=128),
-            Param("eval_windows", "int", 128, "at most this many fixed validation windows", min=1, max=1_000_000),
+            Param("eval_windows", "int", 128, "at most this many fixed validation windows", min=1, max=1000000),
             Param(
-                "parallel", "choice", "ddp",
+                "parallel",
+                "choice",
+                "ddp",
                 "how several processes share the work: data parallel (ddp) keeps a whole copy of the model in each; "
                 "fully sharded data parallel (fsdp) shards parameters, gradients and optimizer state across the processes, "
                 "for models that do not fit one device",

@@ -184,8 +184,11 @@ def train(config: common.Config, dist: common.Dist) -> None:
         common.apply_lora(model, config["lora_rank"], config["lora_alpha"])
     model.to(device)
     if dist.writer:
-        print(f"charlm: {len(train_text)} training bytes, {len(starts)} validation windows; "
-              f"{'fine-tuning the model in $E31_MODEL_DIR/start' if start else 'from scratch'}; {dist.describe()}; config {config}", flush=True)
+        print(
+            f"charlm: {len(train_text)} training bytes, {len(starts)} validation windows; "
+            f"{'fine-tuning the model in $E31_MODEL_DIR/start' if start else 'from scratch'}; {dist.describe()}; config {config}",
+            flush=True,
+        )
 
     offsets = torch.arange(context + 1)
 

@@ -8,6 +8,7 @@ deviation, kept in recipe.json so that evaluation and fine-tuning standardise th
 """
 
 import csv
+import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ class MLP(nn.Module):
         super().__init__()
         sizes = [in_features] + [hidden] * layers
         parts: list[nn.Module] = []
-        for width_in, width_out in zip(sizes, sizes[1:]):
+        for width_in, width_out in itertools.pairwise(sizes):
             parts += [nn.Linear(width_in, width_out), nn.ReLU()]
         parts.append(nn.Linear(sizes[-1], classes))
         self.net = nn.Sequential(*parts)
@@ -227,8 +228,11 @@ def train(config: common.Config, dist: common.Dist) -> None:
         common.apply_lora(model, config["lora_rank"], config["lora_alpha"])
     model.to(device)
     if dist.writer:
-        print(f"classifier: {len(y)} training rows, {len(val_y)} validation rows, {info['data']['features']} features, "
-              f"{len(classes)} classes; {'fine-tuning the model in $E31_MODEL_DIR/start' if start else 'from scratch'}; {dist.describe()}; config {config}", flush=True)
+        print(
+            f"classifier: {len(y)} training rows, {len(val_y)} validation rows, {info['data']['features']} features, "
+            f"{len(classes)} classes; {'fine-tuning the model in $E31_MODEL_DIR/start' if start else 'from scratch'}; {dist.describe()}; config {config}",
+            flush=True,
+        )
 
     batch_size, seed = config["batch_size"], config["seed"]
     per_epoch = math.ceil(len(y) / batch_size)

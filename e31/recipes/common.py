@@ -365,7 +365,7 @@ def load_weights(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 
         try:
             return load_file(str(safetensors_file))
-        except Exception as error:  # a truncated or foreign file: say which, in one line
+        except Exception as error:  # noqa: BLE001 - a truncated or foreign file: say which, in one line
             fail(f"cannot read {safetensors_file}: {error}")
     candidates = sorted(p for p in folder.iterdir() if p.suffix in (".pt", ".pth") and p.is_file()) if folder.is_dir() else []
     preferred = [p for p in candidates if p.stem == "model"] or candidates
@@ -375,7 +375,7 @@ def load_weights(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     try:
         with _checkpoint_globals():
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever torch.load raised, one line naming the file
         fail(f"cannot read {path}: {error}")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a checkpoint rather than a bare state dict
@@ -525,8 +525,18 @@ def fit(
         improved = _improved(bests, 0, last, watch)  # checkpointed below: a fine-tuning that only gets worse returns its start
     if improved:
         _checkpoint(
-            0, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests,
-            scaler=scaler.state_dict(), watched=watched,
+            0,
+            model,
+            optimizer,
+            dist,
+            best=best,
+            best_step=best_step,
+            bad=bad,
+            best_state=best_state,
+            last_metrics=last,
+            bests=bests,
+            scaler=scaler.state_dict(),
+            watched=watched,
         )
 
     stopping = early = False
@@ -560,8 +570,18 @@ def fit(
         every = config["checkpoint_every"] or None
         if stopping or improved or (every and e31.checkpoint_due(step, every_steps=every)):
             _checkpoint(
-                step, model, optimizer, dist, best=best, best_step=best_step, bad=bad, best_state=best_state, last_metrics=last, bests=bests,
-                scaler=scaler.state_dict(), watched=watched,
+                step,
+                model,
+                optimizer,
+                dist,
+                best=best,
+                best_step=best_step,
+                bad=bad,
+                best_state=best_state,
+                last_metrics=last,
+                bests=bests,
+                scaler=scaler.state_dict(),
+                watched=watched,
             )
         if stopping:
             network = _stopped_on_metric(dist, watch, watched)
@@ -585,14 +605,22 @@ def fit(
         # under this step, which would chart them as the last weights'.
         returned = _Final(evaluate())
         returned["early_stop"] = {
-            "metric": "val_loss", "mode": "min", "best": best, "best_step": best_step, "weights_step": best_step,
-            "last": LAST, "last_step": step,
+            "metric": "val_loss",
+            "mode": "min",
+            "best": best,
+            "best_step": best_step,
+            "weights_step": best_step,
+            "last": LAST,
+            "last_step": step,
         }
         returned.last_state = last_state
         if dist.writer:
             at = f"step {best_step}" if best_step is not None else "an earlier step"
-            print(f"the weights returned are those of {at}, where val_loss was best ({best:.6g}); the last ones "
-                  f"(step {step}, val_loss {last_loss:.6g}) are kept under {LAST}", flush=True)
+            print(
+                f"the weights returned are those of {at}, where val_loss was best ({best:.6g}); the last ones "
+                f"(step {step}, val_loss {last_loss:.6g}) are kept under {LAST}",
+                flush=True,
+            )
         return returned, False
     return last, False
 
@@ -677,7 +705,7 @@ def _checkpoint_model(path: Path) -> dict[str, Any]:
     try:
         with _checkpoint_globals():
             payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever torch.load raised, one line naming the file
         fail(f"cannot read the checkpoint {path.name}: {error}")
     if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
         fail(f"the checkpoint {path.name} holds no model state")

@@ -11,7 +11,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
         parser.add_argument(
-            "--grace-hours", type=float, default=None,
+            "--grace-hours",
+            type=float,
+            default=None,
             help="keep unreferenced blobs younger than this (default: E31_BLOB_SWEEP_GRACE_HOURS)",
         )
 

@@ -17,7 +17,8 @@ class Command(BaseCommand):
         parser.add_argument("--work-dir", default=str(settings.RUNNER_WORK_DIR))
         parser.add_argument("--device-type", default=None, help="override the detected type (e.g. 'cpu')")
         parser.add_argument(
-            "--address", default=settings.E31_RUNNER_ADDRESS,
+            "--address",
+            default=settings.E31_RUNNER_ADDRESS,
             help="where the other runners of a run across nodes reach this one (default: E31_RUNNER_ADDRESS, 127.0.0.1)",
         )
 

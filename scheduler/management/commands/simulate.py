@@ -6,8 +6,10 @@ from scheduler import policy, simulator
 
 
 class Command(BaseCommand):
-    help = ("Replay a job trace (CSV: job_id, submit_time_s, num_gpus, duration_s, deadline_s) through the "
-            "scheduling policy with a simulated clock and print JCT, waits, slowdown, utilization, deadlines and fairness.")
+    help = (
+        "Replay a job trace (CSV: job_id, submit_time_s, num_gpus, duration_s, deadline_s) through the "
+        "scheduling policy with a simulated clock and print JCT, waits, slowdown, utilization, deadlines and fairness."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True, help="the trace CSV file")
@@ -15,8 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("--gpus-per-node", type=int, default=8)
         parser.add_argument("--policy", default="ours", choices=[*policy.POLICY_ORDER, "all"])
         parser.add_argument("--seed", type=int, default=0, help="teams, estimate noise and stretched deadlines (default 0)")
-        parser.add_argument("--deadlines", default="trace", choices=["trace", "stretched"],
-                            help="the trace's own deadlines (about half infeasible) or submit + duration x U(1.5, 3)")
+        parser.add_argument(
+            "--deadlines",
+            default="trace",
+            choices=["trace", "stretched"],
+            help="the trace's own deadlines (about half infeasible) or submit + duration x U(1.5, 3)",
+        )
         parser.add_argument("--teams", type=int, default=8)
         parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
@@ -38,8 +44,7 @@ class Command(BaseCommand):
             out = {**setting, "policies": results} if len(names) > 1 else {**setting, "policy": names[0], **results[names[0]]}
             self.stdout.write(dumps(out))
             return
-        self.stdout.write(f"{trace}: {len(jobs)} jobs on {gpus} GPUs ({gpus_per_node} per node), "
-                          f"deadlines: {deadlines}, seed {seed}, {teams} teams")
+        self.stdout.write(f"{trace}: {len(jobs)} jobs on {gpus} GPUs ({gpus_per_node} per node), deadlines: {deadlines}, seed {seed}, {teams} teams")
         if len(names) > 1:
             for line in simulator.table([(name, results[name]) for name in names]):
                 self.stdout.write(line)
@@ -55,6 +60,7 @@ def policy_names(name):
 
 def dumps(value):
     """JSON with NaN (a figure with no data, e.g. no job of 16+ GPUs) as null."""
+
     def clean(v):
         if isinstance(v, float) and v != v:
             return None
