@@ -12,9 +12,12 @@ text and a small script. A request that does not answer 201 counts as an error (
 Baseline, in the same run on the same server: one client submitting alone.
 
 Prints requests per second, p50 and p99 latency, errors, and last the ratio of p99 under load
-to p99 of the single client.
+to p99 of the single client. It exits 1 if any submission failed.
 
-    .venv/bin/python bench/api_load.py [--jobs 500] [--clients 20] [--single 100] [--workers 2]
+    .venv/bin/python bench/api_load.py [--jobs 500] [--clients 20] [--single 100] [--workers 2] [--quick]
+
+--quick (CI: the benchmark still works, in about 20 s on 2 cores): 20 submissions from 4 clients
+over the 2 workers, and a baseline of 10; the figures are meaningless.
 """
 
 import argparse
@@ -72,9 +75,7 @@ def client_run(url, token, client_id, count, latencies, errors, lock):
             spec = SPEC.format(client=client_id, n=n)
             start = time.perf_counter()
             try:
-                response = http.post(
-                    "/api/jobs/", data={"spec": spec, "spec_name": "job.yaml"}, files={"code": ("train.py", SCRIPT, "text/x-python")}
-                )
+                response = http.post("/api/jobs/", data={"spec": spec, "spec_name": "job.yaml"}, files={"code": ("train.py", SCRIPT, "text/x-python")})
                 ok = response.status_code == 201
                 problem = None if ok else f"{response.status_code} {response.text[:200]}"
             except httpx.HTTPError as error:
@@ -90,8 +91,7 @@ def run(urls, tokens, jobs, clients):
     latencies, errors, lock = [], [], threading.Lock()
     share = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     threads = [
-        threading.Thread(target=client_run, args=(urls[i % len(urls)], tokens[i % len(tokens)], i, share[i], latencies, errors, lock))
-        for i in range(clients)
+        threading.Thread(target=client_run, args=(urls[i % len(urls)], tokens[i % len(tokens)], i, share[i], latencies, errors, lock)) for i in range(clients)
     ]
     start = time.perf_counter()
     for thread in threads:
@@ -117,7 +117,10 @@ def main():
     parser.add_argument("--single", type=int, default=100, help="submissions of the single-client baseline")
     parser.add_argument("--workers", type=int, default=2, help="daphne processes")
     parser.add_argument("--database", default="postgres", choices=["postgres", "sqlite"])
+    parser.add_argument("--quick", action="store_true", help="20 submissions from 4 clients, 10 alone (CI: the benchmark still works)")
     args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.clients, args.single = 20, 4, 10
 
     system = LiveSystem(database=args.database, redis=args.database == "postgres", env={"E31_API_RATE": "100000/min"})
     try:
@@ -151,6 +154,8 @@ def main():
     ratio = percentile(latencies, 99) / percentile(single, 99)
     print(f"errors under load: {len(errors)}")
     print(f"p99 under load / p99 single client: {ratio:.2f}")
+    if errors or single_errors:
+        sys.exit(f"{len(errors) + len(single_errors)} submission(s) failed")
 
 
 def _answers(url):

@@ -11,9 +11,15 @@ Recovery: a job that checkpoints every few seconds is running when its runner is
 SIGKILL; timed from the kill to the job running again on the other runner, against the
 heartbeat timeout (target: under 2x the timeout).
 
-    .venv/bin/python bench/checkpoint_overhead.py [--seconds 90] [--every 30] [--timeout 5] [--repeat 3]
+    .venv/bin/python bench/checkpoint_overhead.py [--seconds 90] [--every 30] [--timeout 5] [--repeat 3] [--quick]
 
-Runs with and without checkpoints alternate; the medians are compared.
+Runs with and without checkpoints alternate; the medians are compared. It exits 1 if a run with
+checkpoints saved none, or the killed job did not resume from a checkpoint.
+
+--quick (CI: the benchmark still works, in about 40 s on 2 cores): a 4 MB model (a 1000 x 1000
+layer), runs of about 3 s with a checkpoint every half second (so that even a run much shorter
+than calibrated saves some), one of each, and the recovery with a heartbeat timeout of 2 s and
+a checkpoint every second; the figures are meaningless.
 """
 
 import argparse
@@ -35,19 +41,19 @@ from tests.system import LiveSystem  # noqa: E402  (no Django inside)
 OVERHEAD_TARGET = 1.05
 RECOVERY_TARGET = 2.0
 
-JOB = '''
+JOB = """
 import json, os, time
 import torch
 from e31 import checkpoint, checkpoint_due, resume, should_stop
 
 config = json.load(open(os.environ["E31_CONFIG"])) if os.environ.get("E31_CONFIG") else {}
-steps, every = config.get("steps", 20), config.get("every")
+steps, every, width = config.get("steps", 20), config.get("every"), config.get("width", 5000)
 torch.manual_seed(0)
-model = torch.nn.Linear(5000, 5000)  # 25M parameters: 100 MB of float32
+model = torch.nn.Linear(width, width)  # 5000: 25M parameters, 100 MB of float32
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
 state = resume(model=model, optimizer=optimizer) if every else None
 start = state.step if state else 0
-x = torch.randn(16, 5000)
+x = torch.randn(16, width)
 saves, save_seconds = 0, 0.0
 started = time.perf_counter()
 for step in range(start + 1, steps + 1):
@@ -63,14 +69,14 @@ for step in range(start + 1, steps + 1):
         break
 seconds = time.perf_counter() - started
 print("RESULT " + json.dumps({"seconds": seconds, "steps": steps - start, "saves": saves, "save_seconds": save_seconds}))
-'''
+"""
 
 
-def calibrate(script, probe_steps=15):
+def calibrate(script, width, probe_steps=15):
     """Seconds per training step of the job, run directly on one thread."""
     with tempfile.TemporaryDirectory() as folder:  # noqa: SIM117
         config = Path(folder) / "config.json"
-        config.write_text(json.dumps({"steps": probe_steps}))
+        config.write_text(json.dumps({"steps": probe_steps, "width": width}))
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "E31_CONFIG": str(config), "OMP_NUM_THREADS": "1"}
         out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(out.stdout.split("RESULT ", 1)[1])
@@ -81,7 +87,7 @@ def result_of(system, job_id):
     lines = system.api("GET", f"/api/jobs/{job_id}/logs/", params={"limit": 5000}).json()["lines"]
     for line in reversed(lines):
         if line["text"].startswith("RESULT "):
-            return json.loads(line["text"][len("RESULT "):])
+            return json.loads(line["text"][len("RESULT ") :])
     raise RuntimeError(f"job {job_id} printed no result: {lines[-20:]}")
 
 
@@ -94,22 +100,20 @@ def run_job(system, script, config, name):
     return result_of(system, job["id"]), finished, checkpoints
 
 
-def recovery(system, script, timeout):
+def recovery(system, script, timeout, width, every=3):
     """Seconds from SIGKILL of the runner holding a job to the job running on the other one."""
-    job = system.submit(
-        {"name": "recovery", "train_dataset": "digits", "gpus": 1, "span_hours": 2, "config": {"steps": 10**6, "every": 3}}, script
-    )
+    config = {"steps": 10**6, "every": every, "width": width}
+    job = system.submit({"name": "recovery", "train_dataset": "digits", "gpus": 1, "span_hours": 2, "config": config}, script)
     job_id = job["id"]
-    system.wait_until(
-        lambda: any(e["kind"] == "checkpoint" for e in system.job(job_id)["timeline"]), 600, "the recovery job's first checkpoint"
-    )
+    system.wait_until(lambda: any(e["kind"] == "checkpoint" for e in system.job(job_id)["timeline"]), 600, "the recovery job's first checkpoint")
     node = system.job(job_id)["allocation"]["node"]
     victim = {"e2e-a": "a", "e2e-b": "b"}[node]
     system.processes[victim].send_signal(signal.SIGKILL)
     killed = time.monotonic()
     system.processes[victim].wait()
     system.wait_until(
-        lambda: (j := system.job(job_id))["state"] == "running" and j["allocation"]["node"] != node, 10 * timeout + 60,
+        lambda: (j := system.job(job_id))["state"] == "running" and j["allocation"]["node"] != node,
+        10 * timeout + 60,
         "the job to run again",
     )
     seconds = time.monotonic() - killed
@@ -125,14 +129,20 @@ def main():
     parser.add_argument("--every", type=float, default=30.0, help="seconds between checkpoints")
     parser.add_argument("--timeout", type=float, default=5.0, help="heartbeat timeout of the runners")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind, alternating")
+    parser.add_argument("--width", type=int, default=5000, help="the model's layer: width x width (5000: 100 MB)")
+    parser.add_argument("--quick", action="store_true", help="a 4 MB model, 3 s runs, one of each (CI: the benchmark still works)")
     args = parser.parse_args()
+    recovery_every = 3.0
+    if args.quick:
+        args.width, args.seconds, args.every, args.timeout, args.repeat, recovery_every = 1000, 3.0, 0.5, 2.0, 1, 1.0
 
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     script = work / "train.py"
     script.write_text(JOB)
-    per_step = calibrate(script)
+    per_step = calibrate(script, args.width)
     steps = max(10, round(args.seconds / per_step))
-    print(f"model: 25,000,000 parameters (100 MB); {per_step * 1000:.1f} ms per step; {steps} steps per run")
+    parameters = args.width * args.width + args.width
+    print(f"model: {parameters:,} parameters ({parameters * 4 / 1e6:,.0f} MB); {per_step * 1000:.1f} ms per step; {steps} steps per run")
 
     env = {"E31_NODE_TIMEOUT_SECONDS": str(args.timeout), "E31_HEARTBEAT_SECONDS": "0.5", "E31_STOP_GRACE_SECONDS": "10"}
     system = LiveSystem(devices=1, env=env)
@@ -140,17 +150,22 @@ def main():
         system.start(runner=False)
         system.start_runner("a", devices=1)
         system.start_runner("b", devices=1)
-        plain, saved = [], []
+        plain, saved, problems = [], [], []
         for n in range(args.repeat):  # alternating, so drift on a shared machine hits both alike
-            plain.append(run_job(system, script, {"steps": steps}, f"without checkpoints {n}")[0])
-            result, _, checkpoints = run_job(system, script, {"steps": steps, "every": args.every}, f"with checkpoints {n}")
+            plain.append(run_job(system, script, {"steps": steps, "width": args.width}, f"without checkpoints {n}")[0])
+            config = {"steps": steps, "every": args.every, "width": args.width}
+            result, _, checkpoints = run_job(system, script, config, f"with checkpoints {n}")
             saved.append(result)
             print(
                 f"run {n + 1}: without checkpoints {plain[-1]['seconds']:.2f} s of training; with a checkpoint every "
                 f"{args.every:g} s {result['seconds']:.2f} s ({result['saves']} checkpoints saved in "
                 f"{result['save_seconds']:.2f} s by the job, {len({e['name'] for e in checkpoints})} uploaded by the runner)"
             )
-        seconds, resumed = recovery(system, script, args.timeout)
+            if not result["saves"] or not checkpoints:
+                problems.append(f"run {n + 1} with checkpoints: {result['saves']} saved, {len(checkpoints)} uploaded")
+        seconds, resumed = recovery(system, script, args.timeout, args.width, recovery_every)
+        if not resumed:
+            problems.append("the killed job did not resume from a checkpoint")
     finally:
         system.stop()
     print(
@@ -163,6 +178,8 @@ def main():
     print(f"medians over {args.repeat} runs each: without {without:.2f} s, with {with_checkpoints:.2f} s")
     ratio = with_checkpoints / without
     print(f"checkpoint overhead, training time with / without checkpoints: {ratio:.3f} (target at most {OVERHEAD_TARGET})")
+    if problems:
+        sys.exit("broken: " + "; ".join(problems))
 
 
 if __name__ == "__main__":

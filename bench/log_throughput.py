@@ -17,9 +17,13 @@ connected from the moment the job is queued:
 Baseline: the same script, with the same command and environment as the runner would give it,
 writing to /dev/null, run directly (its own loop rate, and the whole process's).
 
-The last line is delivered lines/s through the system / the baseline's loop rate.
+The last line is delivered lines/s through the system / the baseline's loop rate. It exits 1 if
+a line was lost, repeated or delivered out of order.
 
-    .venv/bin/python bench/log_throughput.py [--lines 200000] [--repeat 3] [--py-spy PATH] [--database sqlite|postgres] [--redis]
+    .venv/bin/python bench/log_throughput.py [--lines 200000] [--repeat 3] [--py-spy PATH] [--database sqlite|postgres] [--redis] [--quick]
+
+--quick (CI: the benchmark still works, in about 10 s on 2 cores): 2,000 lines, one system run,
+the baseline once before and once after; the figures are meaningless.
 
 --py-spy PATH records collapsed stacks of the web server and the runner during each run
 (e.g. `.venv/bin/pip install --target /tmp/pyspy py-spy`, then --py-spy /tmp/pyspy/bin/py-spy).
@@ -64,7 +68,7 @@ with open(os.path.join(os.environ.get("E31_OUTPUT_DIR", "."), "timing.json"), "w
     json.dump({{"start": start, "end": end, "lines": N}}, f)
 '''
 POLL_SECONDS = 0.02
-BASELINE_RUNS = 5  # before and again after the system runs
+BASELINE_RUNS = 5  # before and again after the system runs (1 with --quick)
 
 
 def when(text):
@@ -131,11 +135,26 @@ def start_profilers(system, py_spy, out_dir, tag):
     profilers = []
     for name in ("web", "runner"):
         output = Path(out_dir) / f"{name}-{tag}.txt"
-        profilers.append(subprocess.Popen(
-            [py_spy, "record", "--pid", str(system.processes[name].pid), "--format", "raw", "--threads",
-             "--rate", "250", "--nonblocking", "--output", str(output)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
+        profilers.append(
+            subprocess.Popen(
+                [
+                    py_spy,
+                    "record",
+                    "--pid",
+                    str(system.processes[name].pid),
+                    "--format",
+                    "raw",
+                    "--threads",
+                    "--rate",
+                    "250",
+                    "--nonblocking",
+                    "--output",
+                    str(output),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
     time.sleep(1.0)  # let them attach
     return profilers
 
@@ -194,7 +213,7 @@ def run_system(system, script, lines, n):
     lost = lines - expected + lost_or_wrong
 
     done = system.job(job["id"])
-    timeline = {t["state"]: when(t["at"]) for t in done["timeline"]}
+    timeline = {t["state"]: when(t["at"]) for t in done["timeline"] if t["kind"] == "state"}  # not checkpoints, resumes
     artifact = system.api("GET", f"/api/jobs/{job['id']}/artifacts/timing.json")
     artifact.raise_for_status()
     timing = artifact.json()
@@ -228,7 +247,11 @@ def main():
     parser.add_argument("--redis", action="store_true", help="the Redis channel layer instead of the database relay")
     parser.add_argument("--py-spy", metavar="PY_SPY", help="path to a py-spy binary: profile the web server and the runner")
     parser.add_argument("--profile-dir", default="bench/profiles", help="where py-spy's collapsed stacks go")
+    parser.add_argument("--quick", action="store_true", help="2,000 lines, one run (CI: the benchmark still works)")
     args = parser.parse_args()
+    baseline_runs = BASELINE_RUNS
+    if args.quick:
+        args.lines, args.repeat, baseline_runs = 2000, 1, 1
 
     work = Path(tempfile.mkdtemp(prefix="e31-bench-log-"))
     script = work / "spam.py"
@@ -236,7 +259,7 @@ def main():
     print(f"{args.lines} numbered lines; database {args.database}{' + redis' if args.redis else ''}", flush=True)
     try:
         # The baseline's loop lasts a tenth of a second: run it often, before and after the system runs.
-        baseline = [run_direct(script, work) for _ in range(BASELINE_RUNS)]
+        baseline = [run_direct(script, work) for _ in range(baseline_runs)]
 
         results = []
         with LiveSystem(database=args.database, redis=args.redis) as system:
@@ -254,18 +277,28 @@ def main():
                     stop_profilers(profilers)
                 r["cpu"] = {k: after[k] - before.get(k, 0.0) for k in after}
                 results.append(r)
-                print(f"  run {i + 1}: produced {r['produced']:,.0f}/s (script's loop, piped to the runner), "
-                      f"read {r['read']:,.0f}/s, stored {r['stored']:,.0f}/s, delivered {r['delivered']:,.0f}/s "
-                      f"({r['delivered_client']:,.0f}/s first->last received); lost {r['lost']}, "
-                      f"duplicates {r['duplicates']}, out of order {r['out_of_order']}; {r['messages']} websocket messages", flush=True)
-                print(f"         first line reached the client {r['first_line_latency']:.3f} s after it was read; "
-                      f"the last line {r['last_line_lag_after_stored']:.3f} s after it was stored; "
-                      f"all stored {r['process_exit_to_stored']:.3f} s after the script's loop ended", flush=True)
-                print(f"         submit->succeeded {r['wall_to_succeeded']:.2f} s (process started->exited {r['running_to_exit']:.2f} s, exited->'succeeded' received {r['exit_to_succeeded']:.2f} s); "
-                      "CPU used meanwhile: " + ", ".join(f"{k} {v:.2f} s" for k, v in r["cpu"].items())
-                      + f"; runner peak RSS {rss_before:.0f} MiB before, {peak_rss_mib(system.processes['runner'].pid):.0f} MiB after", flush=True)
+                print(
+                    f"  run {i + 1}: produced {r['produced']:,.0f}/s (script's loop, piped to the runner), "
+                    f"read {r['read']:,.0f}/s, stored {r['stored']:,.0f}/s, delivered {r['delivered']:,.0f}/s "
+                    f"({r['delivered_client']:,.0f}/s first->last received); lost {r['lost']}, "
+                    f"duplicates {r['duplicates']}, out of order {r['out_of_order']}; {r['messages']} websocket messages",
+                    flush=True,
+                )
+                print(
+                    f"         first line reached the client {r['first_line_latency']:.3f} s after it was read; "
+                    f"the last line {r['last_line_lag_after_stored']:.3f} s after it was stored; "
+                    f"all stored {r['process_exit_to_stored']:.3f} s after the script's loop ended",
+                    flush=True,
+                )
+                print(
+                    f"         submit->succeeded {r['wall_to_succeeded']:.2f} s (process started->exited {r['running_to_exit']:.2f} s, exited->'succeeded' received {r['exit_to_succeeded']:.2f} s); "
+                    "CPU used meanwhile: "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in r["cpu"].items())
+                    + f"; runner peak RSS {rss_before:.0f} MiB before, {peak_rss_mib(system.processes['runner'].pid):.0f} MiB after",
+                    flush=True,
+                )
             rss = peak_rss_mib(system.processes["runner"].pid)
-        baseline += [run_direct(script, work) for _ in range(BASELINE_RUNS)]
+        baseline += [run_direct(script, work) for _ in range(baseline_runs)]
         loop_rate = statistics.median(b[0] for b in baseline)
         process_rate = statistics.median(b[1] for b in baseline)
     finally:
@@ -283,10 +316,15 @@ def main():
     print(f"lines lost: {lost}   (duplicates {sum(r['duplicates'] for r in results)}, out of order {sum(r['out_of_order'] for r in results)})")
     print(f"wall time from submission to 'succeeded', median of {n}: {med('wall_to_succeeded'):.2f} s")
     print(f"runner peak RSS: {rss:.0f} MiB")
-    print(f"baseline, the script into /dev/null, median of {len(baseline)}: {loop_rate:,.0f} lines/s in its loop "
-          f"(range {min(b[0] for b in baseline):,.0f}-{max(b[0] for b in baseline):,.0f}), "
-          f"{process_rate:,.0f} lines/s over the whole process (interpreter start included)")
+    print(
+        f"baseline, the script into /dev/null, median of {len(baseline)}: {loop_rate:,.0f} lines/s in its loop "
+        f"(range {min(b[0] for b in baseline):,.0f}-{max(b[0] for b in baseline):,.0f}), "
+        f"{process_rate:,.0f} lines/s over the whole process (interpreter start included)"
+    )
     print(f"ratio (delivered / direct into /dev/null): {med('delivered') / loop_rate:.4f}")
+    wrong = lost + sum(r["duplicates"] + r["out_of_order"] for r in results)
+    if wrong:
+        sys.exit(f"{wrong} line(s) lost, repeated or out of order")
 
 
 if __name__ == "__main__":

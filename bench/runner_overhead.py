@@ -35,8 +35,9 @@ direct: that of the worse of the two cases, named.
 
     .venv/bin/python bench/runner_overhead.py [--repeat 5] [--epochs 200] [--database sqlite|postgres] [--redis] [--quick]
 
---quick (CI: the benchmark still works): 3 rounds of 5 epochs of each case: about 70 s on 2 cores
-at a load average of 1 to 2, 110 s at 5. The full run: about 160 s and 270 s.
+--quick (CI: the benchmark still works): one round of 2 epochs of each case, without the warm-up
+runs: about 30 s on 2 cores; the figures are meaningless. The full run: about 160 s at a load
+average of 1 to 2, 270 s at 5.
 """
 
 import argparse
@@ -135,13 +136,20 @@ def cases():
     example = EXAMPLE.read_bytes()
     return [
         Case(
-            key="script", title="one script, training and held-out sets", code={"train.py": example},
-            datasets={"train": "digits", "heldout": "digits-heldout"}, named=False, folder=False,
+            key="script",
+            title="one script, training and held-out sets",
+            code={"train.py": example},
+            datasets={"train": "digits", "heldout": "digits-heldout"},
+            named=False,
+            folder=False,
         ),
         Case(
-            key="folder", title=f"a folder ({FOLDER_TOP}/: train.py + digitsnet/), named inputs training and testing",
+            key="folder",
+            title=f"a folder ({FOLDER_TOP}/: train.py + digitsnet/), named inputs training and testing",
             code={"train.py": FOLDER_TRAIN, "digitsnet/__init__.py": b"", "digitsnet/example.py": example},
-            datasets={"training": "digits", "testing": "digits-heldout"}, named=True, folder=True,
+            datasets={"training": "digits", "testing": "digits-heldout"},
+            named=True,
+            folder=True,
         ),
     ]
 
@@ -227,7 +235,7 @@ def run_system(system, case, code, config, n, pinned):
     records = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == job["id"]]
     assert len(records) == 1, records
     started, ended_at = parse_time(records[0]["started_at"]), parse_time(records[0]["ended_at"])
-    running = [parse_time(t["at"]) for t in done["timeline"] if t["state"] == "running"][-1]
+    running = [parse_time(t["at"]) for t in done["timeline"] if t["kind"] == "state" and t["state"] == "running"][-1]
     last = system.log_lines(job["id"])[-1]
     return (ended_at - started).total_seconds(), wall, (running - started).total_seconds(), last
 
@@ -256,8 +264,11 @@ def one_round(system, work, case, code, config, data, pinned, i, figures):
     figures.held.append(held)
     figures.wall.append(wall)
     print(f"  run {i + 1} {case.key}: system {held:.3f} s allocation->release   ({last[:90]})", flush=True)
-    print(f"         allocation->process started {to_running:.3f} s, process started->release "
-          f"{held - to_running:.3f} s; submit->succeeded seen by polling (every {POLL_SECONDS} s) {wall:.3f} s", flush=True)
+    print(
+        f"         allocation->process started {to_running:.3f} s, process started->release "
+        f"{held - to_running:.3f} s; submit->succeeded seen by polling (every {POLL_SECONDS} s) {wall:.3f} s",
+        flush=True,
+    )
     print("         CPU used meanwhile by the system's own processes: " + ", ".join(f"{k} {v:.2f} s" for k, v in cpu.items()), flush=True)
 
 
@@ -268,8 +279,10 @@ def report(case, f):
     print(f"  system allocation->release, median of {len(f.held)}: {s:.3f} s   (all: {', '.join(f'{x:.3f}' for x in f.held)})")
     print(f"  system submit->succeeded (client polling every {POLL_SECONDS} s), median: {w:.3f} s")
     print(f"  overhead: {s - d:+.3f} s per run")
-    print("  system processes' own CPU per run, median: "
-          + ", ".join(f"{k} {statistics.median(v):.2f} s ({statistics.median(v) / w * 100:.0f}% of a core)" for k, v in f.cpu.items()))
+    print(
+        "  system processes' own CPU per run, median: "
+        + ", ".join(f"{k} {statistics.median(v):.2f} s ({statistics.median(v) / w * 100:.0f}% of a core)" for k, v in f.cpu.items())
+    )
     ratio = f.ratio()
     print(f"  ratio: {ratio:.3f}, {'within' if ratio <= TARGET else 'OVER'} target {TARGET:.2f}")
 
@@ -281,9 +294,9 @@ def main():
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--redis", action="store_true", help="the Redis channel layer instead of the database relay")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each")
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 5 epochs (CI: the benchmark still works)")
+    parser.add_argument("--quick", action="store_true", help="one round of 2 epochs, no warm-up (CI: the benchmark still works)")
     args = parser.parse_args()
-    repeat, epochs = (3, 5) if args.quick else (args.repeat, args.epochs)
+    repeat, epochs = (1, 2) if args.quick else (args.repeat, args.epochs)
     if repeat < 1 or epochs < 1:
         parser.error("--repeat and --epochs must be at least 1")
 
@@ -291,14 +304,15 @@ def main():
     all_cases = cases()
     figures = {case.key: Figures([], [], [], {}) for case in all_cases}
     work = Path(tempfile.mkdtemp(prefix="e31-bench-direct-"))
-    print(f"digits example, config {config}; {repeat} runs of each case, alternating; database {args.database}"
-          f"{' + redis' if args.redis else ''}", flush=True)
+    print(f"digits example, config {config}; {repeat} runs of each case, alternating; database {args.database}{' + redis' if args.redis else ''}", flush=True)
     try:
         with LiveSystem(database=args.database, redis=args.redis) as system:
             staged = {name: staged_dataset(system, name) for name in sorted({n for c in all_cases for n in c.datasets.values()})}
-            print("  data: " + "; ".join(
-                f"{label} ({', '.join(f'{path} {len(content):,} bytes' for path, content in files)})" for label, files in staged.values()
-            ), flush=True)
+            print(
+                "  data: "
+                + "; ".join(f"{label} ({', '.join(f'{path} {len(content):,} bytes' for path, content in files)})" for label, files in staged.values()),
+                flush=True,
+            )
             prepared = []
             for case in all_cases:
                 folder = work / f"upload-{case.key}"
@@ -308,7 +322,7 @@ def main():
                 data = {role: staged[name][1] for role, name in case.datasets.items()}
                 prepared.append((case, code, pinned, data))
                 print(f"  {case.key}: {case.title}; sent as {code.name} ({code.stat().st_size:,} bytes); data {pinned}", flush=True)
-            if not args.no_warmup:
+            if not (args.no_warmup or args.quick):
                 # Page cache warm for python, torch and sklearn, and the system's first-request costs paid.
                 for case, code, pinned, data in prepared:
                     run_direct(work, case, {**config, "epochs": 1}, data)

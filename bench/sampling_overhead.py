@@ -3,17 +3,24 @@ runner sampling every 2 s, against the same run with sampling off; and the bytes
 job-hour of samples.
 
 Two LiveSystems are up at once (fresh databases; one runner each, E31_UTIL_SAMPLE_SECONDS=2 and
-=0), and runs alternate between them, so drift on a noisy machine hits both alike. Each run is
-timed from allocation to release (its usage record). Medians are reported; the last line is the
+=0, given to the runners: nothing else reads it), and runs alternate between them, so drift on
+a noisy machine hits both alike. Each run is timed from allocation to release (its usage record). Medians are reported; the last line is the
 ratio of the medians (sampled / not sampled), target at most 1.01.
 
 Bytes per job-hour: the windows the sampled runs stored (their rows, as JSON), per hour held;
-and, as the runner's arithmetic gives them, for an hour of a 1-device and an 8-device job.
+and, as the runner's arithmetic gives them, for an hour of a 1-device and an 8-device job. It
+exits 1 if the sampled runs stored no samples.
 
-    .venv/bin/python bench/sampling_overhead.py [--repeat 5] [--epochs 150] [--database sqlite|postgres]
+    .venv/bin/python bench/sampling_overhead.py [--repeat 5] [--epochs 150] [--database sqlite|postgres] [--quick]
+
+--quick (CI: the benchmark still works, in about 25 s on 2 cores): one 20-epoch run on each
+system, no warm-up runs, sampling every 0.5 s (a run of a few seconds would otherwise end before
+its first reading) and 50 readings of a process tree for the cost of one; the figures are
+meaningless.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -59,6 +66,21 @@ def run(system, config, n):
     return held, lines[-1]["text"], done.get("utilization")
 
 
+@contextlib.contextmanager
+def live_system(database, every):
+    """A LiveSystem whose runner samples every `every` seconds (0: never). Only the runner reads
+    E31_UTIL_SAMPLE_SECONDS, so only the runner is given it: both systems start from the same
+    seeded database (a setting in a LiveSystem's env would make it a seed of its own)."""
+    system = LiveSystem(database=database)
+    try:
+        system.start(runner=False)
+        system.env["E31_UTIL_SAMPLE_SECONDS"] = str(every)
+        system.start_runner()
+        yield system
+    finally:
+        system.stop()
+
+
 def hour_of(devices, width=30.0):
     """Bytes of one job-hour of samples every 2 s, as the runner's Recorder stores them."""
     recorder = Recorder(every=EVERY, width=width)
@@ -89,17 +111,20 @@ def main():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=150)
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--quick", action="store_true", help="one 20-epoch run on each, no warm-up, sampling every 0.5 s (CI: the benchmark still works)")
     args = parser.parse_args()
+    every, readings = EVERY, 500
+    if args.quick:
+        args.repeat, args.epochs, every, readings = 1, 20, 0.5, 50
 
     config = {"epochs": args.epochs, "lr": 0.003, "hidden": 128, "batch_size": 64, "seed": 0}
     sampled, plain = [], []
-    print(f"digits example, config {config}; {args.repeat} runs each, alternating; sampling every {EVERY:g} s vs off; "
-          f"database {args.database}", flush=True)
-    with LiveSystem(database=args.database, env={"E31_UTIL_SAMPLE_SECONDS": str(EVERY)}) as on, \
-            LiveSystem(database=args.database, env={"E31_UTIL_SAMPLE_SECONDS": "0"}) as off:
-        run(on, {**config, "epochs": 1}, "warmup")
-        run(off, {**config, "epochs": 1}, "warmup")
-        print("  (one untimed 1-epoch warm-up run on each done)", flush=True)
+    print(f"digits example, config {config}; {args.repeat} runs each, alternating; sampling every {every:g} s vs off; database {args.database}", flush=True)
+    with live_system(args.database, every) as on, live_system(args.database, 0) as off:
+        if not args.quick:
+            run(on, {**config, "epochs": 1}, "warmup")
+            run(off, {**config, "epochs": 1}, "warmup")
+            print("  (one untimed 1-epoch warm-up run on each done)", flush=True)
         for i in range(args.repeat):
             # Which goes first alternates too.
             order = [(on, sampled, "sampled"), (off, plain, "not sampled")]
@@ -110,19 +135,24 @@ def main():
                 print(f"  run {i + 1}: {label:12} {held:.3f} s allocation->release   ({last[:70]}){busy}", flush=True)
         rows = json.loads(on.manage("shell", "-c", STORED).strip().splitlines()[-1])
 
-    cost = read_cost()
-    print(f"one reading of a job's process tree (5 processes, /proc walked): {cost * 1000:.2f} ms; every {EVERY:g} s "
-          f"that is {cost / EVERY * 100:.3f}% of the runner loop's time")
+    if not rows:
+        sys.exit("the sampled runs stored no samples")
+    cost = read_cost(n=readings)
+    print(
+        f"one reading of a job's process tree (5 processes, /proc walked): {cost * 1000:.2f} ms; every {EVERY:g} s "
+        f"that is {cost / EVERY * 100:.3f}% of the runner loop's time"
+    )
     s, p = statistics.median(sampled), statistics.median(plain)
     print(f"sampled, median of {len(sampled)}: {s:.3f} s   (all: {', '.join(f'{x:.3f}' for x in sampled)})")
     print(f"not sampled, median of {len(plain)}: {p:.3f} s   (all: {', '.join(f'{x:.3f}' for x in plain)})")
     print(f"overhead: {s - p:+.3f} s per run")
     held = sum(r[0] for r in rows)
     stored = sum(r[1] for r in rows)
-    print(f"stored by the sampled runs: {stored} bytes in {sum(r[2] for r in rows)} windows over {held:.0f} s held: "
-          f"{stored / held * 3600:.0f} bytes per job-hour (short runs: their partial windows weigh more)")
-    print(f"one job-hour as stored (30 s windows): 1 device {hour_of(1)} bytes, 8 devices {hour_of(8)} bytes; "
-          f"a 10-hour 8-device job keeps at most 240 windows")
+    print(
+        f"stored by the sampled runs: {stored} bytes in {sum(r[2] for r in rows)} windows over {held:.0f} s held: "
+        f"{stored / held * 3600:.0f} bytes per job-hour (short runs: their partial windows weigh more)"
+    )
+    print(f"one job-hour as stored (30 s windows): 1 device {hour_of(1)} bytes, 8 devices {hour_of(8)} bytes; a 10-hour 8-device job keeps at most 240 windows")
     ratio = s / p
     print(f"target: ratio <= {TARGET:.2f}: {'within' if ratio <= TARGET else 'OVER'} target")
     print(f"ratio (sampled / not sampled): {ratio:.3f}")

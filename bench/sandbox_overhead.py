@@ -12,6 +12,11 @@ run (start to exit) and of the time to the job's first log line; the last line i
 the whole-run medians (target <= 1.03).
 
     sudo .venv/bin/python bench/sandbox_overhead.py [--repeat 7] [--epochs 60] [--quick]
+
+--quick (CI: the benchmark still works, in about 10 s): one run of 3 epochs each way; the figures
+are meaningless. Where job isolation is off (not root, no bubblewrap or cgroups) there is nothing
+to compare and it exits 1, --quick or not: tests/test_bench_quick.py skips it there, as the
+sandbox tests are skipped.
 """
 
 import argparse
@@ -36,7 +41,14 @@ django.setup()
 from django.conf import settings  # noqa: E402
 
 from e31web.demo import digits_csv, digits_split  # noqa: E402
-from scheduler.isolation import Isolation, Sandbox, job_limits, job_uid, rlimits, shim_command  # noqa: E402
+from scheduler.isolation import (  # noqa: E402
+    Isolation,
+    Sandbox,
+    job_limits,
+    job_uid,
+    rlimits,
+    shim_command,
+)
 from scheduler.launch import JobDirs, build_environment, command_for  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"
@@ -55,8 +67,16 @@ def job_folder(work, config, train_csv):
 def run_once(iso, work, config, train_csv, sandboxed, index):
     dirs = job_folder(work, config, train_csv)
     limits = job_limits(
-        memory_bytes=0, max_processes=4096, max_open_files=65536, max_file_bytes=2**36, disk_bytes=0, devices_held=1,
-        devices_total=2, node_memory=iso.node_memory, device_type="cpu", node_cpus=iso.node_cpus,
+        memory_bytes=0,
+        max_processes=4096,
+        max_open_files=65536,
+        max_file_bytes=2**36,
+        disk_bytes=0,
+        devices_held=1,
+        devices_total=2,
+        node_memory=iso.node_memory,
+        device_type="cpu",
+        node_cpus=iso.node_cpus,
     )
     uid = job_uid(settings.E31_JOB_UID_BASE, settings.E31_JOB_UID_COUNT - 2) if iso.users_on else None
     sandbox = Sandbox(iso, f"bench-{index}", "bench", limits, uid=uid, network=False)
@@ -115,7 +135,9 @@ def main():
         iso.cgroups.remove_runner()
         shutil.rmtree(work, ignore_errors=True)
     direct, boxed = statistics.median(times[False]), statistics.median(times[True])
-    print(f"runs: {repeat} of each, digits example, {epochs} epochs, uid {'of its own' if iso.users_on else 'the runner s'}, cgroups {'on' if iso.cgroups_on else 'off'}")
+    print(
+        f"runs: {repeat} of each, digits example, {epochs} epochs, uid {'of its own' if iso.users_on else 'the runner s'}, cgroups {'on' if iso.cgroups_on else 'off'}"
+    )
     print(f"direct:    median {direct:.3f} s (runs {', '.join(f'{t:.2f}' for t in times[False])})")
     print(f"sandboxed: median {boxed:.3f} s (runs {', '.join(f'{t:.2f}' for t in times[True])})")
     print(f"first log line: direct {statistics.median(firsts[False]) * 1000:.0f} ms, sandboxed {statistics.median(firsts[True]) * 1000:.0f} ms")

@@ -2,7 +2,7 @@
 the system is SIGKILLed and started again every 30 seconds.
 
 A LiveSystem on loopback (SQLite by default; --database postgres --redis for production's
-shape) with 4 runners of one slot each. Two phases over the same kind of stream:
+shape) with 4 runners (--runners) of one slot each. Two phases over the same kind of stream:
 
 - without faults: --baseline-jobs jobs, nothing killed (the baseline turnaround);
 - under faults: --jobs jobs submitted evenly over --minutes, --watchers websocket clients
@@ -19,9 +19,15 @@ runner resumes. Afterwards, for every job:
   seconds match the allocation's times, or a job whose held seconds differ from its records'
   sum (must be 0).
 
-The last line is the mean turnaround (submitted to ended) under faults / without.
+The last line is the mean turnaround (submitted to ended) under faults / without. It exits 1 if
+a job was lost, a log line was lost or the ledger does not match (or no job finished).
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--jobs 200] [--watchers 100] [--kill-every 30]
+    .venv/bin/python bench/soak.py [--minutes 10] [--jobs 200] [--watchers 100] [--kill-every 30] [--runners 4] [--quick]
+
+--quick (CI: the benchmark still works, in about 45 s on 2 cores): 2 runners; 2 jobs without
+faults, then 5 jobs over 21 s with 4 watchers while the web server, the scheduler and a runner
+are killed and started again in turn, one every 6 s (each kind once, rather than at random);
+every check runs, the turnaround ratio means little.
 """
 
 import argparse
@@ -116,10 +122,10 @@ def submit(system, script, data, name):
     return system.submit({"name": name, "gpus": 1, "span_hours": 0.25, "max_restarts": 20}, script, [data])["id"]
 
 
-def run_phase(system, script, data, jobs, minutes, kill_every, watchers, rng, label):
-    """Submit `jobs` over `minutes` (killing a process every kill_every seconds if set); wait
-    for them to end. Returns (ids, kills)."""
-    ids, kills = [], []
+def run_phase(system, script, data, jobs, minutes, kill_every, watchers, rng, label, victims=None):
+    """Submit `jobs` over `minutes` (killing a process every kill_every seconds if set: the next
+    of `victims`, or one at random); wait for them to end. Returns (ids, kills)."""
+    ids, kills, ended = [], [], set()
     spacing = minutes * 60 / max(1, jobs)
     started = time.monotonic()
     next_kill = started + kill_every if kill_every else None
@@ -137,25 +143,34 @@ def run_phase(system, script, data, jobs, minutes, kill_every, watchers, rng, la
                 time.sleep(1)
                 continue
         if next_kill is not None and now >= next_kill and now < started + minutes * 60:
-            kills.append(kill_one(system, rng))
+            kills.append(kill_one(system, rng, victims[len(kills) % len(victims)] if victims else None))
             next_kill = now + kill_every
-        if len(ids) == jobs and all_ended(system, ids):
+        if len(ids) == jobs and all_ended(system, ids, ended):
             break
         time.sleep(0.2)
     return ids, kills
 
 
-def all_ended(system, ids):
+def all_ended(system, ids, ended):
+    """Whether every job of ids has reached an end state; ended: those seen there (an end state
+    is final), not asked about again. Each job is asked about itself: counting the jobs listed
+    as queued, then starting, then running, one list after the other, missed a job requeued off
+    a killed runner in between (running when the queued ones were listed, queued by the time the
+    running ones were), and ended the phase with it still to run."""
     try:
-        listed = system.api("GET", "/api/jobs/?page_size=200&state=queued").json()["count"]
-        listed += sum(system.api("GET", f"/api/jobs/?page_size=1&state={s}").json()["count"] for s in ("starting", "running"))
+        for job_id in ids:
+            if job_id not in ended:
+                if system.job(job_id)["state"] not in TERMINAL:
+                    return False
+                ended.add(job_id)
     except Exception:  # noqa: BLE001 - the web server is down: not yet
         return False
-    return listed == 0
+    return True
 
 
-def kill_one(system, rng):
-    name = rng.choice(["web", "scheduler", "runner-0", "runner-1", "runner-2", "runner-3"])
+def kill_one(system, rng, name=None):
+    runners = sorted(n for n in system.processes if n.startswith("runner-"))
+    name = name or rng.choice(["web", "scheduler", *runners])
     process = system.processes[name]
     process.send_signal(signal.SIGKILL)
     process.wait(10)
@@ -173,7 +188,7 @@ def check(system, ids):
     jobs = {job: system.job(job) for job in ids}
     ledger = {}
     for start in range(0, len(ids), 50):
-        out = system.manage("shell", "-c", LEDGER.format(ids=ids[start:start + 50]))
+        out = system.manage("shell", "-c", LEDGER.format(ids=ids[start : start + 50]))
         ledger.update(json.loads(next(line for line in out.splitlines() if line.startswith("LEDGER "))[7:]))
     finished = lost = lines_lost = mismatches = 0
     turnaround = []
@@ -185,15 +200,20 @@ def check(system, ids):
             lost += 1
             print(f"  lost: {job_id} {job['state']} {job['reason']}")
         texts = set(system.log_lines(job_id))
-        lines_lost += sum(f"line {i}" not in texts for i in range(LINES))
+        missing = [i for i in range(LINES) if f"line {i}" not in texts]
+        if missing:
+            lines_lost += len(missing)
+            print(f"  log lines lost: {job_id} ({job['state']}): {missing}")
         records = ledger[job_id]
         final = [u for u in records["usage"] if not u[2]]
         for allocation, seconds in records["allocations"]:
             mine = [u for u in final if u[0] == allocation]
             if seconds is not None and (len(mine) != 1 or abs(mine[0][1] - seconds) > 1):
                 mismatches += 1
+                print(f"  ledger mismatch: {job_id} allocation {allocation} held {seconds} s; its final records {mine}")
         if sum(u[1] for u in final) != job["held_seconds"]:
             mismatches += 1
+            print(f"  ledger mismatch: {job_id} holds {job['held_seconds']} s; its final records {final}")
     return finished, lost, lines_lost, mismatches, turnaround
 
 
@@ -207,7 +227,17 @@ def main():
     parser.add_argument("--database", default="sqlite", choices=["sqlite", "postgres"])
     parser.add_argument("--redis", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runners", type=int, default=4, help="runners of one slot each")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 runners, 2 + 5 jobs over 21 s, 4 watchers, web, scheduler and a runner killed once each (CI: the benchmark still works)",
+    )
     args = parser.parse_args()
+    victims = None
+    if args.quick:
+        args.minutes, args.jobs, args.baseline_jobs, args.watchers, args.kill_every, args.runners = 0.35, 5, 2, 4, 6, 2
+        victims = ["web", "scheduler", "runner-1"]
     rng = random.Random(args.seed)
 
     work = Path(__import__("tempfile").mkdtemp(prefix="e31-soak-"))
@@ -217,9 +247,9 @@ def main():
     system = LiveSystem(database=args.database, redis=args.redis, env={"E31_NODE_TIMEOUT_SECONDS": "5", "E31_API_RATE": "off"})
     try:
         system.start(runner=False)
-        for index in range(4):
+        for index in range(args.runners):
             system.start_runner(f"runner-{index}", 1)
-        print(f"system: 4 runners of 1 slot, {args.database}{' + redis' if args.redis else ''}")
+        print(f"system: {args.runners} runners of 1 slot, {args.database}{' + redis' if args.redis else ''}")
 
         baseline_minutes = args.minutes * args.baseline_jobs / max(1, args.jobs)
         ids, _ = run_phase(system, script, data, args.baseline_jobs, baseline_minutes, None, None, rng, "calm")
@@ -229,11 +259,13 @@ def main():
         watchers = Watchers(system, args.watchers)
         watchers.start()
         started = time.monotonic()
-        ids, kills = run_phase(system, script, data, args.jobs, args.minutes, args.kill_every, watchers, rng, "soak")
+        ids, kills = run_phase(system, script, data, args.jobs, args.minutes, args.kill_every, watchers, rng, "soak", victims)
         watchers.stop.set()
         finished, lost, lines_lost, mismatches, faulted = check(system, ids)
-        print(f"under faults: {len(ids)} jobs in {time.monotonic() - started:.0f} s, {len(kills)} processes killed "
-              f"({', '.join(sorted(set(kills)))}), {args.watchers} watchers reconnected {watchers.reconnects} times")
+        print(
+            f"under faults: {len(ids)} jobs in {time.monotonic() - started:.0f} s, {len(kills)} processes killed "
+            f"({', '.join(sorted(set(kills)))}), {args.watchers} watchers reconnected {watchers.reconnects} times"
+        )
         print(f"jobs finished: {finished}")
         print(f"jobs lost: {lost}")
         print(f"log lines lost: {lines_lost}")
@@ -242,6 +274,11 @@ def main():
             print(f"mean turnaround under faults / without: {statistics.mean(faulted) / statistics.mean(calm):.2f}")
     finally:
         system.stop()
+    if lost or lines_lost or mismatches or not (faulted and calm):
+        sys.exit(
+            f"broken: {lost} job(s) lost, {lines_lost} log line(s) lost, {mismatches} ledger mismatch(es), "
+            f"{len(calm)} job(s) finished without faults, {len(faulted)} under faults"
+        )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,11 @@ TEST_ENDPOINT_ALLOW = "127.0.0.1"
 django_settings.E31_S3_ENDPOINT_ALLOW = [TEST_ENDPOINT_ALLOW]
 
 
+def pytest_configure(config):
+    # The benchmarks' marker (tests/test_bench_quick.py); the others are in pyproject.toml.
+    config.addinivalue_line("markers", "bench: runs a benchmark (bench/*.py) in its --quick mode (bin/test: in the PostgreSQL lane once that pass is done)")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """This run's cgroup folders removed, deepest first (a runner the tests did not stop leaves
     its own folder behind; an empty cgroup folder is removed with rmdir, files and all)."""
@@ -187,8 +192,12 @@ def make_runner(db, settings, tmp_path):
 
     def make(name="node-a", devices=1, cache_bytes=None):
         runner = Runner(
-            name=name, devices=devices, work_dir=tmp_path / "runs" / name, device_type="cpu",
-            cache_dir=tmp_path / "cache" / name, cache_bytes=cache_bytes,
+            name=name,
+            devices=devices,
+            work_dir=tmp_path / "runs" / name,
+            device_type="cpu",
+            cache_dir=tmp_path / "cache" / name,
+            cache_bytes=cache_bytes,
         )
         runner.register()
         runners.append(runner)
