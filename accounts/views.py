@@ -1,15 +1,13 @@
-import zoneinfo
-
-from django import forms
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
 from accounts import signin
 from accounts.access import require_team
-from notifications import views as notification_views
+from accounts.settings_page import TimeZoneForm, render_settings
+from notifications.settings_page import save_email_preferences
 
 
 class LoginView(auth_views.LoginView):
@@ -35,18 +33,6 @@ class LoginView(auth_views.LoginView):
         return super().form_valid(form)
 
 
-class TimeZoneForm(forms.Form):
-    time_zone = forms.ChoiceField(
-        required=False,
-        label="Your time zone",
-        help_text="Deadlines you enter (“by 08:00 tomorrow”) and times you see are in this zone. Blank: the site’s (UTC).",
-    )
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["time_zone"].choices = [("", "The site's")] + [(name, name) for name in sorted(zoneinfo.available_timezones())]
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def user_settings(request):
@@ -56,7 +42,7 @@ def user_settings(request):
     membership = request.user.membership
     posted = request.POST.get("form") if request.method == "POST" else None
     if posted == "email":
-        email_form, saved = notification_views.save_email_preferences(request)
+        email_form, saved = save_email_preferences(request)
         if saved:
             messages.success(request, "Email notifications saved.")
             return redirect("settings")
@@ -68,11 +54,3 @@ def user_settings(request):
         messages.success(request, f"Time zone set to {membership.time_zone or 'the site’s'}.")
         return redirect("settings")
     return render_settings(request, form=form)
-
-
-def render_settings(request, form=None, **notification_forms):
-    """The settings page; a form with errors makes it a 400."""
-    form = form or TimeZoneForm(initial={"time_zone": request.user.membership.time_zone})
-    context = {"form": form, **notification_views.settings_context(request, **notification_forms)}
-    invalid = form.errors or any(f.errors for f in notification_forms.values() if f is not None)
-    return render(request, "accounts/settings.html", context, status=400 if invalid else 200)

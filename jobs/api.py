@@ -3,12 +3,11 @@
 import json
 import shlex
 import uuid
-from dataclasses import dataclass
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 
 from django.conf import settings
+from django.http import HttpResponse
 from django.urls import reverse
-from django.utils import timezone
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import ParseError, ValidationError
@@ -18,55 +17,19 @@ from rest_framework.response import Response
 from accounts import audit
 from accounts.access import require_team
 from accounts.middleware import activate_for
-from billing.meter import AMOUNT_PLACES, SECONDS_PER_HOUR
 from e31web.api import fields as body_fields
-from jobs import datasets, specfile, states
-from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, FOLDER_UPLOAD, JobForm, keep_uploads
+from e31web.api import paginate
+from jobs import lineage, specfile, states
+from jobs.access import get_artifact, get_job
+from jobs.ceiling import job_ceiling
+from jobs.comparisons import comparison, comparison_json
+from jobs.downloads import artifact_response, log_response
+from jobs.estimates import budget_left, prediction
+from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, FOLDER_UPLOAD, JobForm, RequestForm, keep_uploads
 from jobs.models import Job, Upload
-from jobs.spec import format_env
-from jobs.views import artifact_response, get_artifact, get_job, log_response
+from jobs.retrain_form import RetrainForm
+from jobs.spec_form import spec_form_data
 
-SPEC_FIELDS = {
-    "name",
-    "kind",
-    "recipe",
-    "start_job",
-    "evaluate_jobs",
-    "smoke_first",
-    "entrypoint",
-    "command",
-    "args",
-    "hyperparameters",
-    "config",
-    "env",
-    "workdir",
-    "processes",
-    "inputs",
-    "precision",
-    "packages",
-    "train_dataset",
-    "heldout_dataset",
-    "gpus",
-    "gpu_type",
-    "mode",
-    "span_hours",
-    "ceiling_kind",
-    "ceiling",
-    "not_before",
-    "deadline",
-    "by",
-    "preemptible",
-    "keep_checkpoints",
-    "max_restarts",
-    "early_stop_metric",
-    "early_stop_mode",
-    "early_stop_patience",
-    "stop_on_nan",
-    "network",
-    "idle_minutes",
-    "stop_if_idle",
-}
-BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first", "network", "stop_if_idle"}
 MAX_LOG_LIMIT = 5000
 
 
@@ -89,96 +52,6 @@ def job_inputs(job):
         if upload.role == Upload.INPUT:
             found.setdefault(upload.channel, []).append(upload.name)
     return dict(sorted(found.items()))
-
-
-def spec_to_form_data(spec, team):
-    """The API's JSON spec as the job form's fields; raises ValidationError on a malformed spec."""
-    if not isinstance(spec, dict):
-        raise ValidationError({"spec": ["The spec must be a JSON object."]})
-    unknown = sorted(set(spec) - SPEC_FIELDS)
-    if unknown:
-        raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(SPEC_FIELDS))}."]})
-    structured = {
-        "args": (list, str),
-        "config": (dict, str),
-        "hyperparameters": (dict, str),
-        "inputs": (dict, str),
-        "env": (dict, str),
-        "packages": (list, str),
-        "evaluate_jobs": (list,),
-    }
-    for field, value in spec.items():
-        if field in BOOLEAN_FIELDS:
-            if value is not None and not isinstance(value, bool):
-                raise ValidationError({field: [f"{field} must be true or false, not {type(value).__name__}."]})
-            continue
-        allowed = structured.get(field, (str, int, float))
-        if value is not None and (not isinstance(value, allowed) or isinstance(value, bool)):
-            raise ValidationError({field: [f"{field} must be {_kinds(allowed)}, not {type(value).__name__}."]})
-    data = dict(spec)
-    # Booleans as a form sends them: absent is off, except the NaN stop, which is on by default.
-    data["stop_on_nan"] = spec.get("stop_on_nan") is not False
-    for field in BOOLEAN_FIELDS:
-        data[field] = "on" if data.get(field) else ""
-    if isinstance(data.get("args"), list):
-        data["args"] = shlex.join(str(a) for a in data["args"])
-    for field in ("config", "hyperparameters", "inputs"):
-        if isinstance(data.get(field), dict):
-            data[field] = json.dumps(data[field])
-    if isinstance(data.get("env"), dict):
-        data["env"] = format_env(data["env"])
-    if isinstance(data.get("packages"), list):
-        data["packages"] = packages_text(data["packages"])
-    if "mode" not in data:
-        data["mode"] = "until_done" if data.get("ceiling") is not None and data.get("span_hours") is None else "span"
-    return data
-
-
-def packages_text(items):
-    """A list of requirements as the form's text, one a line; an item that is not one line of
-    text would become another requirement, or none."""
-    if not all(isinstance(item, str) and "\n" not in item and "\r" not in item for item in items):
-        raise ValidationError({"packages": ["packages must be a list of requirements, each a string of one line (numpy>=1.26)."]})
-    return "\n".join(items)
-
-
-def _kinds(types):
-    names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
-    return " or ".join(dict.fromkeys(names[t] for t in types))
-
-
-def pin_datasets(data, team):
-    """Datasets named by name or id, with an optional @version ("digits@2"), as the form's
-    dataset and version fields."""
-    for field, version_field in (("train_dataset", "train_version"), ("heldout_dataset", "heldout_version")):
-        if data.get(field):
-            try:
-                version = datasets.resolve(team, data[field])
-            except datasets.DatasetError as error:
-                raise ValidationError({field: [f"{str(error)[0].upper()}{str(error)[1:]}."]}) from None
-            data[field] = str(version.dataset_id)
-            data[version_field] = str(version.pk)
-    return data
-
-
-def resolve_jobs(data, team):
-    """Jobs named by id, or by name (the team's latest succeeded job of that name), as the
-    form's start_job and evaluate_jobs."""
-    from jobs.forms import is_uuid
-
-    def resolve(field, value):
-        if not isinstance(value, str) or is_uuid(value):
-            return value
-        found = Job.objects.filter(team=team, name=value, state=states.SUCCEEDED).order_by("-finished_at", "-created_at").first()
-        if found is None:
-            raise ValidationError({field: [f"No succeeded job named {value!r} in your team (give a job's id or name)."]})
-        return str(found.pk)
-
-    if data.get("start_job"):
-        data["start_job"] = resolve("start_job", data["start_job"])
-    if isinstance(data.get("evaluate_jobs"), list):
-        data["evaluate_jobs"] = [resolve("evaluate_jobs", value) for value in data["evaluate_jobs"]]
-    return data
 
 
 def job_json(job, request):
@@ -274,59 +147,6 @@ def decimal_str(value):
     return None if value is None else str(value)
 
 
-FRACTION_PLACES = Decimal("0.0001")
-GPU_HOUR_PLACES = Decimal("0.0001")  # as ceiling_gpu_hours is stored
-
-
-@dataclass(frozen=True)
-class CeilingUse:
-    """How much of its ceiling a job has used, and what is left of it."""
-
-    used_fraction: Decimal  # 0 to 1; of the nearer ceiling when a job has both
-    amount_left: Decimal | None  # of a money ceiling, in currency
-    gpu_hours_left: Decimal | None  # of a GPU-hours ceiling
-
-    @property
-    def used_percent(self):
-        return int(self.used_fraction * 100)
-
-
-def ceiling_use(ceiling_amount, ceiling_gpu_hours, billed, gpu_seconds):
-    """Meter arithmetic, pure: a job's use of its ceiling from what it was billed (credits taken
-    off) and the GPU-seconds it held (credited time given back, as the scheduler gives it back
-    to a requeued job). None without a ceiling. What is left and the fraction are rounded down:
-    never more left than there is."""
-    fractions, amount_left, gpu_hours_left = [], None, None
-    if ceiling_amount is not None:
-        ceiling, used = Decimal(ceiling_amount), Decimal(billed)
-        amount_left = max(Decimal(0), ceiling - used).quantize(AMOUNT_PLACES, rounding=ROUND_FLOOR)
-        fractions.append(used / ceiling if ceiling > 0 else Decimal(1))
-    if ceiling_gpu_hours is not None:
-        ceiling, used = Decimal(ceiling_gpu_hours), Decimal(gpu_seconds) / SECONDS_PER_HOUR
-        gpu_hours_left = max(Decimal(0), ceiling - used).quantize(GPU_HOUR_PLACES, rounding=ROUND_FLOOR)
-        fractions.append(used / ceiling if ceiling > 0 else Decimal(1))
-    if not fractions:
-        return None
-    fraction = min(Decimal(1), max(Decimal(0), *fractions))
-    return CeilingUse(fraction.quantize(FRACTION_PLACES, rounding=ROUND_FLOOR), amount_left, gpu_hours_left)
-
-
-def job_ceiling(job, now=None):
-    """ceiling_use for a job as it stands, live for an allocation still held."""
-    if job.ceiling_amount is None and job.ceiling_gpu_hours is None:
-        return None
-    now = now or timezone.now()
-    billed, gpu_seconds = Decimal(0), 0
-    for allocation in job.allocations.all():
-        seconds, amount = allocation.meter(now)
-        billed += amount
-        gpu_seconds += allocation.gpus * seconds
-    for credit in job.credits.select_related("usage"):
-        billed -= credit.amount
-        gpu_seconds -= credit.usage.gpus * credit.seconds
-    return ceiling_use(job.ceiling_amount, job.ceiling_gpu_hours, billed, gpu_seconds)
-
-
 def ceiling_json(ceiling):
     """The API's figures of a job's ceiling_use; all None without a ceiling."""
 
@@ -366,8 +186,6 @@ def jobs(request):
     team = require_team(request.user)
     activate_for(request.user)  # a token's user: "by morning" is the morning where they are
     if request.method == "GET":
-        from e31web.api import paginate
-
         return paginate(request, filtered_jobs(request, team), lambda job: job_json(job, request))
     spec = read_spec(request)
     _data, created, form = job_form(request, team, spec)
@@ -429,7 +247,7 @@ def read_spec(request, field="spec"):
     except specfile.SpecFileError as error:
         errors = {}
         for line, flat, message in error.problems:  # a field's own problem under its name
-            errors.setdefault(flat if flat in SPEC_FIELDS else "spec", []).append(specfile.where(error.name, line) + message)
+            errors.setdefault(flat if flat in specfile.SPEC_FIELDS else "spec", []).append(specfile.where(error.name, line) + message)
         raise ValidationError(errors) from None
 
 
@@ -456,35 +274,6 @@ def job_form(request, team, spec, form_class=None):
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
     form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors)
     return data, created, form
-
-
-def spec_form_data(spec, team, pin=False):
-    """A read spec's fields as the form's data; type errors name the spec's line."""
-    try:
-        data = spec_to_form_data(spec.fields, team)
-        return resolve_jobs(pin_datasets(data, team), team) if pin else data
-    except ValidationError as error:
-        raise ValidationError(
-            {field: [specfile.where(spec.name, spec.line_of(field)) + str(m) for m in messages] for field, messages in error.detail.items()}
-        ) from None
-
-
-def form_initial(spec, team):
-    """A read spec as the new-job form's initial values (the page's "fill from a spec file"):
-    booleans as booleans, a recipe's settings in the recipe's own fields."""
-    from e31.recipes import RECIPES
-    from jobs.forms import form_params, recipe_field_name
-
-    data = spec_form_data(spec, team, pin=True)
-    initial = {name: (value == "on") if name in BOOLEAN_FIELDS else value for name, value in data.items() if value is not None}
-    recipe = data.get("recipe")
-    if recipe in RECIPES and isinstance(spec.fields.get("config"), dict):
-        config = dict(spec.fields["config"])
-        for param in form_params(RECIPES[recipe]):
-            if param.name in config:
-                initial[recipe_field_name(recipe, param.name)] = config.pop(param.name)
-        initial["config"] = json.dumps(config) if config else ""
-    return initial
 
 
 # The form's fields as the spec's: kept files, pinned versions and recipe settings.
@@ -618,9 +407,6 @@ RETRAIN_FIELDS = {
 def job_retrain(request, job_id):
     """Retrain a finished job: its work and request (overridable in `spec`), its weights as the
     starting model, its training data plus the files sent as `data`."""
-    from jobs import lineage
-    from jobs.lineage_views import RetrainForm
-
     job = get_job(request, job_id)
     team = require_team(request.user)
     raw = body_fields(request).get("spec") or {}
@@ -672,8 +458,6 @@ def job_retrain(request, job_id):
 @api_view(["POST"])
 def job_compare(request, job_id):
     """An evaluation job of a finished fine-tuning's weights against its starting weights."""
-    from jobs import lineage
-
     job = get_job(request, job_id)
     try:
         new = lineage.compare(job, request.user)
@@ -686,8 +470,6 @@ def job_compare(request, job_id):
 @api_view(["GET"])
 def job_comparison(request, job_id):
     """An evaluation job's metrics per model, and the verdict of new against previous."""
-    from jobs.lineage_views import comparison, comparison_json
-
     job = get_job(request, job_id)
     found = comparison(job)
     if found is None:
@@ -700,9 +482,6 @@ def job_comparison(request, job_id):
 def estimate(request):
     """What a spec would cost at most, and when it would start and finish behind today's queue,
     before it is submitted (no files needed)."""
-    from jobs.forms import RequestForm
-    from jobs.views import budget_left, prediction
-
     team = require_team(request.user)
     activate_for(request.user)
     spec = read_spec(request)
@@ -735,8 +514,6 @@ def estimate(request):
 @api_view(["GET"])
 def job_spec(request, job_id):
     """The job written down as a spec file (YAML; ?format=json for JSON), to submit again."""
-    from django.http import HttpResponse
-
     job = get_job(request, job_id)
     spec = specfile.job_spec(job)
     if request.query_params.get("format") == "json":

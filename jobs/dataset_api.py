@@ -28,16 +28,8 @@ from accounts.access import is_owner, require_team
 from e31web.api import fields, form_errors_response, paginate
 from e31web.parsers import BoundedJSONParser
 from jobs import datasets
-from jobs.dataset_views import (
-    OWNERS_ONLY,
-    CredentialsForm,
-    DatasetForm,
-    S3DatasetForm,
-    get_dataset,
-    get_upload,
-    get_version,
-    sentence,
-)
+from jobs.access import OWNERS_ONLY, get_dataset, get_upload, get_version
+from jobs.dataset_forms import CredentialsForm, DatasetForm, S3DatasetForm, sentence
 from jobs.models import Dataset, DatasetUpload, DatasetVersion
 
 PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]

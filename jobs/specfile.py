@@ -12,7 +12,7 @@ with the line of every field, so a refusal names the line to fix. Pure functions
 `work.code`, `data.train_files`, `data.heldout_files` and `data.base_model` name files on the
 submitter's machine: `e31 submit` sends them with the spec (as the files code, data, heldout and
 base_model), the browser's form asks for them. Everything else is what the API's flat spec
-(jobs.api.SPEC_FIELDS) holds, under the part of the form it belongs to. The schema, with
+(SPEC_FIELDS) holds, under the part of the form it belongs to. The schema, with
 examples, is in examples/specs/.
 """
 
@@ -22,8 +22,53 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 
 import yaml
+from django.utils import timezone
 
 from e31web.parsers import depth
+from jobs.models import Upload
+
+# The API's flat spec: every field a spec sets (a spec file's parts hold them, see PARTS; jobs.spec_form
+# makes them the job form's data).
+SPEC_FIELDS = {
+    "name",
+    "kind",
+    "recipe",
+    "start_job",
+    "evaluate_jobs",
+    "smoke_first",
+    "entrypoint",
+    "command",
+    "args",
+    "hyperparameters",
+    "config",
+    "env",
+    "workdir",
+    "processes",
+    "inputs",
+    "precision",
+    "packages",
+    "train_dataset",
+    "heldout_dataset",
+    "gpus",
+    "gpu_type",
+    "mode",
+    "span_hours",
+    "ceiling_kind",
+    "ceiling",
+    "not_before",
+    "deadline",
+    "by",
+    "preemptible",
+    "keep_checkpoints",
+    "max_restarts",
+    "early_stop_metric",
+    "early_stop_mode",
+    "early_stop_patience",
+    "stop_on_nan",
+    "network",
+    "idle_minutes",
+    "stop_if_idle",
+}
 
 # Each part's fields, and the flat API field each one is (None: a local file, sent alongside).
 PARTS = {
@@ -396,8 +441,6 @@ def _read_early_stop(value, lines, spec, problems):
 
 
 def _read_flat(document, lines, spec, problems):
-    from jobs.api import SPEC_FIELDS
-
     _unknown(document, sorted(SPEC_FIELDS), "the spec", lines, (), problems)
     for name, value in document.items():
         if name in SPEC_FIELDS:
@@ -451,10 +494,6 @@ def as_json(spec):
 def job_spec(job, now=None):
     """A job as a four-part spec: what submits the same work, data and request again. Files
     that came with it are named (send them again); a time already past is left out."""
-    from django.utils import timezone
-
-    from jobs.models import Upload
-
     now = now or timezone.now()
     uploads = list(job.uploads.all())
     named = lambda role: [u.name for u in uploads if u.role == role]  # noqa: E731

@@ -6,29 +6,30 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, F, FloatField, Func, Q, Sum, Value, When
 from django.db.models.functions import Cast, Coalesce, Greatest, Least
-from django.http import Http404, HttpResponse, HttpResponseGone, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseGone
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from rest_framework.exceptions import ValidationError
 
 from accounts import audit
-from accounts.access import get_for_team, require_team, team_of
+from accounts.access import require_team, team_of
 from e31web.downloads import download_response
 from e31web.storage import get_storage
-from jobs import metrics, states
+from jobs import lineage, metrics, specfile, states
+from jobs.access import get_artifact, get_job
+from jobs.ceiling import job_ceiling
+from jobs.comparisons import comparison
+from jobs.downloads import artifact_response, log_response
+from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
-from jobs.logs import log_key, stream_log
 from jobs.models import Job, event_message
+from jobs.spec_form import form_initial
 from scheduler import utilization
 
 LOG_LINES_ON_PAGE = 500
 # Points per metric series the job page starts with (min/max buckets: see jobs.metrics).
 METRIC_POINTS_ON_PAGE = 1000
-
-
-def get_job(request, job_id):
-    return get_for_team(Job.objects.all(), request.user, pk=job_id)
 
 
 JOB_SORTS = {"cost": ("cost", "-created_at"), "-cost": ("-cost", "-created_at")}
@@ -128,11 +129,6 @@ def job_new(request):
 def job_new_from_spec(request, team):
     """The new-job form filled in from an uploaded spec file: what it says, ready to check and
     submit; a spec that cannot be read is refused with its lines, and the form stays empty."""
-    from rest_framework.exceptions import ValidationError
-
-    from jobs import specfile
-    from jobs.api import form_initial
-
     uploaded = request.FILES["spec_file"]
     name = uploaded.name.rsplit("/", 1)[-1][:200] or "spec"
     spec_errors, files_wanted, initial = [], [], {}
@@ -169,8 +165,6 @@ def job_new_from_spec(request, team):
 @login_required
 def job_spec_download(request, job_id):
     """The job as a spec file (YAML): submit it again with `e31 submit`, or fill the form from it."""
-    from jobs import specfile
-
     job = get_job(request, job_id)
     response = HttpResponse(specfile.dump(specfile.job_spec(job)), content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{specfile.file_name(job)}"'
@@ -188,40 +182,6 @@ def job_estimate(request):
         context.update(prediction(team, form))
         context.update(budget_left(team, form.estimate.amount))
     return render(request, "jobs/_estimate.html", context)
-
-
-def budget_left(team, worst_case):
-    """What the team's monthly budget leaves for new jobs, and whether the request's worst case
-    fits in it (the scheduler holds it back when it does not)."""
-    if team.monthly_budget is None:
-        return {}
-    from billing.views import budget_status
-
-    remaining = budget_status(team).remaining
-    return {"budget_remaining": remaining, "over_budget": worst_case > remaining}
-
-
-def prediction(team, form):
-    """When the request as filled in would start and finish behind today's queue, and whether
-    that misses its deadline."""
-    from scheduler.services import predict_request
-
-    cleaned = form.cleaned_data
-    start, finish = predict_request(
-        team,
-        form.meter_request(),
-        gpu_type=cleaned.get("gpu_type") or "",
-        not_before=cleaned.get("not_before"),
-        deadline=cleaned.get("deadline"),
-        preemptible=bool(cleaned.get("preemptible")),
-        rate=form.rate,
-    )
-    deadline = cleaned.get("deadline")
-    return {
-        "predicted_start": start,
-        "predicted_finish": finish,
-        "deadline_at_risk": deadline is not None and (finish is None or finish > deadline),
-    }
 
 
 @login_required
@@ -273,9 +233,7 @@ def job_detail(request, job_id):
 
 def ceiling_of(job):
     """How much of its ceiling the job has used (None without one), as the API counts it."""
-    from jobs import api  # jobs.api imports this module: not at the top
-
-    return api.job_ceiling(job)
+    return job_ceiling(job)
 
 
 def utilization_context(job):
@@ -333,9 +291,6 @@ def previous_right_size(team, name):
 
 def lineage_context(job):
     """What the page shows of the models a job starts from or scores, and what can be made of it."""
-    from jobs import lineage
-    from jobs.lineage_views import comparison
-
     finished = job.state in (states.SUCCEEDED, states.STOPPED)
     has_weights = finished and bool(lineage.model_files(job.artifacts.all()))
     models = list(job.models.all())
@@ -367,32 +322,12 @@ def job_log(request, job_id):
     return audit.recorded(log_response(request, job), request, "log.download", job)
 
 
-def log_response(request, job):
-    """A finished job's log from storage (Range, or a presigned URL); else from the database."""
-    if job.is_terminal and get_storage().exists(log_key(job.pk)):
-        return download_response(request, log_key(job.pk), f"{job.name}-{job.short_id}.log")
-    response = StreamingHttpResponse(stream_log(job), content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = content_disposition_header(True, f"{job.name}-{job.short_id}.log")
-    return response
-
-
-def artifact_response(request, artifact):
-    return download_response(request, artifact.key, artifact.name.rsplit("/", 1)[-1])
-
-
 @login_required
 @require_GET
 def artifact_download(request, job_id, name):
     job = get_job(request, job_id)
     artifact = get_artifact(job, name)
     return audit.recorded(artifact_response(request, artifact), request, "artifact.download", artifact, label=f"{job.name}: {artifact.name}")
-
-
-def get_artifact(job, name):
-    artifact = job.artifacts.filter(name=name).first()
-    if artifact is None:
-        raise Http404("No such output file.")
-    return artifact
 
 
 # Metrics ------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.access import get_for_team, is_owner, require_team
+from accounts.settings_page import render_settings
 from notifications import events
-from notifications.forms import EmailPreferencesForm, WebhookForm
-from notifications.models import Delivery, EmailPreference, Webhook
+from notifications.forms import WebhookForm
+from notifications.models import Webhook
 
 OWNERS_ONLY = "Only the team's owners change its webhooks."
 
@@ -28,28 +29,6 @@ def get_webhook(request, webhook_id, change=False):
     return webhook
 
 
-def settings_context(request, email_form=None, webhook_form=None):
-    """What the settings page shows of notifications (accounts.views.user_settings renders it)."""
-    team = require_team(request.user)
-    webhooks = list(team.webhooks.all())
-    return {
-        "email_form": email_form or EmailPreferencesForm(initial={"kinds": EmailPreference.kinds_for(request.user)}),
-        "webhook_form": webhook_form or WebhookForm(),
-        "webhooks": webhooks,
-        "deliveries": Delivery.objects.filter(webhook__team=team).select_related("notification", "webhook")[:20],
-        "can_change_webhooks": is_owner(request.user),
-    }
-
-
-def save_email_preferences(request):
-    """The settings page's email form: (form, saved)."""
-    form = EmailPreferencesForm(request.POST)
-    if not form.is_valid():
-        return form, False
-    EmailPreference.objects.update_or_create(user=request.user, defaults={"kinds": form.cleaned_data["kinds"]})
-    return form, True
-
-
 def show_secret(request, webhook, verb):
     messages.success(
         request,
@@ -60,8 +39,6 @@ def show_secret(request, webhook, verb):
 @login_required
 @require_POST
 def webhook_add(request):
-    from accounts.views import render_settings
-
     require_owner(request.user)
     form = WebhookForm(request.POST)
     if not form.is_valid():

@@ -15,8 +15,8 @@ from accounts import audit
 from accounts.models import AuditEvent, AuditImmutable
 from e31web.storage import get_storage
 from jobs import datasets, lineage
-from jobs.lineage_views import RetrainForm
 from jobs.models import Checkpoint
+from jobs.retrain_form import RetrainForm
 from tests.api_world import make_world
 from tests.conftest import make_job
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from e31.cli import client as client_module
 from e31.cli.client import Client
 from e31.cli.follow import Follower, Printer, format_meter
-from jobs.api import ceiling_use
+from jobs.ceiling import ceiling_use
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
 from tests.test_cli import TRAIN, e31, live  # noqa: F401 - the live system's fixtures

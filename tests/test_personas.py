@@ -28,7 +28,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from e31web.storage import get_storage
-from jobs.lineage_views import EVALUATION_FILE
+from jobs.comparisons import EVALUATION_FILE
 from jobs.models import Artifact, Checkpoint, Job
 from notifications.models import Webhook
 from tests.api_world import make_world
@@ -115,6 +115,9 @@ ACCESS = {
     "api:dataset-seal": TEAM,
     "api:dataset-upload": TEAM,
     "api:dataset-upload-complete": TEAM,
+    "api:folders": TEAM,
+    "api:folder": TEAM,
+    "api:folder-file": TEAM,
     "api:usage": TEAM,
     "api:invoices": TEAM,
     "api:invoice-statement": TEAM,
