@@ -7,8 +7,6 @@ from django.db.models import OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from billing import meter
-
 
 class NoRateInForce(Exception):
     def __init__(self, gpu_type):
@@ -205,10 +203,6 @@ class UsageRecord(models.Model):
     def billed(self):
         return self.amount - self.credit_amount
 
-    @property
-    def amount_rounded(self):
-        return meter.round_money(self.amount)
-
     def __str__(self):
         return f"{self.job_id} {self.gpus}x{self.gpu_type or 'device'} {self.held_seconds}s{' (provisional)' if self.provisional else ''}"
 
@@ -335,10 +329,6 @@ class Invoice(models.Model):
     @property
     def month(self):
         return f"{self.period_start:%Y-%m}"
-
-    @property
-    def is_issued(self):
-        return self.state == self.ISSUED
 
     def _stored_issued(self):
         return self.pk is not None and not self._state.adding and type(self).objects.filter(pk=self.pk, state=self.ISSUED).exists()

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from accounts import audit
 from accounts.access import is_owner, require_team
 from billing import budgets, statements
+from billing.budget_service import month_spend
 from billing.models import UsageRecord
 from jobs import states
 from jobs.models import Job
@@ -57,8 +58,6 @@ class BudgetForm(forms.Form):
 
 def budget_status(team, now=None):
     """The team's budget and this month's spend (billing.budgets.Status)."""
-    from scheduler.services import month_spend
-
     now = now or timezone.now()
     return budgets.status(team.monthly_budget, month_spend([team.pk], now)[str(team.pk)])
 

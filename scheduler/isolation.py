@@ -15,7 +15,9 @@ reaches the shim or bwrap's own environment: the job's environment is handed to 
 file descriptor and applies only inside the sandbox.
 
 The pure decisions (which uid, which limits, what the sandbox binds) are the functions at the top;
-the rest touches the node.
+the rest touches the node. It stays one file, over 500 lines, because each mechanism is decided at
+the top and applied below (a limit, a bind, a uid): they change together, and one file shows the
+whole of what a job can reach.
 """
 
 import ipaddress

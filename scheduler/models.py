@@ -248,20 +248,23 @@ class Staging(models.Model):
             return None
         return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
 
-    def progress(self):
-        """The staging as the job page and the API show it."""
+    def progress(self, live=None):
+        """The staging as the job page and the API show it, and as the runner reports it while it
+        stages. live: the counts of a staging under way (scheduler.staging.Progress), newer than
+        the row's; the staging is then shown as staging, without an error."""
+        counts = self if live is None else live
         seconds = self.seconds
         return {
-            "state": self.state,
+            "state": self.state if live is None else self.STAGING,
             "node": self.node.name,
-            "files_done": self.files_done,
-            "files_total": self.files_total,
-            "bytes_done": self.bytes_done,
-            "bytes_total": self.bytes_total,
-            "bytes_moved": self.bytes_moved,
+            "files_done": counts.files_done,
+            "files_total": counts.files_total,
+            "bytes_done": counts.bytes_done,
+            "bytes_total": counts.bytes_total,
+            "bytes_moved": counts.bytes_moved,
             "seconds": round(seconds, 3) if seconds is not None else None,
-            "throughput": round(self.bytes_moved / seconds) if seconds else None,
-            "error": self.error,
+            "throughput": round(counts.bytes_moved / seconds) if seconds else None,
+            "error": self.error if live is None else "",
         }
 
 

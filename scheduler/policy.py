@@ -47,6 +47,11 @@ Policies (`POLICIES`): `fifo` (submission order), `sjf` (shortest expected job f
 Times in plans are expected ends and starts: what running allocations and queued jobs say they
 need (`expected_end`, `expected_seconds`); an allocation past its expected end is taken to end
 now, one with no expected end is never counted on.
+
+It stays one file, over 500 lines, because every policy is one pass (`plan()`) over the same
+private state (the device pool, the reservations, the preemption victims): split, those private
+helpers would become an interface between modules, and the simulator and the scheduler must keep
+calling exactly the same code.
 """
 
 import math

@@ -1,19 +1,20 @@
-"""The scheduler's steps over the database; decisions come from scheduler.policy."""
+"""The scheduler's steps over the database; decisions come from scheduler.policy. What a
+job may cost and what its team's budget allows (the rates in force, the month's spend, the
+budget holds) come from billing.budget_service."""
 
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, Sum
-from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Team
-from billing import budgets, meter, statements
-from billing.models import Credit, NoRateInForce, Rate, UsageRecord
+from billing import meter
+from billing.budget_service import Rates, budget_holds, remaining_allowance
+from billing.models import NoRateInForce, Rate, UsageRecord
 from jobs import lineage, states
 from jobs.models import Job
 from notifications import events as notify
@@ -82,29 +83,6 @@ def end_allocation(allocation, at, reason, state, message="", exit_code=None):
 def stamp(moment):
     """A datetime as the policy's float seconds (None stays None)."""
     return None if moment is None else moment.timestamp()
-
-
-class Rates:
-    """The rates in force, looked up once per cycle per device type."""
-
-    def __init__(self, now):
-        self.now = now
-        self.cache = {}
-
-    def for_job(self, job):
-        """The rate the job pays on devices of its type (the highest, when it takes any type)."""
-        return self.for_type(job.gpu_type, job.preemptible, any_type=not job.gpu_type)
-
-    def for_type(self, device_type, preemptible, any_type=False):
-        """The rate on devices of a type; None when no rate is in force."""
-        key = (device_type, preemptible, any_type)
-        if key not in self.cache:
-            try:
-                rate = Rate.objects.worst_case(self.now) if any_type else Rate.objects.in_force(device_type, self.now)
-                self.cache[key] = rate.for_job(preemptible)
-            except NoRateInForce:
-                self.cache[key] = None
-        return self.cache[key]
 
 
 def expected_seconds(request, rate, held_before=0):
@@ -315,14 +293,6 @@ def place(placement, now=None):
     return allocations[0]
 
 
-def remaining_allowance(job, rate):
-    """What is left of the job's span or ceiling after its earlier allocations (if requeued).
-    Time credited for the network's faults is given back: it was not billed."""
-    held_before, spent_before = job.held()
-    credit_seconds, credit_amount = job.credited()
-    return meter.remaining_allowance(job.meter_request(), rate, max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount))
-
-
 def running_allocations(nodes, now=None):
     """The allocations holding devices, with when each is expected to end: its limit, or an
     hour from now when nothing bounds it."""
@@ -413,71 +383,6 @@ def schedule(now=None):
     return placed
 
 
-def budget_holds(entries, now, cumulative=True):
-    """{job id: why it waits} for the jobs that must not start because their worst case would
-    take their team's spend this month past its budget (see billing.budgets).
-
-    entries: (job id, device type of the node it would start on, or None when not known yet: the
-    rate of the job's type, the highest when it takes any type), in the order they would start.
-    Only jobs of teams with a budget are looked at."""
-    ids = [job_id for job_id, _ in entries]
-    jobs = {str(job.pk): job for job in Job.objects.filter(pk__in=ids, team__monthly_budget__isnull=False).select_related("team")}
-    if not jobs:
-        return {}
-    team_budgets = {str(job.team_id): job.team.monthly_budget for job in jobs.values()}
-    spends = month_spend(team_budgets, now)
-    rates = Rates(now)
-    candidates = []
-    for job_id, device_type in entries:
-        job = jobs.get(job_id)
-        if job is None:
-            continue
-        rate = rates.for_job(job) if device_type is None else rates.for_type(device_type, job.preemptible)
-        if rate is None:
-            continue  # it cannot start anyway; placing it tells why
-        if job.restarts:
-            limit, cap = remaining_allowance(job, rate)  # a requeued job: what is left of it
-        else:
-            limit, cap = meter.remaining_allowance(job.meter_request(), rate)
-        candidates.append(budgets.Candidate(job_id, str(job.team_id), budgets.worst_case(job.gpus, rate, limit, cap)))
-    return budgets.hold_back(candidates, team_budgets, spends, settings.E31_CURRENCY, cumulative=cumulative)
-
-
-def month_spend(team_ids, now=None):
-    """{team id: billing.budgets.Spend} for the calendar month (UTC) of `now`: released usage
-    billed this month, and what the allocations running now have cost so far and may cost in
-    all (an allocation that nothing bounds counts what it cost so far)."""
-    now = now or timezone.now()
-    utc = now.astimezone(UTC)
-    start, _end = statements.month_bounds(utc.year, utc.month)
-    team_ids = [str(team) for team in team_ids]
-    period = start.date()
-    released = {
-        str(team): amount or Decimal(0)
-        for team, amount in UsageRecord.objects.filter(team_id__in=team_ids, period=period)
-        .values("team_id")
-        .annotate(amount=Sum("amount"))
-        .values_list("team_id", "amount")
-    }
-    for team, credit in Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a"):
-        released[str(team)] = released.get(str(team), Decimal(0)) - (credit or Decimal(0))
-    so_far, worst = {}, {}
-    for allocation in Allocation.objects.filter(ended_at__isnull=True, job__team_id__in=team_ids).select_related("job"):
-        team = str(allocation.job.team_id)
-        spent = allocation.meter(now)[1]
-        most = budgets.worst_case(allocation.gpus, allocation.rate, allocation.limit_seconds, allocation.cost_cap)
-        so_far[team] = so_far.get(team, Decimal(0)) + spent
-        worst[team] = worst.get(team, Decimal(0)) + (spent if most is None else max(most, spent))
-    return {
-        team: budgets.Spend(
-            released=released.get(team, Decimal(0)),
-            running_so_far=so_far.get(team, Decimal(0)),
-            running_worst_case=worst.get(team, Decimal(0)),
-        )
-        for team in team_ids
-    }
-
-
 def flag_missed_deadlines(job_ids, now):
     """Jobs whose deadline can no longer be met are flagged once, and the team told on the
     job's page, instead of starving silently."""
@@ -550,53 +455,6 @@ def notify_deadlines_at_risk(predicted, now):
             at=now,
             data={"deadline": job.deadline, "predicted_finish": finish},
         )
-
-
-def notify_budgets(now=None):
-    """Tell each team with a budget when its month's spend so far reaches 80% and 100% of it:
-    once per team, month and threshold (the once-only keys hold that across schedulers)."""
-    now = now or timezone.now()
-    team_budgets = dict(Team.objects.filter(monthly_budget__isnull=False).values_list("pk", "monthly_budget"))
-    if not team_budgets:
-        return []
-    utc = now.astimezone(UTC)
-    spends = month_spend(team_budgets, now)
-    keys = {
-        notify_policy.budget_key(team, utc.year, utc.month, threshold): (str(team), threshold)
-        for team in team_budgets
-        for threshold in notify_policy.BUDGET_THRESHOLDS
-    }
-    told = {}
-    for key in Notification.objects.filter(key__in=list(keys)).values_list("key", flat=True):
-        team, threshold = keys[key]
-        told.setdefault(team, set()).add(threshold)
-    sent = []
-    for team_id, budget in team_budgets.items():
-        spent = spends[str(team_id)].so_far
-        threshold = notify_policy.budget_alert(spent, budget, told.get(str(team_id), set()))
-        if threshold is None:
-            continue
-        team = Team.objects.get(pk=team_id)
-        kind = notify_policy.BUDGET_100 if threshold >= 100 else notify_policy.BUDGET_80
-        status = budgets.status(budget, spends[str(team_id)])
-        notification = notify.emit(
-            kind,
-            team=team,
-            once=notify_policy.budget_key(team_id, utc.year, utc.month, threshold),
-            at=now,
-            data={
-                "threshold": threshold,
-                "percent": status.percent,
-                "spent": meter.round_money(spent),
-                "budget": budget,
-                "currency": settings.E31_CURRENCY,
-                "month": f"{utc.year:04d}-{utc.month:02d}",
-                "url": notify.site_url(reverse("billing:usage")),
-            },
-        )
-        if notification is not None:
-            sent.append(notification)
-    return sent
 
 
 def predict_request(team, request, *, gpu_type="", not_before=None, deadline=None, preemptible=False, rate=None, now=None):

@@ -442,13 +442,6 @@ def metrics(result):
     return out
 
 
-def run_trace(path, *, gpus=128, gpus_per_node=8, policy="ours", seed=0, deadlines="trace", teams=8):
-    """Read, prepare and simulate a trace file: (metrics, Result)."""
-    jobs = prepare(read_trace(path), seed=seed, teams=teams, deadlines=deadlines)
-    result = simulate(jobs, make_nodes(gpus, gpus_per_node), policy)
-    return metrics(result), result
-
-
 # Text -------------------------------------------------------------------------------------------
 
 COLUMNS = (  # key, heading, scale, format

@@ -9,6 +9,9 @@ folder is made of hard links into the cache.
 Bytes are hashed as they arrive (into a small per-worker buffer, then written out), not read back
 afterwards: on a small machine serving its own S3, hashing and copying are where the time goes
 (bench/staging.py). A file enters the cache only once its size and digest match the manifest.
+It stays one file, at about 500 lines, because stage() and the fetches it drives share the
+per-thread buffers, the sources and the abandon signal of one staging; split, each half would
+reach into the other's private parts.
 """
 
 import hashlib
@@ -133,12 +136,6 @@ def read_buffer():
     if buffer is None or len(buffer) != BUFFER_SIZE:
         buffer = _buffers.buffer = memoryview(mmap.mmap(-1, BUFFER_SIZE))
     return buffer
-
-
-def _pwrite_all(fd, data, offset):
-    while data:
-        written = os.pwrite(fd, data, offset)
-        data, offset = data[written:], offset + written
 
 
 def _transient_errors():

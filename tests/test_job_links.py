@@ -118,11 +118,11 @@ def test_an_output_folder_swapped_for_a_link_after_the_look_keeps_no_root_only_f
     """The job's last act lands between the runner's look at its output folder and its read:
     output/data becomes a link to a folder only root may read, holding a file of the name the
     runner already listed. The swap is made by the test at that moment, so it happens every run."""
-    from scheduler import runner as runner_module
+    from scheduler import running as running_module
     from tests.conftest import make_job
 
     secret = secret_folder(tmp_path, "root-only", {"secret.txt": b"ROOT-ONLY-SECRET"})
-    real = runner_module.artifact_name_problem
+    real = running_module.artifact_name_problem
     swapped = []
 
     def look_then_swap(name):
@@ -132,7 +132,7 @@ def test_an_output_folder_swapped_for_a_link_after_the_look_keeps_no_root_only_f
             swapped.append(name)
         return real(name)
 
-    monkeypatch.setattr(runner_module, "artifact_name_problem", look_then_swap)
+    monkeypatch.setattr(running_module, "artifact_name_problem", look_then_swap)
     job = run(node, make_job(alice, script=KEEP_OUTPUT))
     assert swapped == ["a.txt"], (swapped, job.reason, lines(job))
     assert list(job.artifacts.values_list("name", flat=True)) == ["a.txt"]

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from billing import invoice_service, meter, statements
+from billing import budget_service, invoice_service, meter, statements
 from billing.models import Credit, Invoice, LedgerImmutable, Rate, UsageRecord, billing_month, open_month
 from jobs.models import Checkpoint
 from scheduler import services
@@ -37,7 +37,7 @@ def test_a_running_allocation_has_a_provisional_record_that_the_bill_leaves_out(
     assert not UsageRecord.objects.filter(allocation=allocation).exists()
     now = timezone.now()
     assert statements.statement([]).total == invoice_service.statement(team_a, now.year, now.month).total
-    assert services.month_spend([team_a.pk], now)[str(team_a.pk)].released == 0
+    assert budget_service.month_spend([team_a.pk], now)[str(team_a.pk)].released == 0
 
     # The heartbeat brings it up to date: the live meter's figure is in the ledger.
     later = allocation.started_at + timedelta(seconds=90)
@@ -143,7 +143,7 @@ def test_two_schedulers_cannot_together_pass_a_budget(alice, team_a, rate, node)
     second = make_job(alice, name="second", span_hours=D("1"))  # 2.40 more: 4.80 of 5 fits
     third = make_job(alice, name="third", span_hours=D("1"))  # 7.20 would not
     # Each scheduler planned alone, before the other's jobs started: each would start all it saw.
-    assert services.budget_holds([(str(first.pk), "cpu"), (str(second.pk), "cpu")], timezone.now()) == {}
+    assert budget_service.budget_holds([(str(first.pk), "cpu"), (str(second.pk), "cpu")], timezone.now()) == {}
     assert services.place(Placement(str(first.pk), str(node.pk), (0,))) is not None
     assert services.place(Placement(str(second.pk), str(node.pk), (1,))) is not None
     # The second scheduler's plan for the third job is stale: placing it checks the budget again.

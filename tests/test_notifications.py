@@ -19,7 +19,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import invoice_service
+from billing import budget_service, invoice_service
 from billing.models import UsageRecord
 from jobs import states
 from jobs.models import Job
@@ -393,14 +393,14 @@ def test_the_budget_at_80_and_100_percent_is_told_once_a_month(alice, team_a, ra
     job = make_job(alice, name="spender")
     Job.objects.filter(pk=job.pk).update(state=states.SUCCEEDED)
     spent(team_a, job, "70")
-    assert services.notify_budgets() == []
+    assert budget_service.notify_budgets() == []
     spent(team_a, job, "15")  # 85%
-    [warning] = services.notify_budgets()
+    [warning] = budget_service.notify_budgets()
     assert warning.kind == "budget.80" and warning.payload["data"]["percent"] == 85
-    assert services.notify_budgets() == []  # once
+    assert budget_service.notify_budgets() == []  # once
     spent(team_a, job, "20")  # 105%
-    [over] = services.notify_budgets()
-    assert over.kind == "budget.100" and services.notify_budgets() == []
+    [over] = budget_service.notify_budgets()
+    assert over.kind == "budget.100" and budget_service.notify_budgets() == []
     assert Worker().drain() == 2
     assert [m.subject for m in mail.outbox] == [
         "[E31] Team A has spent 85% of its monthly budget",
@@ -408,7 +408,7 @@ def test_the_budget_at_80_and_100_percent_is_told_once_a_month(alice, team_a, ra
     ]
     assert "Spent this month: USD 105.00 of USD 100.00" in mail.outbox[1].body
     # A new month starts afresh: nothing spent in it, nothing told.
-    assert services.notify_budgets(timezone.now() + timedelta(days=32)) == []
+    assert budget_service.notify_budgets(timezone.now() + timedelta(days=32)) == []
 
 
 def test_a_deadline_at_risk_is_told_once(alice, rate, node):

@@ -278,9 +278,9 @@ def test_nul_bytes_and_bad_utf8_are_kept_as_replacement_characters(runner, alice
 
 
 def test_a_daemon_holding_the_pipes_does_not_hold_the_job_forever(runner, alice, rate, monkeypatch):
-    from scheduler import runner as runner_module
+    from scheduler import running as running_module
 
-    monkeypatch.setattr(runner_module, "READER_JOIN_SECONDS", 1.0)
+    monkeypatch.setattr(running_module, "READER_JOIN_SECONDS", 1.0)
     # The daemon leaves the job's session, so the group kill misses it, and keeps stdout open.
     script = b"import subprocess\ndaemon = subprocess.Popen(['setsid', 'sleep', '30'])\nprint(f'daemon {daemon.pid}', flush=True)\nprint('bye', flush=True)\n"
     job = make_job(alice, script=script)
@@ -339,7 +339,7 @@ def test_when_outputs_cannot_be_kept_the_job_fails_and_its_compute_is_released(r
 
 
 def test_one_job_s_trouble_does_not_stall_the_others(runner, alice, rate, monkeypatch):
-    from scheduler.runner import RunningJob
+    from scheduler.running import RunningJob
 
     bad = make_job(alice, name="bad", script=b"import time\ntime.sleep(600)\n")
     good = make_job(alice, name="good", script=b"print('fine')\n")

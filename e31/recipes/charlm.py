@@ -133,12 +133,7 @@ def evaluate_staged(config: common.Config) -> None:
         common.fail(f"evaluate mode needs *.txt files in {common.data_dir() / 'heldout'}")
     models: list[tuple[str, CharLM]] = []
     for label, info, state in common.staged_models(NAME):
-        try:
-            model = build_model(info)
-        except (KeyError, TypeError) as error:
-            common.fail(f"model {label!r}: recipe.json lacks a usable architecture ({error})")
-        common.load_into(model, state, f"model {label!r}")
-        models.append((label, model.to(device)))
+        models.append((label, common.staged_model(build_model, label, info, state).to(device)))
     # One set of windows for every model (per_example must line up): the shortest context fits all.
     context = min(model.context for _, model in models)
     starts = window_starts(len(heldout), context, config["eval_windows"])
@@ -159,10 +154,7 @@ def whole_model(info: dict[str, Any], config: common.Config, weights: dict[str, 
 
 
 def train(config: common.Config, dist: common.Dist) -> None:
-    start = common.start_dir()
-    start_info = common.read_recipe_json(start) if start else None
-    if start_info is not None and start_info.get("recipe") != NAME:
-        common.fail(f"the starting model was made by recipe {start_info.get('recipe')!r}, not {NAME!r}")
+    start, start_info = common.starting_model(NAME)
     arch = {k: config[k] for k in ("context", "d_model", "n_layers", "n_heads")}
     if start_info is not None:
         arch = {k: start_info["architecture"][k] for k in arch}
@@ -177,12 +169,7 @@ def train(config: common.Config, dist: common.Dist) -> None:
     starts = window_starts(len(val_text), context, config["eval_windows"])
     device = dist.device
 
-    model = build_model(info)
-    if start is not None:
-        common.load_into(model, common.load_weights(start), f"{start}")
-    if config["adaptation"] == "lora":
-        common.apply_lora(model, config["lora_rank"], config["lora_alpha"])
-    model.to(device)
+    model = common.prepare_model(build_model(info), start, config, device)
     if dist.writer:
         print(
             f"charlm: {len(train_text)} training bytes, {len(starts)} validation windows; "

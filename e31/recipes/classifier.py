@@ -189,11 +189,7 @@ def evaluate_staged(config: common.Config) -> None:
     for label, info, state in common.staged_models(NAME):
         if info.get("data", {}).get("features") != heldout[0].shape[1]:
             common.fail(f"model {label!r} takes {info.get('data', {}).get('features')} features; the heldout data has {heldout[0].shape[1]}")
-        try:
-            model = build_model(info)
-        except (KeyError, TypeError) as error:
-            common.fail(f"model {label!r}: recipe.json lacks a usable architecture ({error})")
-        common.load_into(model, state, f"model {label!r}")
+        model = common.staged_model(build_model, label, info, state)
         x = standardise(heldout[0], info).to(device)
         y = encode(heldout[1], info["data"]["classes"], f"the heldout data (model {label!r})").to(device)
         results[label] = score(model.to(device), x, y, device)
@@ -204,10 +200,7 @@ def evaluate_staged(config: common.Config) -> None:
 
 
 def train(config: common.Config, dist: common.Dist) -> None:
-    start = common.start_dir()
-    start_info = common.read_recipe_json(start) if start else None
-    if start_info is not None and start_info.get("recipe") != NAME:
-        common.fail(f"the starting model was made by recipe {start_info.get('recipe')!r}, not {NAME!r}")
+    start, start_info = common.starting_model(NAME)
     train_set, validation = load_data()
     info = describe(config, train_set, validation, start_info)
     classes = info["data"]["classes"]
@@ -221,12 +214,7 @@ def train(config: common.Config, dist: common.Dist) -> None:
     val_x = standardise(validation[0], info).to(device)
     val_y = encode(validation[1], classes, "the validation data").to(device)
 
-    model = build_model(info)
-    if start is not None:
-        common.load_into(model, common.load_weights(start), f"{start}")
-    if config["adaptation"] == "lora":
-        common.apply_lora(model, config["lora_rank"], config["lora_alpha"])
-    model.to(device)
+    model = common.prepare_model(build_model(info), start, config, device)
     if dist.writer:
         print(
             f"classifier: {len(y)} training rows, {len(val_y)} validation rows, {info['data']['features']} features, "

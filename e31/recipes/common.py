@@ -16,6 +16,11 @@ merged in), recipe.json (architecture and data description), adapters.safetensor
 and metrics.json (the final evaluation); when early stopping (its own, or the network's on the
 metric it watches) went back to better weights, the last ones in last/. An evaluation run writes
 evaluation.json.
+
+It stays one file, over 500 lines, because fit() ties the rest together (the configuration, Dist,
+LoRA, the weights in and out, checkpoints and the network's early stopping) and a recipe is
+written as calls into this one module: split, fit() would import nearly every part back, and
+each recipe would import several modules for one run.
 """
 
 import contextlib
@@ -26,7 +31,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast, overload
 
 import torch
 from torch import nn
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 Config = dict[str, Any]  # a recipe's configuration, as validate() fills it
 Metrics = dict[str, float]  # an evaluation: {"val_loss": ..., ...}
 MetricWatch = tuple[str, str]  # (metric, mode) the network watches: see network_watch()
+M = TypeVar("M", bound=nn.Module)  # a recipe's model class
 
 FORMAT = 1
 SMOKE_STEPS = 5
@@ -430,6 +436,27 @@ def load_into(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 
+def starting_model(recipe_name: str) -> tuple[Path | None, dict[str, Any] | None]:
+    """(the model a training run fine-tunes ($E31_MODEL_DIR/start), its recipe.json), or
+    (None, None) for a run from scratch. A model another recipe made ends the run."""
+    start = start_dir()
+    start_info = read_recipe_json(start) if start else None
+    if start_info is not None and start_info.get("recipe") != recipe_name:
+        fail(f"the starting model was made by recipe {start_info.get('recipe')!r}, not {recipe_name!r}")
+    return start, start_info
+
+
+def prepare_model(model: M, start: Path | None, config: Config, device: torch.device) -> M:
+    """A freshly built model made ready to train: the starting model's weights loaded when it
+    fine-tunes one (start), LoRA adapters added when the configuration asks for them, on device."""
+    if start is not None:
+        load_into(model, load_weights(start), f"{start}")
+    if config["adaptation"] == "lora":
+        apply_lora(model, config["lora_rank"], config["lora_alpha"])
+    model.to(device)
+    return model
+
+
 def save_outputs(model: nn.Module, recipe_info: dict[str, Any], out_dir: str | os.PathLike[str], adapters: dict[str, torch.Tensor] | None = None) -> None:
     """Write model.safetensors (LoRA merged in), recipe.json and, for LoRA, adapters.safetensors."""
     from safetensors.torch import save_file
@@ -785,6 +812,17 @@ def staged_models(recipe_name: str) -> list[tuple[str, dict[str, Any], dict[str,
     if not found:
         fail(f"no models in {folder}: expected one subfolder per model")
     return found
+
+
+def staged_model(build: Callable[[dict[str, Any]], M], label: str, info: dict[str, Any], state: Mapping[str, torch.Tensor]) -> M:
+    """One of staged_models() as a model: built by the recipe's build (from its recipe.json) and
+    its weights loaded, or the run ends naming what is wrong."""
+    try:
+        model = build(info)
+    except (KeyError, TypeError) as error:
+        fail(f"model {label!r}: recipe.json lacks a usable architecture ({error})")
+    load_into(model, state, f"model {label!r}")
+    return model
 
 
 def write_evaluation(recipe_name: str, metric: str, higher_is_better: bool, models: Mapping[str, tuple[Metrics, Sequence[float]]]) -> dict[str, Any]:

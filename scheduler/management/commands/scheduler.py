@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 from django.utils import timezone
 
+from billing import budget_service
 from jobs import datasets, sweep
 from jobs.models import Upload
 from notifications import delivery
@@ -111,7 +112,7 @@ class Command(BaseCommand):
             if time.monotonic() >= self.next_prediction:
                 self.next_prediction = time.monotonic() + settings.E31_PREDICT_SECONDS
                 services.update_predictions()
-                services.notify_budgets()
+                budget_service.notify_budgets()
             if time.monotonic() >= self.next_housekeeping:
                 self.next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
                 purged = Upload.purge_unclaimed(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
