@@ -486,7 +486,7 @@ def finish_completion(upload):
     try:
         with transaction.atomic():
             DatasetVersion.objects.select_for_update().filter(pk=upload.version_id).first()
-            locked = DatasetUpload.objects.select_for_update().select_related("version").get(pk=upload.pk)
+            locked = DatasetUpload.objects.select_for_update(of=("self",)).select_related("version").get(pk=upload.pk)
             if locked.state == DatasetUpload.COMPLETE:  # by another worker, after a claim grew stale
                 return locked
             if locked.state != DatasetUpload.COMPLETING:
