@@ -108,6 +108,28 @@ class OutputReader:
         return not any(thread.is_alive() for thread in self.threads) and self.lines.empty()
 
 
+class ExitClock:
+    """When a process exited, to the moment: a thread waits on it. The runner's loop only
+    notices an exit at its next turn (up to a tenth of a second later), and the meter stops at
+    the exit, not at the moment the runner noticed it."""
+
+    def __init__(self, process):
+        self.process = process
+        self.stamp = None  # (datetime, monotonic) just after the process was reaped
+        threading.Thread(target=self._wait, daemon=True, name=f"exit-{process.pid}").start()
+
+    def _wait(self):
+        self.process.wait()
+        self.stamp = (timezone.now(), time.monotonic())
+
+    def exited(self):
+        """(datetime, monotonic) of the exit, or None while it runs. An exit reaped by another
+        caller just now, before the thread stamped it, is stamped now."""
+        if self.process.poll() is None:
+            return None
+        return self.stamp or (timezone.now(), time.monotonic())
+
+
 @dataclass
 class StopRequest:
     reason: str  # an Allocation end reason
@@ -166,6 +188,7 @@ class RunningJob:
         self.metrics_rest = b""
         self.bad_metric_lines = 0
         self.reader = OutputReader(process, max_line_bytes, ranked=ranked)
+        self.exit_clock = ExitClock(process)
         self.stop = None
         self.smoke = False  # a script's smoke run: reaching its limit is a pass
         self.exited_at = None
@@ -465,9 +488,8 @@ class RunningJob:
         return used + unlinked_open_bytes(self.sandbox.pids(), os.stat(self.dirs.root).st_dev)
 
     def poll(self):
-        if self.exited_at is None and self.process.poll() is not None:
-            self.exited_at = timezone.now()
-            self.exited_monotonic = time.monotonic()
+        if self.exited_at is None and (exited := self.exit_clock.exited()) is not None:
+            self.exited_at, self.exited_monotonic = exited
             # Whatever the job left behind goes with it: its process group, and every process
             # in its cgroup, of its uid, or (as a last resort) with its allocation in its environment.
             self.signal_group(signal.SIGKILL)

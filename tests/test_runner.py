@@ -85,6 +85,19 @@ open(os.path.join(os.environ["E31_OUTPUT_DIR"], "sub", "notes.txt"), "w").write(
     assert not any(runner.work_dir.iterdir())
 
 
+def test_the_meter_stops_when_the_process_exits_not_when_the_runner_next_looks(runner, alice, rate):
+    job = make_job(alice, script=b"import time\nprint(time.time(), flush=True)\n")
+    run_until(runner, lambda: Job.objects.get(pk=job.pk).state == "running")
+    # The runner looks again only 1.5 s later (a busy loop, a slow step): the process has long
+    # exited by then, and the meter must stop at its exit, not at that look.
+    time.sleep(1.5)
+    job = run_job(runner, job)
+    assert job.state == "succeeded"
+    printed = float(log_lines(job)[-1][1])
+    allocation = job.allocations.get()
+    assert allocation.ended_at.timestamp() - printed < 1.0, (allocation.ended_at.timestamp(), printed)
+
+
 def test_a_failing_job_fails_with_its_exit_code_and_keeps_its_output(runner, alice, rate):
     script = b"import os, sys\nopen(os.environ['E31_OUTPUT_DIR'] + '/partial.txt', 'w').write('x')\nprint('boom'); sys.exit(3)\n"
     job = run_job(runner, make_job(alice, script=script))
