@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from accounts.models import AuditEvent, Membership, Team
-from billing.admin import LedgerAdmin
+from core.admin import LedgerAdmin
 
 
 class MembershipInline(admin.TabularInline):

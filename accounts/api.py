@@ -15,9 +15,10 @@ from rest_framework.response import Response
 
 from accounts import signin
 from accounts.access import team_of
-from e31web.api import fields
-from e31web.parsers import BoundedJSONParser
-from e31web.permissions import NO_TEAM
+from accounts.forms import TimeZoneForm
+from accounts.permissions import NO_TEAM
+from core.api import fields
+from core.parsers import BoundedJSONParser
 
 
 @api_view(["POST"])
@@ -44,7 +45,7 @@ def token(request):
         return Response({"detail": "Wrong username or password."}, status=status.HTTP_401_UNAUTHORIZED)
     signin.succeeded(username, address)
     # A staff operator on no team gets one too: for /metrics; team endpoints refuse it (a 403
-    # saying so, e31web.permissions.OnATeam).
+    # saying so, accounts.permissions.OnATeam).
     if team_of(user) is None and not user.is_staff:
         return Response({"detail": NO_TEAM}, status=status.HTTP_403_FORBIDDEN)
     key, _ = Token.objects.get_or_create(user=user)
@@ -60,8 +61,6 @@ def me(request):
     team = team_of(request.user)
     membership = getattr(request.user, "membership", None)
     if request.method == "PATCH":
-        from accounts.views import TimeZoneForm
-
         data = fields(request)
         unknown = sorted(set(data) - {"time_zone"})
         if unknown:

@@ -9,6 +9,7 @@ class AccountsConfig(AppConfig):
     def ready(self):
         # An API token made or revoked goes in the audit log whichever way: signing in from the
         # terminal, the admin (its proxy model), `manage.py apitoken`, revoking it.
+        # Imported here: models load only once the app registry is ready (ready() is that moment).
         from rest_framework.authtoken.models import Token, TokenProxy
 
         from accounts import audit

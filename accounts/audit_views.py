@@ -11,6 +11,7 @@ from rest_framework.decorators import api_view
 
 from accounts.access import is_owner, require_team
 from accounts.models import AuditEvent
+from core.api import paginate
 
 PAGE_SIZE = 100
 ACTIONS = dict(AuditEvent.ACTIONS)
@@ -55,7 +56,6 @@ def audit_page(request):
 def api_audit(request):
     """The team's audit log, newest first, paged (?page=N&page_size=M); ?action= one action's
     events. The team's owner only."""
-    from e31web.api import paginate
 
     team = require_team(request.user)
     if not is_owner(request.user):

@@ -54,7 +54,7 @@ def access_changed(sender, instance, created=False, update_fields=None, **kwargs
     if created or (update_fields is not None and "team" not in update_fields):
         return  # a new membership, or a time zone saved: no access is lost
     # Imported here: the websocket side (channels) is not loaded while the models are.
-    from e31web import ws_auth
+    from accounts import ws_auth
 
     ws_auth.access_changed(instance.user_id)
 

@@ -2,7 +2,7 @@
 within a window, sign-in is refused until the window has passed (the page and the API alike).
 
 Counts live in the cache (Redis when REDIS_URL is set, so every web process shares them; else
-each process keeps its own), counted as the API's calls are (e31web.throttling.count)."""
+each process keeps its own), counted as the API's calls are (core.throttling.count)."""
 
 import hashlib
 import math
@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from accounts import audit
-from e31web.throttling import count, counted
+from core.throttling import count, counted
 
 
 def keys(username, address):

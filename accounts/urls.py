@@ -6,6 +6,5 @@ from accounts import audit_views, views
 urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("settings/", views.user_settings, name="settings"),
     path("audit/", audit_views.audit_page, name="audit"),
 ]

@@ -1,13 +1,6 @@
-from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import redirect
-from django.views.decorators.http import require_http_methods
 
 from accounts import signin
-from accounts.access import require_team
-from accounts.settings_page import TimeZoneForm, render_settings
-from notifications.settings_page import save_email_preferences
 
 
 class LoginView(auth_views.LoginView):
@@ -31,26 +24,3 @@ class LoginView(auth_views.LoginView):
     def form_valid(self, form):
         signin.succeeded(form.get_user().get_username(), self.request.META.get("REMOTE_ADDR"))
         return super().form_valid(form)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def user_settings(request):
-    """The user's time zone and what they are emailed about; the team's webhooks (owners
-    change them, through notifications.views). Each form posts its own `form` name."""
-    require_team(request.user)
-    membership = request.user.membership
-    posted = request.POST.get("form") if request.method == "POST" else None
-    if posted == "email":
-        email_form, saved = save_email_preferences(request)
-        if saved:
-            messages.success(request, "Email notifications saved.")
-            return redirect("settings")
-        return render_settings(request, email_form=email_form)
-    form = TimeZoneForm(request.POST or None, initial={"time_zone": membership.time_zone})
-    if request.method == "POST" and form.is_valid():
-        membership.time_zone = form.cleaned_data["time_zone"]
-        membership.save(update_fields=["time_zone"])
-        messages.success(request, f"Time zone set to {membership.time_zone or 'the site’s'}.")
-        return redirect("settings")
-    return render_settings(request, form=form)

@@ -48,7 +48,7 @@ from websockets.sync.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler.launch import JobDirs, build_environment, command_for  # noqa: E402  (no Django inside)
+from jobs.launch import JobDirs, build_environment, command_for  # noqa: E402  (no Django inside)
 from tests.system import TERMINAL, LiveSystem, parse_time  # noqa: E402
 
 SCRIPT = '''"""Print {lines} numbered lines as fast as possible; note the loop's start and end."""

@@ -15,7 +15,7 @@ two cases:
 Direct: the case's code as a subprocess, in a job folder laid out as the runner lays it out
 (code/ holding the script or the unpacked folder, data/<role or input name>, output/,
 config.json), with the environment and command the runner would give it
-(scheduler.launch.build_environment, with the named inputs / command_for), started in the
+(jobs.launch.build_environment, with the named inputs / command_for), started in the
 entrypoint's folder, its output read through pipes. Its data are the files the system stages
 for the job: the manifest of each dataset's latest version (path, size, SHA-256, from the API),
 the bytes read from the system's storage by their blob keys (datasets are kept as
@@ -55,9 +55,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from e31web.storage import LocalStorage, blob_key  # noqa: E402  (no Django settings read)
+from core.storage import LocalStorage, blob_key  # noqa: E402  (no Django settings read)
 from jobs.folders import pack  # noqa: E402  (pure: no Django)
-from scheduler.launch import JobDirs, build_environment, command_for, working_folder  # noqa: E402  (no Django inside)
+from jobs.launch import JobDirs, build_environment, command_for, working_folder  # noqa: E402  (no Django inside)
 from tests.system import TERMINAL, LiveSystem, parse_time  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"

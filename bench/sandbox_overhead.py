@@ -41,6 +41,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 
 from e31web.demo import digits_csv, digits_split  # noqa: E402
+from jobs.launch import JobDirs, build_environment, command_for  # noqa: E402
 from scheduler.isolation import (  # noqa: E402
     Isolation,
     Sandbox,
@@ -49,7 +50,6 @@ from scheduler.isolation import (  # noqa: E402
     rlimits,
     shim_command,
 )
-from scheduler.launch import JobDirs, build_environment, command_for  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"
 TARGET = 1.03

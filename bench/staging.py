@@ -125,7 +125,7 @@ def make_files(folder, count, size, start=0):
 
 def upload(storage, files):
     """Keep each file as a blob through our S3Storage; returns the staging Items."""
-    from e31web.storage import blob_key
+    from core.storage import blob_key
     from scheduler.staging import Item
 
     items = []
@@ -237,7 +237,7 @@ def main():
             django.setup()
             from django.conf import settings
 
-            from e31web.storage import get_storage
+            from core.storage import get_storage
 
             workers = args.workers or settings.E31_STAGING_WORKERS
             storage = get_storage()

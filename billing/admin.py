@@ -1,25 +1,13 @@
 from django.contrib import admin
 
 from billing.models import Credit, Invoice, InvoiceLine, Rate, UsageRecord
+from core.admin import LedgerAdmin
 
 
 @admin.register(Rate)
 class RateAdmin(admin.ModelAdmin):
     list_display = ["gpu_type", "per_gpu_hour", "preemptible_per_gpu_hour", "effective_from", "created_at"]
     list_filter = ["gpu_type"]
-
-
-class LedgerAdmin(admin.ModelAdmin):
-    """Append-only records (the ledger, the audit log): written by the system, read here."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(UsageRecord)

@@ -6,8 +6,9 @@ from rest_framework.response import Response
 
 from accounts.access import require_team
 from billing import meter, statements
-from billing.views import budget_status, month_records, month_usage
-from e31web.api import page_of
+from billing.budget_service import budget_status
+from billing.usage import month_records, month_usage
+from core.api import page_of
 
 
 def record_json(r):

@@ -18,7 +18,6 @@ from django.utils import timezone
 from accounts.models import Team
 from billing import budgets, meter, statements
 from billing.models import Credit, NoRateInForce, Rate, UsageRecord
-from jobs.models import Job
 from notifications import events as notify
 from notifications import policy as notify_policy
 from notifications.models import Notification
@@ -55,40 +54,10 @@ def remaining_allowance(job, rate):
     return meter.remaining_allowance(job.meter_request(), rate, max(0, held_before - credit_seconds), max(Decimal(0), spent_before - credit_amount))
 
 
-def budget_holds(entries, now, cumulative=True):
-    """{job id: why it waits} for the jobs that must not start because their worst case would
-    take their team's spend this month past its budget (see billing.budgets).
-
-    entries: (job id, device type of the node it would start on, or None when not known yet: the
-    rate of the job's type, the highest when it takes any type), in the order they would start.
-    Only jobs of teams with a budget are looked at."""
-    ids = [job_id for job_id, _ in entries]
-    jobs = {str(job.pk): job for job in Job.objects.filter(pk__in=ids, team__monthly_budget__isnull=False).select_related("team")}
-    if not jobs:
-        return {}
-    team_budgets = {str(job.team_id): job.team.monthly_budget for job in jobs.values()}
-    spends = month_spend(team_budgets, now)
-    rates = Rates(now)
-    candidates = []
-    for job_id, device_type in entries:
-        job = jobs.get(job_id)
-        if job is None:
-            continue
-        rate = rates.for_job(job) if device_type is None else rates.for_type(device_type, job.preemptible)
-        if rate is None:
-            continue  # it cannot start anyway; placing it tells why
-        if job.restarts:
-            limit, cap = remaining_allowance(job, rate)  # a requeued job: what is left of it
-        else:
-            limit, cap = meter.remaining_allowance(job.meter_request(), rate)
-        candidates.append(budgets.Candidate(job_id, str(job.team_id), budgets.worst_case(job.gpus, rate, limit, cap)))
-    return budgets.hold_back(candidates, team_budgets, spends, settings.E31_CURRENCY, cumulative=cumulative)
-
-
 def _held_now(team_ids):
-    """The allocations of these teams holding devices now, with their jobs."""
-    allocation = UsageRecord._meta.get_field("allocation").related_model
-    return allocation.objects.filter(ended_at__isnull=True, job__team_id__in=team_ids).select_related("job")
+    """The usage records of these teams' allocations holding devices now: those still
+    the live meter's (provisional), written when each started and made final when it ends."""
+    return UsageRecord.ledger.filter(provisional=True, team_id__in=team_ids).select_related("allocation")
 
 
 def month_spend(team_ids, now=None):
@@ -110,8 +79,8 @@ def month_spend(team_ids, now=None):
     for team, credit in Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a"):
         released[str(team)] = released.get(str(team), Decimal(0)) - (credit or Decimal(0))
     so_far, worst = {}, {}
-    for allocation in _held_now(team_ids):
-        team = str(allocation.job.team_id)
+    for record in _held_now(team_ids):
+        team, allocation = str(record.team_id), record.allocation
         spent = allocation.meter(now)[1]
         most = budgets.worst_case(allocation.gpus, allocation.rate, allocation.limit_seconds, allocation.cost_cap)
         so_far[team] = so_far.get(team, Decimal(0)) + spent
@@ -171,3 +140,9 @@ def notify_budgets(now=None):
         if notification is not None:
             sent.append(notification)
     return sent
+
+
+def budget_status(team, now=None):
+    """The team's budget and this month's spend (billing.budgets.Status)."""
+    now = now or timezone.now()
+    return budgets.status(team.monthly_budget, month_spend([team.pk], now)[str(team.pk)])

@@ -61,18 +61,22 @@ def month_usages(team_id, start, end):
     submitted = {str(row[0]): row[2] for row in rows}
     times = {}
     if rows:
-        from scheduler.models import Allocation, Staging
-
+        # Read through the ledger's own relations: each allocation opened a usage record when
+        # it started, so a job's first record started with its first allocation; its stagings
+        # are reached through its job.
         jobs = UsageRecord.objects.filter(team_id=team_id, period=start.date()).values("job_id")
         first_start = {
             str(job_id): at
-            for job_id, at in Allocation.objects.filter(job_id__in=jobs).values("job_id").annotate(at=Min("started_at")).values_list("job_id", "at")
+            for job_id, at in UsageRecord.ledger.filter(job_id__in=jobs).values("job_id").annotate(at=Min("started_at")).values_list("job_id", "at")
         }
         stagings = {}
-        for job_id, started, finished in Staging.objects.filter(job_id__in=jobs, started_at__isnull=False, finished_at__isnull=False).values_list(
-            "job_id", "started_at", "finished_at"
-        ):
-            stagings.setdefault(str(job_id), []).append((started, finished))
+        finished = (
+            UsageRecord.ledger.filter(job_id__in=jobs, job__stagings__started_at__isnull=False, job__stagings__finished_at__isnull=False)
+            .values_list("job_id", "job__stagings__id", "job__stagings__started_at", "job__stagings__finished_at")
+            .distinct()
+        )
+        for job_id, _staging, started, ended in finished:
+            stagings.setdefault(str(job_id), []).append((started, ended))
         for job_id, at in submitted.items():
             times[job_id] = invoices.JobTimes(
                 queue_seconds=invoices.queue_seconds(at, first_start.get(job_id)),

@@ -15,7 +15,7 @@ from accounts import audit
 from accounts.access import get_for_team, require_team
 from billing import invoice_service, invoices, statements
 from billing.models import Invoice
-from e31web.api import paginate
+from core.api import paginate
 
 
 def _invoice(user, invoice_id):

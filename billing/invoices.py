@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from billing import meter, statements
+from core.text import format_duration
 
 USAGE = "usage"
 CREDIT = "credit"
@@ -56,7 +57,7 @@ class Line:
 
     @property
     def duration(self) -> str:
-        return meter.format_duration(self.seconds)
+        return format_duration(self.seconds)
 
     @property
     def rates_text(self) -> str:

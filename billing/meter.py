@@ -116,13 +116,6 @@ def estimate(request: Request, rate_per_gpu_hour: Decimal) -> Estimate:
     raise ValueError("a request needs a span or a ceiling")
 
 
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours:d}:{minutes:02d}:{secs:02d}"
-
-
 def lost_time_credit(
     gpus: int,
     rate_per_gpu_hour: Decimal,

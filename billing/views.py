@@ -11,34 +11,10 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from accounts import audit
 from accounts.access import is_owner, require_team
-from billing import budgets, statements
-from billing.budget_service import month_spend
+from billing import statements
+from billing.budget_service import budget_status
 from billing.models import UsageRecord
-from jobs import states
-from jobs.models import Job
-
-
-def month_records(team, year, month):
-    start, _end = statements.month_bounds(year, month)
-    return UsageRecord.objects.filter(team=team, period=start.date()).select_related("job").prefetch_related("credits")
-
-
-def month_usage(team, year, month, records=None):
-    records = month_records(team, year, month) if records is None else records
-    return statements.statement(
-        statements.Usage(
-            job_id=str(r.job_id),
-            job_name=r.job.name,
-            gpus=r.gpus,
-            gpu_type=r.gpu_type,
-            held_seconds=r.held_seconds,
-            rate=r.rate,
-            amount=r.amount,
-            credit_seconds=r.credit_seconds,
-            credit_amount=r.credit_amount,
-        )
-        for r in records
-    )
+from billing.usage import month_usage
 
 
 def month_from_request(request):
@@ -54,12 +30,6 @@ class BudgetForm(forms.Form):
         label="Monthly budget",
         help_text="Blank: no budget.",
     )
-
-
-def budget_status(team, now=None):
-    """The team's budget and this month's spend (billing.budgets.Status)."""
-    now = now or timezone.now()
-    return budgets.status(team.monthly_budget, month_spend([team.pk], now)[str(team.pk)])
 
 
 @login_required
@@ -88,7 +58,9 @@ def usage_page(request):
     if owner and budget_form is None:
         budget_form = BudgetForm(initial={"budget": team.monthly_budget})
     now = timezone.now()
-    holding = Job.objects.filter(team=team, state__in=states.HOLDING).prefetch_related("allocations")
+    # The jobs holding compute now: those with a usage record still the live meter's.
+    live = UsageRecord.ledger.filter(team=team, provisional=True).select_related("job").prefetch_related("job__allocations").order_by("started_at")
+    holding = list({record.job_id: record.job for record in live}.values())
     context = {
         "statement": month_usage(team, year, month),
         "month": f"{year:04d}-{month:02d}",

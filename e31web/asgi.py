@@ -8,7 +8,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from e31web.ws_auth import TokenOrSessionAuth  # noqa: E402
+from accounts.ws_auth import TokenOrSessionAuth  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(

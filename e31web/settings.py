@@ -11,8 +11,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from e31web import endpoints as _endpoints
-from e31web.env import (
+from core import endpoints as _endpoints
+from core.env import (
     env_bool,
     env_float,
     env_int,
@@ -63,7 +63,7 @@ SECRET_KEY = _secret_key()
 E31_CREDENTIALS_KEY = env_str("E31_CREDENTIALS_KEY")
 # Hosts and networks a registered bucket's endpoint may be at although they are not public
 # ("minio.internal,10.1.0.0/16"); by default none, so a team cannot point the scanner or the
-# runners at internal addresses (e31web/endpoints.py).
+# runners at internal addresses (core/endpoints.py).
 E31_S3_ENDPOINT_ALLOW = env_list("E31_S3_ENDPOINT_ALLOW", [])
 try:
     _endpoints.parse_allow_list(E31_S3_ENDPOINT_ALLOW)
@@ -226,19 +226,19 @@ REST_FRAMEWORK = {
         "accounts.csrf.AuditedSessionAuthentication",  # DRF's, its CSRF failures audited
     ],
     # A team endpoint refuses a user on no team (a staff operator's token) with a 403 and why.
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "e31web.permissions.OnATeam"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "accounts.permissions.OnATeam"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON bodies read with a depth limit: nested past the stack is a 400, not a 500.
     "DEFAULT_PARSER_CLASSES": [
-        "e31web.parsers.BoundedJSONParser",
+        "core.parsers.BoundedJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "UNAUTHENTICATED_USER": None,
-    # Every 4xx/5xx as {"detail": "...", "errors": {field: [...]}} (see e31web/api.py).
-    "EXCEPTION_HANDLER": "e31web.api.exception_handler",
-    "DEFAULT_THROTTLE_CLASSES": ["e31web.throttling.TokenRateThrottle"],
-    "DEFAULT_SCHEMA_CLASS": "e31web.api.AutoSchema",
+    # Every 4xx/5xx as {"detail": "...", "errors": {field: [...]}} (see core/api.py).
+    "EXCEPTION_HANDLER": "core.api.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["core.throttling.TokenRateThrottle"],
+    "DEFAULT_SCHEMA_CLASS": "core.api.AutoSchema",
 }
 # Requests per API token (or signed-in user, or address) and period: 1200/min, 20/s, 50000/day,
 # or off. Counted in the cache below (Redis when REDIS_URL is set: one count for all processes).
@@ -342,7 +342,7 @@ E31_JOB_DISK_CHECK_SECONDS = env_float("E31_JOB_DISK_CHECK_SECONDS", 5.0, minimu
 # E31_JOB_DISK_BYTES where that is set (jobs.archive.limits() takes the smaller of the two).
 E31_ARCHIVE_MAX_BYTES = env_int("E31_ARCHIVE_MAX_BYTES", 10 * 1024**3, minimum=1024)
 E31_ARCHIVE_MAX_ENTRIES = env_int("E31_ARCHIVE_MAX_ENTRIES", 100_000, minimum=1)
-# Device utilization (scheduler/utilization.py): the runner samples each job's devices every
+# Device utilization (jobs/utilization.py): the runner samples each job's devices every
 # SAMPLE seconds (0: never) into windows of WINDOW seconds, at most MAX_WINDOWS per run (a long
 # run's windows merge into coarser ones). Devices below IDLE_PERCENT are idle; a job idle for its
 # idle_minutes is flagged. IDLE_MINUTE_SECONDS is how long such a minute lasts (tests shorten it).
@@ -358,7 +358,7 @@ E31_SITE_URL = env_url("E31_SITE_URL", "http://127.0.0.1:8000", {"http", "https"
 E31_WEBHOOK_TIMEOUT_SECONDS = env_float("E31_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1)
 # Hosts and networks a team's webhook may be at although they are not public, in the form of
 # E31_S3_ENDPOINT_ALLOW (a list of its own: a bucket endpoint allowed is not a webhook allowed);
-# by default none, so the network never POSTs to its own or internal addresses (e31web/endpoints.py).
+# by default none, so the network never POSTs to its own or internal addresses (core/endpoints.py).
 E31_WEBHOOK_ALLOW = env_list("E31_WEBHOOK_ALLOW", [])
 try:
     _endpoints.parse_allow_list(E31_WEBHOOK_ALLOW)

@@ -3,6 +3,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from jobs import dataset_views
+from notifications import views as notification_views
 from scheduler import ops_views
 
 dataset_patterns = [
@@ -20,6 +21,8 @@ dataset_patterns = [
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
+    # The settings page shows accounts' and notifications' settings: notifications, above accounts, serves it.
+    path("accounts/settings/", notification_views.user_settings, name="settings"),
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
     path("datasets/", include((dataset_patterns, "datasets"))),
@@ -33,7 +36,7 @@ urlpatterns = [
 
 # Under /api/ a missing route or a crash answers JSON in the API's error shape; elsewhere, the
 # usual pages.
-handler400 = "e31web.api.bad_request"
-handler403 = "e31web.api.permission_denied"
-handler404 = "e31web.api.page_not_found"
-handler500 = "e31web.api.server_error"
+handler400 = "core.api.bad_request"
+handler403 = "core.api.permission_denied"
+handler404 = "core.api.page_not_found"
+handler500 = "core.api.server_error"

@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from accounts import audit
 from accounts.access import require_team
 from accounts.middleware import activate_for
-from e31web.api import fields as body_fields
-from e31web.api import paginate
+from core.api import fields as body_fields
+from core.api import paginate
 from jobs import lineage, specfile, states
 from jobs.access import get_artifact, get_job
 from jobs.ceiling import job_ceiling
@@ -120,7 +120,7 @@ def job_json(job, request):
         "idle_minutes": job.idle_minutes,
         "stop_if_idle": job.stop_if_idle,
         "idle_since": job.idle_since,
-        # Mean and peak per device, once the job ended (see scheduler.utilization.Summary).
+        # Mean and peak per device, once the job ended (see jobs.utilization.Summary).
         "utilization": job.utilization,
         "credited_seconds": credit_seconds,
         "credited": f"{credit_amount:f}",

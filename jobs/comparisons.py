@@ -1,8 +1,8 @@
 """An evaluation job's comparison of models as its page, its JSON download and the API show it:
 the evaluation it wrote, read as a hostile body, its table and bars, and the verdict (jobs.evaluation)."""
 
-from e31web.parsers import read_json
-from e31web.storage import get_storage
+from core.parsers import read_json
+from core.storage import get_storage
 from jobs import evaluation
 from jobs.models import Job
 

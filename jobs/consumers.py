@@ -6,9 +6,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db.models import Max
 
-from accounts import audit
+from accounts import audit, ws_auth
 from accounts.access import team_of
-from e31web import ws_auth
 from jobs import live
 from jobs.models import Job, JobEvent, event_message
 
@@ -19,7 +18,7 @@ BATCH = 1000
 CATCH_UP_SECONDS = 5.0
 # Each socket checks this often that its user is still on the job's team (and its token not
 # revoked): the bound on how long a removed member or a revoked token keeps streaming (5 s, with
-# the check's query) where the message sent at the change cannot reach it (e31web/ws_auth.py).
+# the check's query) where the message sent at the change cannot reach it (accounts/ws_auth.py).
 ACCESS_CHECK_SECONDS = 3.0
 
 

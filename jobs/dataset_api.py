@@ -25,8 +25,8 @@ from rest_framework.response import Response
 
 from accounts import audit
 from accounts.access import is_owner, require_team
-from e31web.api import fields, form_errors_response, paginate
-from e31web.parsers import BoundedJSONParser
+from core.api import fields, form_errors_response, paginate
+from core.parsers import BoundedJSONParser
 from jobs import datasets
 from jobs.access import OWNERS_ONLY, get_dataset, get_upload, get_version
 from jobs.dataset_forms import CredentialsForm, DatasetForm, S3DatasetForm, sentence

@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 
 from django import forms
 
-from e31web.endpoints import check_endpoint
+from core.endpoints import check_endpoint
 from jobs import datasets
 
 
@@ -41,7 +41,7 @@ class DatasetForm(forms.Form):
 class BucketAccessForm(forms.Form):
     """Where a team's bucket is and the credentials it is read with (kept encrypted, never
     shown back). The endpoint must be at a public address unless the network allows it
-    (e31web/endpoints.py): the scanner and the runners connect to it from inside."""
+    (core/endpoints.py): the scanner and the runners connect to it from inside."""
 
     endpoint_url = forms.URLField(
         label="Endpoint URL",

@@ -20,8 +20,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from e31web.secrets_box import seal
-from e31web.storage import (
+from core import buckets
+from core.buffers import read_buffer
+from core.endpoints import check_endpoint
+from core.secrets_box import seal
+from core.storage import (
     CHUNK,
     NotFound,
     StorageError,
@@ -29,7 +32,8 @@ from e31web.storage import (
     get_storage,
     s3_open_range,
 )
-from jobs.models import Dataset, DatasetUpload, DatasetVersion
+from jobs import states
+from jobs.models import Dataset, DatasetUpload, DatasetVersion, Job
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +138,13 @@ def scan(version):
     Several objects are read at once (a bucket of many small objects is bound by round trips,
     not bandwidth), each into its thread's reused buffer; the manifest is written in the
     listing's order, so a scan of the same objects always gives the same manifest."""
-    from e31web.endpoints import check_endpoint
-    from scheduler.staging import team_bucket_client
-
     try:
         dataset = version.dataset
         prefix = f"{dataset.s3_prefix}/" if dataset.s3_prefix else ""
         # The endpoint is judged again before every scan: its DNS may have changed.
         if reason := check_endpoint(dataset.s3_endpoint_url):
             raise DatasetError(reason)
-        client = team_bucket_client(dataset)
+        client = buckets.team_bucket(str(dataset.pk), dataset.s3_credentials, dataset.s3_endpoint_url, dataset.s3_region)
         # A rescan replaces the copied manifest with what the bucket holds now.
         version.files.all().delete()
         paginator = client.get_paginator("list_objects_v2")
@@ -171,8 +172,6 @@ def scan(version):
 
 def _hash_object(client, bucket, key):
     """(size, SHA-256) of one object of a team's bucket, read into this thread's buffer."""
-    from scheduler.staging import read_buffer
-
     buffer, digest, size = read_buffer(), hashlib.sha256(), 0
     try:
         stream = s3_open_range(client, bucket, key)
@@ -586,7 +585,7 @@ def purge_stale_uploads(older_than, claims_older_than=None):
     folder still being sent is not abandoned. Folders older than that go too, with their rows."""
     from django.db.models import Q
 
-    from jobs.folder_uploads import purge_stale_folders
+    from jobs.folder_uploads import purge_stale_folders  # here: folder_uploads imports this module (its upload helpers)
 
     released = release_stale_claims(claims_older_than or timezone.now() - COMPLETION_CLAIM_TIMEOUT)
     if released:
@@ -655,9 +654,6 @@ def delete_dataset(dataset):
     (other datasets and jobs share them: the blob sweep frees those nothing refers to), and a
     registered bucket's objects are the team's: never touched. Returns how many versions went."""
     from django.db.models import Q
-
-    from jobs import states
-    from jobs.models import Job
 
     with transaction.atomic():
         if not Dataset.objects.select_for_update().filter(pk=dataset.pk).exists():

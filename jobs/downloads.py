@@ -3,8 +3,8 @@
 from django.http import StreamingHttpResponse
 from django.utils.http import content_disposition_header
 
-from e31web.downloads import download_response
-from e31web.storage import get_storage
+from core.downloads import download_response
+from core.storage import get_storage
 from jobs.logs import log_key, stream_log
 
 

@@ -1,8 +1,8 @@
 """What a request as filled in would mean before it is submitted: when it would run behind
 today's queue, and what the team's budget leaves for it (the new-job page and the API's estimate)."""
 
-from billing.views import budget_status  # billing's own helper, in its views until billing moves it
-from scheduler.services import predict_request
+from billing.budget_service import budget_status
+from jobs.compute import compute
 
 
 def budget_left(team, worst_case):
@@ -18,7 +18,7 @@ def prediction(team, form):
     """When the request as filled in would start and finish behind today's queue, and whether
     that misses its deadline."""
     cleaned = form.cleaned_data
-    start, finish = predict_request(
+    start, finish = compute().predict(
         team,
         form.meter_request(),
         gpu_type=cleaned.get("gpu_type") or "",

@@ -21,8 +21,8 @@ from rest_framework.decorators import api_view, parser_classes
 from rest_framework.response import Response
 
 from accounts.access import get_for_team, require_team
-from e31web.api import fields
-from e31web.parsers import BoundedJSONParser
+from core.api import fields
+from core.parsers import BoundedJSONParser
 from jobs import datasets, folder_uploads, folders
 from jobs.dataset_api import refused, storage_failed
 from jobs.models import DatasetUpload, FolderUpload

@@ -25,8 +25,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core.storage import get_storage
 from e31.unpack import size_text
-from e31web.storage import get_storage
 from jobs import archive, datasets, folders
 from jobs.datasets import UploadConflict
 from jobs.models import DatasetUpload, FolderUpload, Upload

@@ -16,14 +16,15 @@ from django.db import transaction
 from django.http import QueryDict
 from django.utils import timezone
 
+from accounts.access import get_for_team
 from billing import meter
 from billing.models import NoRateInForce, Rate
+from core.storage import get_storage
+from e31.recipes import RECIPES, validate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
-from e31web.storage import get_storage
-from jobs import archive, datasets, folders, lineage, packages, spec, states, windows
-from jobs.models import Dataset, DatasetVersion, Job, JobInput, Upload
-from scheduler import launch
-from scheduler.models import Node
+from jobs import archive, datasets, folder_uploads, folders, launch, lineage, packages, spec, states, windows
+from jobs.compute import compute
+from jobs.models import Dataset, DatasetVersion, FolderUpload, Job, JobInput, Upload
 
 log = logging.getLogger(__name__)
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}
@@ -190,10 +191,6 @@ def keep_folder_upload(folder_id, team, user):
     arrived stays as it is, and one packed answers its zip again."""
     from django.http import Http404
 
-    from accounts.access import get_for_team
-    from jobs import folder_uploads
-    from jobs.models import FolderUpload
-
     try:
         # Another team's folder is not found, as a missing one (and recorded as asked for).
         folder = get_for_team(FolderUpload.objects.all(), user, pk=folder_id)
@@ -236,7 +233,7 @@ def _as_querydict(mapping):
 
 
 def device_type_choices():
-    types = set(Node.objects.values_list("device_type", flat=True)) | set(Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
+    types = compute().device_types() | set(Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
     return [("", "Any type")] + [(t, t) for t in sorted(types)]
 
 
@@ -555,7 +552,6 @@ class JobForm(WorkTextFields, RequestForm):
         finished = Job.objects.filter(team=team, state__in=[states.SUCCEEDED, states.STOPPED], artifacts__isnull=False).distinct()
         self.fields["start_job"].queryset = finished
         self.fields["evaluate_jobs"].queryset = finished
-        from e31.recipes import RECIPES
 
         self.recipes = RECIPES
         self.fields["recipe"].choices = [("", "None: my own script")] + [(name, r.title) for name, r in RECIPES.items()]
@@ -673,7 +669,6 @@ class JobForm(WorkTextFields, RequestForm):
             self.add_error("packages", f"With the archive's {archive.REQUIREMENTS}: {error}")
 
     def _clean_recipe(self, cleaned):
-        from e31.recipes import validate
 
         name = cleaned["recipe"]
         given = {}

@@ -13,6 +13,7 @@ from django.db import models, transaction
 
 from jobs import states
 from jobs.models import DatasetFile, DatasetVersion, Job, JobInput, JobModel, Upload
+from jobs.specfile import JOB_WORK_FIELDS
 
 # What of a job's output is its model: the files at the top of its output folder (weights, and
 # the recipe.json that describes them); other outputs (SageMaker's data/ folder, a checkpoint
@@ -53,37 +54,7 @@ def pin_model(job, label, files, source_job=None, description=""):
 def copy_job(job, user, **changes):
     """A new queued job with the work and request of `job` (its script and data uploads are
     shared, not copied: the same blobs), with `changes` applied."""
-    fields = {
-        name: getattr(job, name)
-        for name in (
-            "team_id",
-            "entrypoint",
-            "command",
-            "args",
-            "hyperparameters",
-            "config",
-            "env",
-            "workdir",
-            "processes",
-            "precision",
-            "packages",
-            "train_version",
-            "heldout_version",
-            "gpus",
-            "gpu_type",
-            "span_hours",
-            "ceiling_amount",
-            "ceiling_gpu_hours",
-            "preemptible",
-            "keep_checkpoints",
-            "max_restarts",
-            "early_stop_metric",
-            "early_stop_mode",
-            "early_stop_patience",
-            "stop_on_nan",
-            "network",
-        )
-    }
+    fields = {name: getattr(job, name) for name in ("team_id", *JOB_WORK_FIELDS, "train_version", "heldout_version", "ceiling_amount", "ceiling_gpu_hours")}
     fields.update(name=job.name, kind=job.kind, parent=job, created_by=user)
     fields.update(changes)
     new = Job.objects.create(**fields)

@@ -99,7 +99,7 @@ class Relay:
 
     @staticmethod
     def _counters(job_ids):
-        from jobs.models import Job
+        from jobs.models import Job  # here: jobs.models imports this module (a job announces its events live)
 
         return list(Job.objects.filter(pk__in=job_ids).values_list("pk", "last_seq"))
 

@@ -224,7 +224,7 @@ class Job(models.Model):
     idle_minutes = models.PositiveIntegerField(default=30, help_text="minutes with every device idle before the job is flagged")
     stop_if_idle = models.BooleanField(default=False, help_text="stop the job (with a checkpoint) once it is flagged idle")
     idle_since = models.DateTimeField(null=True, blank=True, help_text="while flagged idle: since when its devices are idle")
-    # Mean and peak per device over the whole run (scheduler.utilization.Summary), kept when it ends.
+    # Mean and peak per device over the whole run (jobs.utilization.Summary), kept when it ends.
     utilization = models.JSONField(null=True, blank=True)
 
     # What the scheduler expects for a queued job (a simulation of the queue), and its flags
@@ -411,7 +411,7 @@ class Job(models.Model):
 
 class Utilization(models.Model):
     """The device utilization of one allocation (one run of a job on one node), as compact
-    windows of samples (scheduler.utilization): one row, updated in place as windows close."""
+    windows of samples (jobs.utilization): one row, updated in place as windows close."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="utilization_runs")
     allocation = models.OneToOneField("scheduler.Allocation", on_delete=models.CASCADE, related_name="utilization")

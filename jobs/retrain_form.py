@@ -7,10 +7,9 @@ import shlex
 from django import forms
 
 from e31.recipes import validate
-from jobs import spec
+from jobs import launch, spec
 from jobs.forms import MultipleFileInput, RequestForm, WorkTextFields
 from jobs.models import Upload
-from scheduler import launch
 
 
 def plain(number):

@@ -10,7 +10,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from accounts import audit
-from e31web.downloads import download_response
+from core.downloads import download_response
 from jobs import views
 from jobs.api import int_param
 from jobs.views import checkpoint_is_gone, get_checkpoint, get_job, gone_message, metrics_data

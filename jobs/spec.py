@@ -3,8 +3,7 @@
 import re
 import shlex
 
-from jobs import specfile
-from scheduler import launch
+from jobs import launch, specfile
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

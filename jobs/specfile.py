@@ -24,18 +24,15 @@ from datetime import date, datetime
 import yaml
 from django.utils import timezone
 
-from e31web.parsers import depth
+from core.parsers import depth
 from jobs.models import Upload
 
-# The API's flat spec: every field a spec sets (a spec file's parts hold them, see PARTS; jobs.spec_form
-# makes them the job form's data).
-SPEC_FIELDS = {
-    "name",
-    "kind",
-    "recipe",
-    "start_job",
-    "evaluate_jobs",
-    "smoke_first",
+# The spec fields that are the job's own fields under the same names and describe its work, the
+# compute it asks for and what it keeps: what a job made from a job (a retraining, a comparison, a
+# smoke run: jobs.lineage.copy_job) carries over as they are. Not among them: the name and kind,
+# the data (carried as dataset versions and inputs), the ceiling (as the amount or GPU hours it
+# became), how and when it is scheduled (mode, not_before, deadline, by), idle_minutes and stop_if_idle.
+JOB_WORK_FIELDS = (
     "entrypoint",
     "command",
     "args",
@@ -44,20 +41,11 @@ SPEC_FIELDS = {
     "env",
     "workdir",
     "processes",
-    "inputs",
     "precision",
     "packages",
-    "train_dataset",
-    "heldout_dataset",
     "gpus",
     "gpu_type",
-    "mode",
     "span_hours",
-    "ceiling_kind",
-    "ceiling",
-    "not_before",
-    "deadline",
-    "by",
     "preemptible",
     "keep_checkpoints",
     "max_restarts",
@@ -66,6 +54,27 @@ SPEC_FIELDS = {
     "early_stop_patience",
     "stop_on_nan",
     "network",
+)
+
+# The API's flat spec: every field a spec sets (a spec file's parts hold them, see PARTS; jobs.spec_form
+# makes them the job form's data).
+SPEC_FIELDS = {
+    *JOB_WORK_FIELDS,
+    "name",
+    "kind",
+    "recipe",
+    "start_job",
+    "evaluate_jobs",
+    "smoke_first",
+    "inputs",
+    "train_dataset",
+    "heldout_dataset",
+    "mode",
+    "ceiling_kind",
+    "ceiling",
+    "not_before",
+    "deadline",
+    "by",
     "idle_minutes",
     "stop_if_idle",
 }

@@ -1,6 +1,6 @@
 """The blob sweep: storage that nothing refers to any more is freed.
 
-Uploaded files and dataset files are content-addressed blobs (e31web.storage.blob_key), kept
+Uploaded files and dataset files are content-addressed blobs (core.storage.blob_key), kept
 once and shared, so deleting a row never deletes its blob: another row may hold the same bytes.
 The sweep lists the blobs, gathers every key a row refers to, and deletes the blobs no row
 refers to that are older than a grace period.
@@ -21,7 +21,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from e31web.storage import NotFound, blob_key, get_storage
+from core.storage import NotFound, blob_key, get_storage
 from jobs.models import (
     Artifact,
     Checkpoint,

@@ -14,9 +14,9 @@ from rest_framework.exceptions import ValidationError
 
 from accounts import audit
 from accounts.access import require_team, team_of
-from e31web.downloads import download_response
-from e31web.storage import get_storage
-from jobs import lineage, metrics, specfile, states
+from core.downloads import download_response
+from core.storage import get_storage
+from jobs import lineage, metrics, specfile, states, utilization
 from jobs.access import get_artifact, get_job
 from jobs.ceiling import job_ceiling
 from jobs.comparisons import comparison
@@ -25,7 +25,6 @@ from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.models import Job, event_message
 from jobs.spec_form import form_initial
-from scheduler import utilization
 
 LOG_LINES_ON_PAGE = 500
 # Points per metric series the job page starts with (min/max buckets: see jobs.metrics).
@@ -257,7 +256,7 @@ def utilization_context(job):
 
 
 def right_size_hints(job, summary):
-    """scheduler.utilization.right_size for a job that held compute: what it held, for how
+    """jobs.utilization.right_size for a job that held compute: what it held, for how
     long, and what it paid per device-hour (over all its allocations)."""
     device_seconds, amount, kinds = 0, Decimal(0), set()
     for allocation in job.allocations.all():

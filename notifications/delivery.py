@@ -6,7 +6,7 @@ E31_WEBHOOK_TIMEOUT_SECONDS per attempt), never a scheduling cycle or a runner. 
 claimed one at a time with a conditional update, so two workers never send the same attempt.
 Tests drive handle_one(now) with a clock of their own.
 
-Webhooks go only where e31web.endpoints allows (public addresses, or the operators'
+Webhooks go only where core.endpoints allows (public addresses, or the operators'
 E31_WEBHOOK_ALLOW): checked again at every attempt after DNS, the connection made to the address
 checked, redirects not followed, and of the reply only the status and a short, plain excerpt
 kept for the team's delivery log.
@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from e31web import endpoints
+from core import endpoints
 from notifications import policy, signing
 from notifications.models import Delivery
 

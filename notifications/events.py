@@ -14,7 +14,9 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.models import Membership
 from notifications import policy
+from notifications.models import Delivery, EmailPreference, Notification
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,6 @@ def emit(kind, *, team, job=None, data=None, once=None, at=None, keep=False):
     rather than a row. once: a key making the event happen at most once (a second emit with it
     does nothing and returns None); such events are always written, as the record that they
     happened. keep: write it even with nobody to tell. Returns the Notification, or None."""
-    from notifications.models import Delivery, Notification
 
     at = at or timezone.now()
     deliveries = recipients(team, kind, at)
@@ -95,8 +96,6 @@ def emit(kind, *, team, job=None, data=None, once=None, at=None, keep=False):
 def recipients(team, kind, at):
     """Unsaved deliveries: one per team member who wants this kind by email, and one per
     active webhook of the team whose filter lets it through."""
-    from accounts.models import Membership
-    from notifications.models import Delivery, EmailPreference
 
     rows = []
     if kind in policy.EMAIL_KINDS:
@@ -112,7 +111,6 @@ def recipients(team, kind, at):
 
 def send_test(webhook, user=None):
     """A test event to one webhook ("send test event" on the settings page)."""
-    from notifications.models import Delivery
 
     with transaction.atomic():
         notification = emit(policy.TEST, team=webhook.team, keep=True, data={"text": "A test event from E31 Network.", "by": getattr(user, "username", "")})

@@ -2,7 +2,7 @@ from urllib.parse import urlparse
 
 from django import forms
 
-from e31web import endpoints
+from core import endpoints
 from notifications import policy
 
 
@@ -18,7 +18,7 @@ class EmailPreferencesForm(forms.Form):
 
 def clean_webhook_url(value):
     """An http(s) URL with a host at a public address (or one the operators allow, in
-    E31_WEBHOOK_ALLOW: e31web.endpoints); anything else is refused with a message saying why.
+    E31_WEBHOOK_ALLOW: core.endpoints); anything else is refused with a message saying why.
     The worker checks the address again at every attempt: DNS may change after this."""
     value = (value or "").strip()
     parsed = urlparse(value)

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from e31web import secrets_box
+from core import secrets_box
 from notifications import policy
 
 
@@ -46,7 +46,7 @@ class Webhook(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="webhooks")
     url = models.URLField(max_length=500)
-    # The signing secret, encrypted (e31web.secrets_box, as teams' S3 credentials are): read it
+    # The signing secret, encrypted (core.secrets_box, as teams' S3 credentials are): read it
     # through .secret. Shown to the team once, when the webhook is added or its secret rotated.
     sealed_secret = models.TextField(default=sealed_new_secret, editable=False)
     kinds = models.JSONField(default=list, blank=True, help_text="the kinds sent; empty: every kind")

@@ -8,7 +8,7 @@ import unicodedata
 from datetime import timedelta
 from decimal import Decimal
 
-from billing.meter import format_duration
+from core.text import format_duration
 
 STARTED = "job.started"
 FINISHED = "job.finished"

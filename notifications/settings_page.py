@@ -1,13 +1,17 @@
-"""What the user's settings page shows and saves of notifications: their email notifications and
-the team's webhooks with their latest deliveries (accounts.settings_page renders the page)."""
+"""The user's settings page: their time zone (accounts.forms), the email notifications they get
+and the team's webhooks with their latest deliveries. It lives here, above accounts: the page
+shows both apps' settings (user_settings in notifications.views, the webhook views too)."""
+
+from django.shortcuts import render
 
 from accounts.access import is_owner, require_team
+from accounts.forms import TimeZoneForm
 from notifications.forms import EmailPreferencesForm, WebhookForm
 from notifications.models import Delivery, EmailPreference
 
 
 def settings_context(request, email_form=None, webhook_form=None):
-    """What the settings page shows of notifications (accounts.settings_page.render_settings renders it)."""
+    """What the settings page shows of notifications."""
     team = require_team(request.user)
     webhooks = list(team.webhooks.all())
     return {
@@ -26,3 +30,11 @@ def save_email_preferences(request):
         return form, False
     EmailPreference.objects.update_or_create(user=request.user, defaults={"kinds": form.cleaned_data["kinds"]})
     return form, True
+
+
+def render_settings(request, form=None, **notification_forms):
+    """The settings page; a form with errors makes it a 400."""
+    form = form or TimeZoneForm(initial={"time_zone": request.user.membership.time_zone})
+    context = {"form": form, **settings_context(request, **notification_forms)}
+    invalid = form.errors or any(f.errors for f in notification_forms.values() if f is not None)
+    return render(request, "accounts/settings.html", context, status=400 if invalid else 200)

@@ -7,12 +7,36 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.access import get_for_team, is_owner, require_team
-from accounts.settings_page import render_settings
+from accounts.forms import TimeZoneForm
 from notifications import events
 from notifications.forms import WebhookForm
 from notifications.models import Webhook
+from notifications.settings_page import render_settings, save_email_preferences
 
 OWNERS_ONLY = "Only the team's owners change its webhooks."
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def user_settings(request):
+    """The user's time zone and what they are emailed about; the team's webhooks (owners
+    change them, through notifications.views). Each form posts its own `form` name."""
+    require_team(request.user)
+    membership = request.user.membership
+    posted = request.POST.get("form") if request.method == "POST" else None
+    if posted == "email":
+        email_form, saved = save_email_preferences(request)
+        if saved:
+            messages.success(request, "Email notifications saved.")
+            return redirect("settings")
+        return render_settings(request, email_form=email_form)
+    form = TimeZoneForm(request.POST or None, initial={"time_zone": membership.time_zone})
+    if request.method == "POST" and form.is_valid():
+        membership.time_zone = form.cleaned_data["time_zone"]
+        membership.save(update_fields=["time_zone"])
+        messages.success(request, f"Time zone set to {membership.time_zone or 'the site’s'}.")
+        return redirect("settings")
+    return render_settings(request, form=form)
 
 
 def require_owner(user):

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from scheduler.models import Allocation, Node
+from scheduler.services import preempt
 
 
 @admin.register(Node)
@@ -16,7 +17,6 @@ class AllocationAdmin(admin.ModelAdmin):
 
     @admin.action(description="Preempt (preemptible jobs checkpoint and go back to the queue)")
     def preempt(self, request, queryset):
-        from scheduler.services import preempt
 
         asked = sum(preempt(a.pk, f"preempted by operator {request.user.username}") for a in queryset)
         skipped = queryset.count() - asked

@@ -22,7 +22,7 @@ from pathlib import Path
 from django.db import connection, transaction
 from django.utils import timezone
 
-from e31web.storage import get_storage
+from core.storage import get_storage
 from jobs.models import Checkpoint
 from scheduler import jobfiles
 

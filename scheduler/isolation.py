@@ -34,6 +34,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from django.conf import settings
+
+import e31
+from jobs.launch import JobDirs
+
 log = logging.getLogger(__name__)
 
 SHIM = Path(__file__).with_name("jobshim.py")
@@ -903,7 +908,6 @@ class Isolation:
 
     def _try(self):
         """Start a job-like command in a sandbox: it imports the SDK and writes in its folder."""
-        from scheduler.launch import JobDirs
 
         dirs = JobDirs(self.work_dir / f".probe-{os.getpid()}")
         uid = job_uid(self.settings.E31_JOB_UID_BASE, self.settings.E31_JOB_UID_COUNT - 1) if self.users_on else None
@@ -957,9 +961,6 @@ class Isolation:
         """The Python the jobs run and the SDK, as read-only paths: never the network's own
         folders (the var folder, the storage, the cache, the jobs), nor a folder holding one.
         The same for every job of this runner: worked out once."""
-        from django.conf import settings
-
-        import e31
 
         hidden = [os.path.realpath(p) for p in (settings.VAR_DIR, settings.STORAGE_DIR, settings.RUNNER_CACHE_DIR, self.cache_dir, self.work_dir)]
         wanted = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(e31.__file__)]
@@ -1062,7 +1063,6 @@ class Isolation:
         to that uid and writable, read_only bound beside the runtime, no network. (exit code,
         output). Afterwards nothing of it runs, and folder is root's again: what the uid made is
         taken back, and any other entry (a hard link it made to a file not its own) removed."""
-        from scheduler.launch import JobDirs
 
         s = self.settings
         limits = job_limits(

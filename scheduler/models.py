@@ -6,6 +6,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from billing import meter
+from billing.models import Credit, UsageRecord, billing_month, open_month
 
 
 class NodeQuerySet(models.QuerySet):
@@ -124,7 +125,6 @@ class Allocation(models.Model):
 
         Claimed with a conditional update: if another process (the scheduler declaring the node
         lost, say) released it first, this returns None and writes nothing."""
-        from billing.models import Credit, UsageRecord, open_month
 
         at = max(at, self.started_at)
         with transaction.atomic():
@@ -165,7 +165,6 @@ class Allocation(models.Model):
     def open_usage(self):
         """The provisional usage record of an allocation just made: the live meter's record
         until it is released."""
-        from billing.models import UsageRecord, billing_month
 
         return UsageRecord.ledger.create(
             team_id=self.job.team_id,
@@ -186,7 +185,6 @@ class Allocation(models.Model):
     def bring_usage_up_to_date(cls, node_id, now=None):
         """Bring the provisional usage records of a node's running allocations up to `now` (the
         runner's heartbeat does, so the ledger knows what runs costs even between pages)."""
-        from billing.models import UsageRecord
 
         now = now or timezone.now()
         for allocation in cls.objects.filter(node_id=node_id, ended_at__isnull=True):

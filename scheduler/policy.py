@@ -937,6 +937,6 @@ def predict(
     simulated with their expected durations and no new arrivals (running ones end at their
     expected_end; one with none never ends, and jobs that wait on it get math.inf). Running
     allocations with a job_id are included with their start and expected end."""
-    from scheduler.simulator import predict_queue
+    from scheduler.simulator import predict_queue  # here: the simulator imports this module (it runs this policy)
 
     return predict_queue(queue, nodes, running, _seconds(now), usage=usage, shares=shares, policy=policy, half_life=half_life)

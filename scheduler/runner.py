@@ -32,9 +32,19 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from core.storage import get_storage
 from e31 import unpack
-from e31web.storage import get_storage
 from jobs import archive, lineage, states
+from jobs.launch import (
+    RANK_PREFIX_TEMPLATE,
+    Gang,
+    JobDirs,
+    build_environment,
+    job_command,
+    process_count,
+    uses_torchrun,
+    working_folder,
+)
 from jobs.logs import log_key, stream_log
 from jobs.models import Job, input_names
 from scheduler import checkpoints, smoke, stopping
@@ -46,16 +56,6 @@ from scheduler.environments import (
     requirements_of,
 )
 from scheduler.isolation import Isolation
-from scheduler.launch import (
-    RANK_PREFIX_TEMPLATE,
-    Gang,
-    JobDirs,
-    build_environment,
-    job_command,
-    process_count,
-    uses_torchrun,
-    working_folder,
-)
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.running import READER_JOIN_SECONDS, RunningJob
 from scheduler.services import end_allocation, release_node

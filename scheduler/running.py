@@ -30,14 +30,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from e31web.storage import get_storage
-from jobs import states
+from core.storage import get_storage
+from jobs import states, utilization
+from jobs.launch import artifact_name_problem
 from jobs.logs import stored_bytes
 from jobs.models import Artifact, Job, JobEvent, Utilization
 from notifications import events as notifications
-from scheduler import checkpoints, jobfiles, sampling, stopping, utilization
+from scheduler import checkpoints, jobfiles, sampling, stopping
 from scheduler.isolation import disk_message, oom_message, sandbox_group, unlinked_open_bytes
-from scheduler.launch import artifact_name_problem
 from scheduler.logcap import LogBudget
 from scheduler.models import Allocation
 from scheduler.services import end_allocation

@@ -1,4 +1,4 @@
-"""Reading a running job's devices for scheduler.utilization: its GPUs through NVML where the
+"""Reading a running job's devices for jobs.utilization: its GPUs through NVML where the
 driver is there, else its process tree (CPU time and memory) through psutil.
 
 Both are cheap enough for the runner's loop: NVML answers from the driver in microseconds; the
@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from scheduler.utilization import Reading
+from jobs.utilization import Reading
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from billing import meter
-from billing.budget_service import Rates, budget_holds, remaining_allowance
+from billing.budget_service import Rates, remaining_allowance
 from billing.models import NoRateInForce, Rate, UsageRecord
 from jobs import lineage, states
 from jobs.models import Job
@@ -22,6 +22,7 @@ from notifications import policy as notify_policy
 from notifications.models import Notification
 from scheduler import policy
 from scheduler.environments import packages_digest, requirements_of
+from scheduler.holds import budget_holds
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from scheduler.staging import job_manifest, manifest_digests
 
@@ -473,3 +474,13 @@ def predict_request(team, request, *, gpu_type="", not_before=None, deadline=Non
         preemptible=preemptible,
     )
     return predictions(queued_jobs(now, staged=False), now, extra=[wanted]).get(wanted.id, (None, None))
+
+
+class NodesCompute:
+    """The runners' nodes as the job pages see them (jobs.compute)."""
+
+    def device_types(self):
+        return set(Node.objects.values_list("device_type", flat=True))
+
+    def predict(self, team, request, **options):
+        return predict_request(team, request, **options)

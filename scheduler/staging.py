@@ -16,15 +16,15 @@ reach into the other's private parts.
 
 import hashlib
 import logging
-import mmap
 import os
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from functools import lru_cache
 
-from e31web.storage import CHUNK, NotFound, get_storage
+from core import buckets
+from core.buffers import read_buffer
+from core.storage import CHUNK, NotFound, RangeNotSatisfiable, get_storage, s3_open_range
 
 log = logging.getLogger(__name__)
 
@@ -72,42 +72,12 @@ def manifest_digests(items):
 # Where the bytes come from -------------------------------------------------------------------
 
 
-@lru_cache(maxsize=64)
-def _team_bucket(dataset_id, credentials_token, endpoint_url, region):
-    """A client for a team's registered bucket, with its (decrypted) credentials. These stay in
-    the runner: a job's environment is built from scratch without them."""
-    import boto3
-    from botocore.config import Config
-
-    from e31web.endpoints import check_endpoint, pin_boto3
-    from e31web.secrets_box import unseal
-
-    # The endpoint's host is judged again here (its DNS may have changed since registration);
-    # a refusal is not cached, so the check runs until it passes. The client is kept, so each
-    # connection it opens is judged too, and made to the address judged (pin_boto3).
-    if reason := check_endpoint(endpoint_url):
-        raise StagingError(f"the bucket's endpoint is refused: {reason}")
-
-    credentials = unseal(credentials_token) if credentials_token else {}
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint_url or None,
-        aws_access_key_id=credentials.get("access_key_id"),
-        aws_secret_access_key=credentials.get("secret_access_key"),
-        region_name=region or "us-east-1",
-        config=Config(
-            signature_version="s3v4",
-            s3={"addressing_style": "path"},
-            retries={"max_attempts": 5, "mode": "standard"},
-            max_pool_connections=32,  # a runner's stagings at once, each with its workers
-            proxies={},
-        ),  # never an environment's proxy, which would connect by name
-    )
-    return pin_boto3(client, "s3")
-
-
 def team_bucket_client(dataset):
-    return _team_bucket(str(dataset.pk), dataset.s3_credentials, dataset.s3_endpoint_url, dataset.s3_region)
+    """A client for the dataset's registered bucket; StagingError when its endpoint is refused."""
+    try:
+        return buckets.team_bucket(str(dataset.pk), dataset.s3_credentials, dataset.s3_endpoint_url, dataset.s3_region)
+    except buckets.BucketRefused as error:
+        raise StagingError(str(error)) from None
 
 
 def _size_mismatch(item, size):
@@ -121,21 +91,8 @@ def _digest_mismatch(item):
 # Reading a file's bytes, in parts, hashed on the way ----------------------------------------------
 
 PART_SIZE = 64 * CHUNK  # a larger file moves as ranged parts of this size, several at once
-BUFFER_SIZE = CHUNK  # each worker's buffer: filled from the network (hashed piece by piece, while hot), then written at once
 READ_RETRIES = 3  # a connection lost in the middle of a part: read on from where it stopped
 DIRECT_ALIGN = 4096  # O_DIRECT writes: offset, length and memory aligned to this
-
-_buffers = threading.local()
-
-
-def read_buffer():
-    """This thread's buffer: bytes are read into it, hashed and written from it, never copied
-    into fresh objects (on a small machine that costs as much as hashing them). Page-aligned
-    (anonymous mmap), so it can be written with O_DIRECT."""
-    buffer = getattr(_buffers, "buffer", None)
-    if buffer is None or len(buffer) != BUFFER_SIZE:
-        buffer = _buffers.buffer = memoryview(mmap.mmap(-1, BUFFER_SIZE))
-    return buffer
 
 
 def _transient_errors():
@@ -179,8 +136,6 @@ class _Source:
     def open(self, start, end):
         from botocore.exceptions import ClientError
 
-        from e31web.storage import RangeNotSatisfiable
-
         try:
             stream = self.open_range(start, end)
         except (NotFound, FileNotFoundError):
@@ -199,7 +154,6 @@ class _Source:
 
 def _source(item, datasets):
     """How to read item's bytes: a file of the local folder, or ranges of an S3 object."""
-    from e31web.storage import s3_open_range
 
     kind = item.source[0]
     if kind == "storage":

@@ -9,8 +9,8 @@ from decimal import Decimal
 
 from billing import invoice_service, meter
 from billing.models import UsageRecord
+from core.storage import get_storage
 from e31web.demo import add_dataset
-from e31web.storage import get_storage
 from jobs import datasets, folder_uploads
 from jobs.models import Artifact, JobEvent
 from scheduler.models import Allocation, Node

@@ -33,7 +33,7 @@ def seaweed():
 @pytest.fixture
 def s3_storage(settings, seaweed):
     """Point the network's storage at a fresh bucket on the test S3 server."""
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     env = seaweed.settings_env(seaweed.bucket())
     settings.STORAGE_URL = env["E31_STORAGE_URL"]
@@ -55,7 +55,7 @@ CGROUP_PARENT = f"e31-test-{os.getpid()}"
 os.environ["E31_JOB_CGROUP_PARENT"] = django_settings.E31_JOB_CGROUP_PARENT = CGROUP_PARENT
 
 # The tests' S3 servers (SeaweedFS) listen on loopback, which a team's bucket may not be at unless
-# allowed (e31web/endpoints.py). tests/system.py gives the live systems the same.
+# allowed (core/endpoints.py). tests/system.py gives the live systems the same.
 TEST_ENDPOINT_ALLOW = "127.0.0.1"
 django_settings.E31_S3_ENDPOINT_ALLOW = [TEST_ENDPOINT_ALLOW]
 
@@ -152,7 +152,7 @@ def dataset(team_a):
 
 
 def upload(team, user, role, name, content):
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     key, size, sha256 = get_storage().save_blob(io.BytesIO(content))
     return Upload.objects.create(team=team, uploaded_by=user, role=role, name=name, size=size, sha256=sha256, key=key)

@@ -31,7 +31,7 @@ def job(alice, rate, storage_dir):
     key = f"jobs/{job.pk}/artifacts/model.pt"
     from io import BytesIO
 
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     size, sha = get_storage().save(key, BytesIO(b"weights"))
     Artifact.objects.create(job=job, name="model.pt", key=key, size=size, sha256=sha)

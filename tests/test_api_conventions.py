@@ -7,8 +7,8 @@ from django.urls import path, reverse
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view
 
-from e31web import api
-from e31web.env import parse_rate
+from core import api
+from core.env import parse_rate
 from jobs.models import Dataset
 from tests.conftest import make_user
 
@@ -87,8 +87,8 @@ def api_crash(request):
 
 
 urlpatterns = [path("api/crash/", api_crash), path("api/plain-crash/", crash), path("crash/", crash)]
-handler404 = "e31web.api.page_not_found"
-handler500 = "e31web.api.server_error"
+handler404 = "core.api.page_not_found"
+handler500 = "core.api.server_error"
 
 
 @pytest.mark.urls("tests.test_api_conventions")

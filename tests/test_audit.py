@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 
 from accounts import audit
 from accounts.models import AuditEvent, AuditImmutable
-from e31web.storage import get_storage
+from core.storage import get_storage
 from jobs import datasets, lineage
 from jobs.models import Checkpoint
 from jobs.retrain_form import RetrainForm

@@ -171,7 +171,7 @@ def notices(job):
 
 
 def artifact_bytes(job, name):
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     with get_storage().open(job.artifacts.get(name=name).key) as source:
         return source.read()
@@ -355,7 +355,7 @@ def test_a_recipe_tracks_the_watched_metric_as_the_network_counts_it():
 
 @pytest.mark.nodb
 def test_the_network_passes_the_watched_metric_and_its_mode_to_the_job(tmp_path):
-    from scheduler.launch import (
+    from jobs.launch import (
         JobDirs,
         build_environment,
         known_variables,
@@ -377,7 +377,7 @@ def test_a_restart_puts_back_the_checkpoint_holding_the_best_step_beside_the_lat
     newest, the one resumed from."""
     import io
 
-    from e31web.storage import get_storage
+    from core.storage import get_storage
     from jobs.models import Checkpoint
     from scheduler.checkpoints import restore
     from tests.conftest import make_job
@@ -440,8 +440,8 @@ def checkpoint_model(job, step):
 
     import torch
 
+    from core.storage import get_storage
     from e31.recipes.common import _checkpoint_globals
-    from e31web.storage import get_storage
     from jobs.models import Checkpoint
 
     kept = Checkpoint.objects.filter(job=job, step=step, pruned_at__isnull=True).order_by("-written_at").first()

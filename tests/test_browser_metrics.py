@@ -160,7 +160,7 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
         job_id,
         """
         import io
-        from e31web.storage import get_storage
+        from core.storage import get_storage
         for step in (2000, 2400):
             name = f"step-{step:012d}.pt"
             key = f"jobs/{job.pk}/checkpoints/{name}"
@@ -188,7 +188,7 @@ def test_metrics_are_charted_and_follow_the_run_live(page, system):
         job_id,
         """
         import io
-        from e31web.storage import get_storage
+        from core.storage import get_storage
         name = "step-000000002402.pt"
         key = f"jobs/{job.pk}/checkpoints/{name}"
         size, sha256 = get_storage().save(key, io.BytesIO(b"w" * 5000))

@@ -69,7 +69,7 @@ def test_checkpoints_are_uploaded_pruned_and_restored_after_the_node_is_lost(run
     assert [c.step for c in Checkpoint.objects.filter(job=job)] == [1, 2, 3, 4]
     pruned = Checkpoint.objects.filter(job=job, pruned_at__isnull=False)
     assert pruned.count() == 2
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     assert not any(get_storage().exists(c.key) for c in pruned)
     assert all(get_storage().exists(c.key) for c in kept)

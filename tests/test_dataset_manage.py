@@ -14,9 +14,9 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from accounts.models import AuditEvent
-from e31web import endpoints
-from e31web.secrets_box import unseal
-from e31web.storage import blob_key, get_storage
+from core import endpoints
+from core.secrets_box import unseal
+from core.storage import blob_key, get_storage
 from jobs import datasets, lineage
 from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job
 from scheduler.staging import StagingError, team_bucket_client

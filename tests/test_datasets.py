@@ -15,8 +15,8 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
-from e31web.secrets_box import unseal
-from e31web.storage import blob_key, get_storage
+from core.secrets_box import unseal
+from core.storage import blob_key, get_storage
 from jobs import datasets
 from jobs.models import Dataset, DatasetFile, DatasetUpload, DatasetVersion
 

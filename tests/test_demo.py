@@ -12,8 +12,8 @@ import pytest
 from django.contrib.auth import authenticate
 
 from billing.models import Rate
+from core.storage import get_storage
 from e31web import demo
-from e31web.storage import get_storage
 from jobs.models import Dataset
 from tests.system import ROOT, free_port
 

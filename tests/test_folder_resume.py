@@ -20,7 +20,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from accounts.models import AuditEvent
-from e31web.storage import get_storage
+from core.storage import get_storage
 from jobs import datasets, folder_uploads, folders
 from jobs.models import DatasetUpload, FolderUpload, Job, Upload
 

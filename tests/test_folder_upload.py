@@ -184,7 +184,7 @@ def errors_of(response):
 
 
 def zip_of(upload):
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     with get_storage().local_copy(upload.key) as path:
         with zipfile.ZipFile(path) as archive:
@@ -279,7 +279,7 @@ def test_the_api_takes_a_folder_with_its_paths_too(client, token, rate, dataset)
 
     from django.urls import reverse
 
-    from e31web.storage import get_storage
+    from core.storage import get_storage
     from jobs.models import Job
 
     client.defaults["HTTP_AUTHORIZATION"] = f"Token {token}"

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from e31web.storage import get_storage
+from core.storage import get_storage
 from scheduler import jobfiles
 
 ROOT = os.geteuid() == 0

@@ -129,7 +129,7 @@ def test_the_full_log_streams_as_text(client, alice, rate):
 def test_an_artifact_downloads_as_a_stream(client, alice, rate, storage_dir):
     import io
 
-    from e31web.storage import get_storage
+    from core.storage import get_storage
     from jobs.models import Artifact
 
     job = make_job(alice)

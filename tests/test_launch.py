@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.launch import JobDirs, build_environment, command_for, refused_env_name
+from jobs.launch import JobDirs, build_environment, command_for, refused_env_name
 
 
 def test_the_job_environment_is_built_from_scratch(monkeypatch, tmp_path):

@@ -12,7 +12,7 @@ from django.utils import timezone
 from billing import budget_service, invoice_service, meter, statements
 from billing.models import Credit, Invoice, LedgerImmutable, Rate, UsageRecord, billing_month, open_month
 from jobs.models import Checkpoint
-from scheduler import services
+from scheduler import holds, services
 from scheduler.models import Allocation, Node
 from scheduler.policy import Placement
 from scheduler.runner import Runner
@@ -143,7 +143,7 @@ def test_two_schedulers_cannot_together_pass_a_budget(alice, team_a, rate, node)
     second = make_job(alice, name="second", span_hours=D("1"))  # 2.40 more: 4.80 of 5 fits
     third = make_job(alice, name="third", span_hours=D("1"))  # 7.20 would not
     # Each scheduler planned alone, before the other's jobs started: each would start all it saw.
-    assert budget_service.budget_holds([(str(first.pk), "cpu"), (str(second.pk), "cpu")], timezone.now()) == {}
+    assert holds.budget_holds([(str(first.pk), "cpu"), (str(second.pk), "cpu")], timezone.now()) == {}
     assert services.place(Placement(str(first.pk), str(node.pk), (0,))) is not None
     assert services.place(Placement(str(second.pk), str(node.pk), (1,))) is not None
     # The second scheduler's plan for the third job is stale: placing it checks the budget again.

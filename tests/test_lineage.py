@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from e31web.storage import get_storage
+from core.storage import get_storage
 from jobs import datasets, evaluation, lineage
 from jobs.models import Job, JobModel, Upload
 from scheduler.staging import job_manifest
@@ -93,7 +93,7 @@ def test_a_retraining_starts_from_the_weights_and_stages_only_the_new_files(make
 
 
 def open_artifact(job, name):
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     with get_storage().open(job.artifacts.get(name=name).key) as stream:
         yield stream.read()

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from e31web.storage import get_storage
+from core.storage import get_storage
 from jobs import metrics
 from jobs.models import Checkpoint, JobEvent
 from scheduler.models import Allocation, Node

@@ -9,9 +9,8 @@ import json
 import pytest
 from django.urls import reverse
 
-from jobs import datasets, spec
+from jobs import datasets, launch, spec
 from jobs.models import Job, JobInput, Upload
-from scheduler import launch
 from scheduler.staging import job_manifest
 from tests.conftest import add_dataset, upload
 from tests.test_staging import run
@@ -159,7 +158,7 @@ def test_a_sagemaker_script_reads_its_channels_unchanged(make_runner, alice, rat
     job.record("state", data={"state": "queued", "from": None, "reason": "submitted"})
     job = run([runner], job)
     assert job.state == "succeeded", job.reason
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     with get_storage().open(job.artifacts.get(name="summary.json").key) as stream:
         summary = json.loads(stream.read())
@@ -264,7 +263,7 @@ def test_a_script_reads_an_input_of_sent_files(make_runner, alice, rate, team_a,
     assert response.status_code == 302, response.context["form"].errors if response.context else response
     job = run([make_runner()], Job.objects.get(name="files-in"))
     assert job.state == "succeeded", job.reason
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     with get_storage().open(job.artifacts.get(name="summary.json").key) as stream:
         assert json.loads(stream.read())["test"] == 2

@@ -170,7 +170,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def receiver(settings):
-    settings.E31_WEBHOOK_ALLOW = ["127.0.0.1"]  # webhooks are refused at loopback unless allowed (e31web/endpoints.py)
+    settings.E31_WEBHOOK_ALLOW = ["127.0.0.1"]  # webhooks are refused at loopback unless allowed (core/endpoints.py)
     server = Receiver()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from e31web import endpoints
+from core import endpoints
 from notifications import events, policy
 from notifications.delivery import Worker
 from notifications.models import Delivery, EmailPreference, Webhook
@@ -394,11 +394,11 @@ def test_https_to_the_checked_address_still_verifies_the_host_s_certificate(alic
 
 
 def bucket_client(url):
-    from e31web.secrets_box import seal
-    from scheduler.staging import _team_bucket
+    from core.buckets import team_bucket
+    from core.secrets_box import seal
 
-    _team_bucket.cache_clear()
-    return _team_bucket("dataset", seal({"access_key_id": "key", "secret_access_key": "secret"}), url, "")
+    team_bucket.cache_clear()
+    return team_bucket("dataset", seal({"access_key_id": "key", "secret_access_key": "secret"}), url, "")
 
 
 def test_a_kept_bucket_client_connects_to_the_address_it_checked(settings, serve, dns):

@@ -11,10 +11,9 @@ import zipfile
 import pytest
 from django.urls import reverse
 
-from e31web.storage import get_storage
-from jobs import datasets, spec
+from core.storage import get_storage
+from jobs import datasets, launch, spec
 from jobs.models import Job, Upload
-from scheduler import launch
 from tests.conftest import upload
 from tests.test_staging import run
 

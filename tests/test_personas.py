@@ -27,7 +27,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from e31web.storage import get_storage
+from core.storage import get_storage
 from jobs.comparisons import EVALUATION_FILE
 from jobs.models import Artifact, Checkpoint, Job
 from notifications.models import Webhook

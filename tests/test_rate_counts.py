@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from accounts import signin
-from e31web.throttling import TokenRateThrottle
+from core.throttling import TokenRateThrottle
 
 # A database of its own on the tests' Redis (the live systems use 0, the channel layer tests 1).
 REDIS_CACHE_URL = "redis://127.0.0.1:6379/3"

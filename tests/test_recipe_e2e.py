@@ -70,7 +70,7 @@ def test_a_fine_tuning_starts_from_its_starting_weights(make_runner, alice, rate
 
 
 def read(job, name):
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     with get_storage().open(job.artifacts.get(name=name).key) as stream:
         yield stream.read()

@@ -338,7 +338,7 @@ for name in (b"model.pt", b"run\\model.pt", b"line\nbreak.txt", b"bad\xff.bin", 
 
 
 def test_when_outputs_cannot_be_kept_the_job_fails_and_its_compute_is_released(runner, alice, rate, monkeypatch):
-    from e31web.storage import LocalStorage
+    from core.storage import LocalStorage
 
     def broken(self, key, src):
         raise RuntimeError("the store is on fire")

@@ -14,8 +14,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
+from core.storage import get_storage
 from e31web.demo import digits_csv, digits_split
-from e31web.storage import get_storage
 from jobs.models import Job
 from tests.conftest import add_dataset
 from tests.test_cli import e31, live  # noqa: F401 - the live system's fixtures

@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from accounts.models import Membership, Team
 from billing.models import Rate
 from jobs.models import Job, Upload
-from e31web.storage import get_storage
+from core.storage import get_storage
 from scheduler.models import Node
 import io, random
 random.seed(7)

@@ -222,7 +222,7 @@ def test_a_deeply_nested_body_on_any_endpoint_is_a_400_not_a_500(api, url, bound
 
 
 def test_an_evaluation_file_nested_past_the_stack_is_shown_as_unreadable(signed_in, alice):
-    from e31web.storage import get_storage
+    from core.storage import get_storage
 
     job = make_job(alice, kind=Job.KIND_EVALUATE)
     body = b"[" * 200000 + b"]" * 200000  # what the job's own code wrote

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from e31web.storage import (
+from core import buffers
+from core.storage import (
     NotFound,
     RangeNotSatisfiable,
     RangeStream,
@@ -106,7 +107,7 @@ def test_parts_finished_in_any_order_are_hashed_in_order(cache):
 
 @pytest.mark.parametrize("direct_io", [True, False])
 def test_aligned_blocks_go_to_the_disk_directly_and_the_rest_through_the_page_cache(tmp_path, direct_io, monkeypatch):
-    monkeypatch.setattr(staging, "BUFFER_SIZE", 16384)
+    monkeypatch.setattr(buffers, "BUFFER_SIZE", 16384)
     cache = BlobCache(tmp_path / "cache", limit_bytes=1 << 30, direct_io=direct_io)
     assert cache.direct_io == direct_io  # this machine's disk takes O_DIRECT
     store = Store()

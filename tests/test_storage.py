@@ -7,8 +7,8 @@ import httpx
 import pytest
 from django.test import RequestFactory
 
-from e31web.downloads import Unsatisfiable, download_response, parse_range
-from e31web.storage import LocalStorage, NotFound, S3Storage, StorageError, blob_key, get_storage
+from core.downloads import Unsatisfiable, download_response, parse_range
+from core.storage import LocalStorage, NotFound, S3Storage, StorageError, blob_key, get_storage
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -15,7 +15,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from e31web.storage import NotFound, blob_key, get_storage
+from core.storage import NotFound, blob_key, get_storage
 from jobs import datasets
 from jobs.models import Artifact, DatasetUpload, JobModel, Upload
 from jobs.sweep import decide, sweep

@@ -23,7 +23,7 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from e31web.storage import NotFound, blob_key, get_storage
+from core.storage import NotFound, blob_key, get_storage
 from jobs import datasets
 from jobs.models import DatasetUpload
 from tests.test_datasets import CHUNK, Api, make_dataset, payload, sha

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduler.utilization import (
+from jobs.utilization import (
     IdleWatch,
     Reading,
     Recorder,
@@ -430,6 +430,6 @@ class TestApi:
 
 @pytest.mark.nodb
 def test_memory_in_a_hint_reads_at_any_size():
-    from scheduler.utilization import gb
+    from jobs.utilization import gb
 
     assert [gb(11 * 1024**2), gb(2.5 * 1024**3), gb(80 * 1024**3)] == ["11 MB", "2.5 GB", "80 GB"]

@@ -3,7 +3,7 @@ from decimal import Decimal
 from django import template
 from django.conf import settings
 
-from billing import meter
+from core.text import format_duration
 
 register = template.Library()
 
@@ -32,7 +32,7 @@ def rate(amount):
 def duration(seconds):
     if seconds in (None, ""):
         return ""
-    return meter.format_duration(seconds)
+    return format_duration(seconds)
 
 
 @register.filter

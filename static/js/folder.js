@@ -35,8 +35,9 @@
   const maxFiles = parseInt(input.dataset.maxFiles, 10) || Infinity;
   const maxEntries = parseInt(input.dataset.maxEntries, 10) || Infinity;
   const maxBytes = parseInt(input.dataset.maxBytes, 10) || Infinity;
-  const MAX_TRIES = 5;
-  const FIRST_PAUSE_MS = 500;
+  // The requests and their retries: static/js/chunks.js, shared with upload.js.
+  const { MAX_TRIES, Refused, patiently: tried } = window.E31Chunks;
+  const { request, json } = window.E31Chunks.client(csrf);
   const FILES_AT_ONCE = 3;
   const STORE = "e31-folder";
 
@@ -125,55 +126,21 @@
 
   // Sending it -------------------------------------------------------------------------------
 
-  // Errors a retry cannot mend (the server refused, with a reason), and the end of a folder
-  // replaced by another.
-  class Refused extends Error {}
+  // The end of a folder replaced by another (E31Chunks.Refused: a refusal a retry cannot mend).
   class Stopped extends Error {}
 
-  function sleep(ms) {
-    return new Promise((resolve) => setTimeout(resolve, ms));
-  }
-
-  async function request(method, url, body, headers) {
-    const options = { method, headers: { "X-CSRFToken": csrf, Accept: "application/json", ...headers }, credentials: "same-origin" };
-    if (body !== undefined) options.body = body;
-    const response = await fetch(url, options);
-    let data = {};
-    try {
-      data = await response.json();
-    } catch (_) {
-      data = {};
-    }
-    return { status: response.status, ok: response.ok, data };
-  }
-
-  function json(method, url, payload) {
-    return request(method, url, payload === undefined ? undefined : JSON.stringify(payload), { "Content-Type": "application/json" });
-  }
-
-  // One request, tried again after a network failure or a server error, pausing 0.5, 1, 2, 4 s.
-  // A 409 with `received` is an answer too: the server says where to continue.
-  async function patiently(state, what, send) {
-    for (let attempt = 1; ; attempt += 1) {
-      if (state !== current) throw new Stopped();
-      let answer = null;
-      try {
-        answer = await send();
-      } catch (_) {
-        answer = null; // the network: no answer at all
-      }
-      if (answer && (answer.ok || (answer.status === 409 && typeof answer.data.received === "number"))) return answer;
-      if (answer && answer.status >= 400 && answer.status < 500 && answer.status !== 408 && answer.status !== 429) {
-        throw new Refused(answer.data.detail || `The server refused ${what} (HTTP ${answer.status}).`);
-      }
-      if (attempt >= MAX_TRIES) {
-        const why = answer ? `the server answered HTTP ${answer.status}` : "the server could not be reached";
-        throw new Error(`${what} failed ${MAX_TRIES} times (${why}).`);
-      }
-      const pause = FIRST_PAUSE_MS * 2 ** (attempt - 1);
-      if (state === current) statusText.textContent = `${what}: retrying in ${pause / 1000} s (try ${attempt + 1} of ${MAX_TRIES})`;
-      await sleep(pause);
-    }
+  // One request, tried again after a network failure or a server error (E31Chunks.patiently),
+  // for the folder being sent: a folder replaced by another stops at its next try.
+  function patiently(state, what, send) {
+    return tried(send, {
+      what,
+      check: () => {
+        if (state !== current) throw new Stopped();
+      },
+      retrying: (text) => {
+        if (state === current) statusText.textContent = `${what}: ${text}`;
+      },
+    });
   }
 
   // The key an upload of this very folder is kept under: its files' paths, sizes and times,

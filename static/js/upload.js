@@ -14,8 +14,9 @@
   const form = document.getElementById("uploader");
   if (!form) return;
 
-  const MAX_TRIES = 5;
-  const FIRST_PAUSE_MS = 500;
+  // The requests and their retries: static/js/chunks.js, shared with folder.js.
+  const { MAX_TRIES, Refused, Unreachable, sleep, patiently: tried } = window.E31Chunks;
+  const { request, json } = window.E31Chunks.client(form.dataset.csrf);
   const FILES_AT_ONCE = 3;
   const POLL_MS = 1500;
   const STORE = "e31-upload";
@@ -36,10 +37,6 @@
 
   fields.disabled = false;
 
-  // Errors a retry cannot mend (the server refused with a reason) and those it may.
-  class Refused extends Error {}
-  class Unreachable extends Error {}
-
   function sizeText(bytes) {
     // As Django's filesizeformat writes sizes on the pages.
     if (bytes < 1024) return bytes === 1 ? "1 byte" : `${bytes} bytes`;
@@ -57,52 +54,16 @@
     return total ? Math.floor((100 * done) / total) : 100;
   }
 
-  function sleep(ms) {
-    return new Promise((resolve) => setTimeout(resolve, ms));
-  }
-
-  async function request(method, url, body, headers) {
-    const options = { method, headers: { "X-CSRFToken": form.dataset.csrf, Accept: "application/json", ...headers }, credentials: "same-origin" };
-    if (body !== undefined) options.body = body;
-    const response = await fetch(url, options);
-    let data = {};
-    try {
-      data = await response.json();
-    } catch (_) {
-      data = {};
-    }
-    return { status: response.status, ok: response.ok, data };
-  }
-
-  function json(method, url, payload) {
-    return request(method, url, payload === undefined ? undefined : JSON.stringify(payload), { "Content-Type": "application/json" });
-  }
-
-  // One request, tried again after a network failure or a server error, pausing 0.5, 1, 2, 4 s.
-  // A 409 with `received` is an answer too: the server says where to continue.
-  async function patiently(entry, what, send) {
-    for (let attempt = 1; ; attempt += 1) {
-      let answer = null;
-      try {
-        answer = await send();
-      } catch (_) {
-        answer = null; // the network: no answer at all
-      }
-      if (answer && (answer.ok || (answer.status === 409 && typeof answer.data.received === "number"))) {
-        if (entry && attempt > 1) setStatus(entry, "uploading");
-        return answer;
-      }
-      if (answer && answer.status >= 400 && answer.status < 500 && answer.status !== 408 && answer.status !== 429) {
-        throw new Refused(answer.data.detail || firstError(answer.data) || `The server refused ${what} (HTTP ${answer.status}).`);
-      }
-      if (attempt >= MAX_TRIES) {
-        const why = answer ? `the server answered HTTP ${answer.status}` : "the server could not be reached";
-        throw new Unreachable(`${entry ? `${entry.path}: ${what}` : capitalized(what)} failed ${MAX_TRIES} times (${why}).`);
-      }
-      const pause = FIRST_PAUSE_MS * 2 ** (attempt - 1);
-      if (entry) setStatus(entry, `retrying in ${pause / 1000} s (try ${attempt + 1} of ${MAX_TRIES})`, "retrying");
-      await sleep(pause);
-    }
+  // One request, tried again after a network failure or a server error (E31Chunks.patiently):
+  // the file's row shows the retries; a refusal gives the server's reason, or its first field error.
+  function patiently(entry, what, send) {
+    return tried(send, {
+      what,
+      name: entry ? `${entry.path}: ${what}` : capitalized(what),
+      reason: (data) => data.detail || firstError(data),
+      retrying: entry ? (text) => setStatus(entry, text, "retrying") : null,
+      recovered: entry ? () => setStatus(entry, "uploading") : null,
+    });
   }
 
   function capitalized(text) {

@@ -1,7 +1,7 @@
 """The API's rate limit: so many requests per period for each API token; and the counting in a
 window that it shares with sign-in's limit (accounts/signin.py).
 
-Kept apart from e31web/api.py: DRF imports its throttle classes while it defines APIView, so
+Kept apart from core/api.py: DRF imports its throttle classes while it defines APIView, so
 this module must not import DRF's views.
 """
 
@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.cache import cache
 from rest_framework.throttling import SimpleRateThrottle
 
-from e31web.env import parse_rate
+from core.env import parse_rate
 
 
 def count(key, seconds, now):

@@ -6,7 +6,6 @@ A typo in production must be an error at start-up, never a silent default.
 import math
 import os
 import re
-from decimal import Decimal, InvalidOperation
 from urllib.parse import urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -64,16 +63,6 @@ def env_float(name, default, minimum=None):
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
     return number
-
-
-def env_decimal(name, default):
-    value = _raw(name)
-    if value is None:
-        return default
-    try:
-        return Decimal(value)
-    except InvalidOperation:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a decimal number") from None
 
 
 def env_list(name, default):

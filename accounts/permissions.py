@@ -1,8 +1,8 @@
 """Who may call the API's endpoints beyond being signed in: a team endpoint needs a team.
 
 The API's default (settings.REST_FRAMEWORK), so a new endpoint is a team's unless it says
-otherwise (`GET /api/me/` answers anyone signed in). Kept apart from e31web/api.py for the same
-reason as e31web/throttling.py: DRF imports it while it defines APIView.
+otherwise (`GET /api/me/` answers anyone signed in). Kept apart from core/api.py for the same
+reason as core/throttling.py: DRF imports it while it defines APIView.
 """
 
 from rest_framework.permissions import BasePermission

@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from e31.recipes import RECIPES
+
 # What the network sets in every job's environment, and what each is: a job may not set these
 # itself (the message says what the network gives). Any other name is the job's own, SageMaker's
 # SM_CHANNEL_TRAINING included. The E31_ prefix is the network's as a whole (names are added).
@@ -390,8 +392,6 @@ def command_for(entrypoint, args, python=sys.executable, processes=1, gang=None,
     if shell is not None:
         target = ["/bin/bash", "-c", shell]
     elif entrypoint.startswith("recipe:"):
-        from e31.recipes import RECIPES
-
         name = entrypoint.removeprefix("recipe:")
         if name not in RECIPES:
             raise ValueError(f"no built-in recipe is named {name!r}")

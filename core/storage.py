@@ -69,14 +69,6 @@ class HashingReader:
         return self.digest.hexdigest()
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class Storage:
     """What every backend offers; shared helpers are written once, here."""
 

@@ -6,7 +6,7 @@ import re
 from django.http import FileResponse, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.utils.http import content_disposition_header
 
-from e31web.storage import CHUNK, get_storage
+from core.storage import CHUNK, get_storage
 
 RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
