@@ -2,7 +2,7 @@
 `python -m venv` + `pip install` of the same packages, and a cache hit.
 
 Five pure-Python wheels, made here, are served from a local folder (no network): the same for
-both. Ours: scheduler.environments.EnvironmentCache.ensure(), a new key each round (the uv cache
+both. Ours: agent.environments.EnvironmentCache.ensure(), a new key each round (the uv cache
 stays warm, as on a node). Theirs: `python -m venv` then `pip install --no-index --find-links`.
 Medians of alternating rounds; the last line is the speed-up, theirs / ours (target >= 5).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler.environments import EnvironmentCache  # noqa: E402  (no Django inside)
+from agent.environments import EnvironmentCache  # noqa: E402  (no Django inside)
 from tests.test_environments import make_wheel  # noqa: E402
 
 PACKAGES = ["alpha", "bravo", "charlie", "delta", "echo"]

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent.sampling import ProcessTreeSampler  # noqa: E402  (no Django inside)
 from jobs.utilization import Reading, Recorder, stored_bytes  # noqa: E402
-from scheduler.sampling import ProcessTreeSampler  # noqa: E402  (no Django inside)
 from tests.system import TERMINAL, LiveSystem, parse_time  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"

@@ -1,6 +1,6 @@
 """What the bubblewrap sandbox costs a job: the digits example run directly vs in the sandbox.
 
-Both runs go through the runner's own code (scheduler.isolation) with the same uid, cgroup and
+Both runs go through the runner's own code (agent.isolation) with the same uid, cgroup and
 limits, in a job folder laid out as the runner lays it out, with the demo's digits CSV files:
 
 - direct: the shim joins the cgroup, sets the limits and becomes the job's uid, then runs the
@@ -40,9 +40,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
-from e31web.demo import digits_csv, digits_split  # noqa: E402
-from jobs.launch import JobDirs, build_environment, command_for  # noqa: E402
-from scheduler.isolation import (  # noqa: E402
+from agent.isolation import (  # noqa: E402
     Isolation,
     Sandbox,
     job_limits,
@@ -50,6 +48,8 @@ from scheduler.isolation import (  # noqa: E402
     rlimits,
     shim_command,
 )
+from e31web.demo import digits_csv, digits_split  # noqa: E402
+from jobs.launch import JobDirs, build_environment, command_for  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits" / "train.py"
 TARGET = 1.03

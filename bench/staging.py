@@ -5,7 +5,7 @@ random bytes, --size-mib in all (1 GiB of 64 files of 16 MiB by default), upload
 S3Storage as content-addressed blobs, the way datasets are kept. Then, in rounds whose order
 rotates so that drift on a noisy machine hits all three alike:
 
-- ours: scheduler.staging.stage() of the dataset's manifest into an empty BlobCache (fetch,
+- ours: agent.staging.stage() of the dataset's manifest into an empty BlobCache (fetch,
   verify size and SHA-256, move into the cache), with the runner's default number of workers;
 - boto3: a fresh boto3 client with default settings (default TransferConfig) calling
   download_file for each object, one after the other, into an empty folder;
@@ -126,7 +126,7 @@ def make_files(folder, count, size, start=0):
 def upload(storage, files):
     """Keep each file as a blob through our S3Storage; returns the staging Items."""
     from core.storage import blob_key
-    from scheduler.staging import Item
+    from jobs.manifest import Item
 
     items = []
     for path, size, sha in files:
@@ -160,8 +160,8 @@ class Timed:
 
 
 def run_ours(items, cache_root, workers, server_pid):
-    from scheduler.cache import BlobCache
-    from scheduler.staging import stage
+    from agent.cache import BlobCache
+    from agent.staging import stage
 
     cache = BlobCache(cache_root, limit_bytes=1 << 50)
     with Timed(server_pid) as timed:
@@ -287,8 +287,8 @@ def main():
                     if name != "ours":
                         shutil.rmtree(target)
 
-            from scheduler.cache import BlobCache
-            from scheduler.staging import stage
+            from agent.cache import BlobCache
+            from agent.staging import stage
 
             # The same manifest again: every file is a cache hit.
             hits = []

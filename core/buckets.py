@@ -1,5 +1,5 @@
 """A client for a team's registered S3 bucket: the dataset scan (jobs.datasets) and staging
-(scheduler.staging) read through it."""
+(agent.staging) read through it."""
 
 from functools import lru_cache
 

@@ -1,7 +1,7 @@
 """What a run the network stops early on its metric gets back, in the words both sides use.
 
 For a script, the runner returns the checkpoint taken at the metric's best step (or the latest
-kept before it) and keeps the job's own output under last/ (scheduler/running.py); a built-in
+kept before it) and keeps the job's own output under last/ (agent/running.py); a built-in
 recipe does the same itself (e31/recipes/common.py), writing the best weights as its usual
 output (beside recipe.json, LoRA merged), since a bare checkpoint lacks what a retraining and a
 comparison need. Both name the weights in the log and in metrics.json in the words below.

@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "accounts",
     "jobs",
     "scheduler",
+    "agent",
     "billing",
     "notifications",
 ]
@@ -279,7 +280,7 @@ E31_PREEMPT_EVERY_SECONDS = env_float("E31_PREEMPT_EVERY_SECONDS", 3600.0, minim
 # How often the scheduler refreshes the predicted start and finish of queued jobs.
 E31_PREDICT_SECONDS = env_float("E31_PREDICT_SECONDS", 5.0, minimum=0.1)
 E31_LOG_LINE_MAX_BYTES = env_int("E31_LOG_LINE_MAX_BYTES", 16384, minimum=256)
-# The log cap: a job's stored log stops growing at this many bytes (scheduler/logcap.py); lines
+# The log cap: a job's stored log stops growing at this many bytes (agent/logcap.py); lines
 # past it are counted, not stored, and the job keeps running.
 E31_JOB_LOG_MAX_BYTES = env_int("E31_JOB_LOG_MAX_BYTES", 100 * 10**6, minimum=1024)
 E31_RUNNER_CACHE_BYTES = env_int("E31_RUNNER_CACHE_BYTES", 50 * 1024**3, minimum=0)
@@ -296,7 +297,7 @@ E31_UPLOAD_INLINE_COMPLETE_BYTES = env_int("E31_UPLOAD_INLINE_COMPLETE_BYTES", 6
 # written (or touched) a moment before the row that refers to it, and a large one can take a
 # while to copy, so the wait is never shorter than an hour.
 E31_BLOB_SWEEP_GRACE_HOURS = env_float("E31_BLOB_SWEEP_GRACE_HOURS", 24.0, minimum=1.0)
-# Job isolation on a node (scheduler/isolation.py): every job in a bubblewrap sandbox; a root
+# Job isolation on a node (agent/isolation.py): every job in a bubblewrap sandbox; a root
 # runner also gives each a uid (BASE.. BASE+COUNT-1, one per running job) and a cgroup. Off
 # (E31_JOB_ISOLATION=0) is for development only: the runner then refuses nothing, and says so.
 E31_JOB_ISOLATION = env_bool("E31_JOB_ISOLATION", True)
@@ -324,7 +325,7 @@ E31_NODE_RESERVE_DISK_BYTES = env_int("E31_NODE_RESERVE_DISK_BYTES", 0, minimum=
 E31_JOB_NETWORK_DENY = env_str("E31_JOB_NETWORK_DENY", "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10, 0.0.0.0/8")
 # The bubblewrap binary every job runs under (found on PATH when empty).
 E31_BWRAP = env_str("E31_BWRAP", "")
-# Job environments (scheduler/environments.py): the packages a job names, built with uv on the
+# Job environments (agent/environments.py): the packages a job names, built with uv on the
 # node while it waits, from wheels only, cached per node within a size budget. The index: uv's
 # default (PyPI) unless an index URL is set; FIND_LINKS: folders of wheels (comma-separated);
 # NO_INDEX: only those folders (an offline node).

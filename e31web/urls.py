@@ -4,7 +4,7 @@ from django.views.generic import RedirectView
 
 from jobs import dataset_views
 from notifications import views as notification_views
-from scheduler import ops_views
+from scheduler.ops import views as ops_views
 
 dataset_patterns = [
     path("", dataset_views.dataset_list, name="list"),
@@ -29,7 +29,7 @@ urlpatterns = [
     path("billing/", include("billing.urls")),
     path("api/", include("e31web.api_urls")),
     path("notifications/", include("notifications.urls")),
-    path("ops/", include("scheduler.ops_urls")),
+    path("ops/", include("scheduler.ops.urls")),
     path("metrics", ops_views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
 ]

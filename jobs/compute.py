@@ -19,7 +19,7 @@ class Compute(Protocol):
 
     def predict(self, team, request, **options):
         """(start, finish) of a request behind the queue as it is now, or (None, None) when no
-        node could run it (scheduler.services.predict_request's options)."""
+        node could run it (scheduler.predictions.predict_request's options)."""
         ...
 
 

@@ -22,7 +22,7 @@ from billing.models import NoRateInForce, Rate
 from core.storage import get_storage
 from e31.recipes import RECIPES, validate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
-from jobs import archive, datasets, folder_uploads, folders, launch, lineage, packages, spec, states, windows
+from jobs import archive, datasets, folder_uploads, folders, launch, lineage, packages, spec_text, states, windows
 from jobs.compute import compute
 from jobs.models import Dataset, DatasetVersion, FolderUpload, Job, JobInput, Upload
 
@@ -330,27 +330,27 @@ class RequestForm(forms.Form):
 
 
 class WorkTextFields:
-    """The work's text fields a job form and a retraining share: each parsed by jobs.spec, its
+    """The work's text fields a job form and a retraining share: each parsed by jobs.spec_text, its
     error on the field; named inputs resolved to the team's dataset versions (None: files)."""
 
     def _parsed(self, parse, field, *args):
         try:
             return parse(self.cleaned_data[field], *args)
-        except spec.SpecError as error:
+        except spec_text.SpecError as error:
             raise forms.ValidationError(str(error)) from None
 
     def clean_args(self):
-        return self._parsed(spec.parse_args, "args")
+        return self._parsed(spec_text.parse_args, "args")
 
     def clean_config(self):
-        return self._parsed(spec.parse_config, "config")
+        return self._parsed(spec_text.parse_config, "config")
 
     def clean_hyperparameters(self):
-        return self._parsed(spec.parse_hyperparameters, "hyperparameters")
+        return self._parsed(spec_text.parse_hyperparameters, "hyperparameters")
 
     def clean_inputs(self):
         versions, problems = {}, []
-        for name, ref in self._parsed(spec.parse_inputs, "inputs").items():
+        for name, ref in self._parsed(spec_text.parse_inputs, "inputs").items():
             try:
                 versions[name] = None if ref is None else datasets.resolve(self.team, ref)  # None: files, as input:<name>
             except datasets.DatasetError as error:
@@ -590,7 +590,7 @@ class JobForm(WorkTextFields, RequestForm):
             raise forms.ValidationError(f"{str(error)[0].upper()}{str(error)[1:]}.") from None
 
     def clean_env(self):
-        return self._parsed(spec.parse_env, "env", self.cleaned_data.get("hyperparameters") or {})
+        return self._parsed(spec_text.parse_env, "env", self.cleaned_data.get("hyperparameters") or {})
 
     def clean_packages(self):
         try:
@@ -801,8 +801,8 @@ class JobForm(WorkTextFields, RequestForm):
         checks = (("args", cleaned.get("args") or [], known), ("command", [command], known), ("env", (cleaned.get("env") or {}).values(), network))
         for field, texts, names in checks:
             try:
-                spec.check_variables(texts, names)
-            except spec.SpecError as error:
+                spec_text.check_variables(texts, names)
+            except spec_text.SpecError as error:
                 if field not in self.errors:
                     self.add_error(field, str(error))
 

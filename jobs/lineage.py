@@ -196,7 +196,7 @@ def is_smoke_run(job):
 def smoke_run(job):
     """The short run a job makes first, one GPU of the same type: a recipe's with its smoke
     option (a few steps on 1% of the data), at most a tenth of an hour; a script's on a sample
-    of each input (scheduler/smoke.py, cut by the runner), at most E31_SMOKE_MINUTES, and
+    of each input (agent/smoke.py, cut by the runner), at most E31_SMOKE_MINUTES, and
     passing if it has not failed by then. It is a job of its own, queued ahead, billed like
     any; `job` waits for it to succeed and fails if it does not."""
     config, limit = ({**job.config, "smoke": True}, SMOKE_SPAN_HOURS) if job.recipe else (job.config, script_smoke_hours())

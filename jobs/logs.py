@@ -23,7 +23,7 @@ class OctetLength(Func):
 
 
 def stored_bytes(job_id):
-    """The bytes of the job's stored log as its log cap counts them (scheduler/logcap.py
+    """The bytes of the job's stored log as its log cap counts them (agent/logcap.py
     line_bytes): each line's UTF-8 text and its newline. One aggregate query, when a run starts."""
     found = JobEvent.objects.filter(job_id=job_id, kind="log").aggregate(text=Sum(OctetLength("text")), lines=Count("pk"))
     return (found["text"] or 0) + found["lines"]

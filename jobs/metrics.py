@@ -14,7 +14,7 @@ A series is a list of points [x, value, at]:
   reported as what it was while a chart just leaves a gap: [x, None, at, "NaN"].
   A value that is no number at all (a bool, an arbitrary string) is no point.
 - A job resumed from a checkpoint logs some steps again: a point at or before the last x of its
-  series rewinds the series to before it (as scheduler.stopping.Watch does), so each series
+  series rewinds the series to before it (as agent.stopping.Watch does), so each series
   has increasing x and shows the run's surviving history. A client appending newer points
   (the job page, an API client using ?after=) rewinds the same way.
 

@@ -8,6 +8,7 @@ failing on the node after the job waited. torch is taken as given: the builder c
 the node's own torch. Pure functions, no database.
 """
 
+import hashlib
 import re
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -84,3 +85,14 @@ def _refusal(line):
     if requirement.name.lower().endswith(FILE_SUFFIXES):
         return f"a package file is not taken; {BY_NAME}"
     return None
+
+
+def packages_digest(requirements):
+    """What the scheduler knows an environment by, the same on every node (a node's own key also
+    holds its runtime and index): the sha256 of the requirements, sorted."""
+    return hashlib.sha256(("packages\n" + "\n".join(sorted(requirements))).encode()).hexdigest()
+
+
+def requirements_of(job):
+    """The job's requirements, one a line (jobs.packages has checked them at submission)."""
+    return [line.strip() for line in (getattr(job, "packages", "") or "").splitlines() if line.strip()]

@@ -7,7 +7,7 @@ import shlex
 from django import forms
 
 from e31.recipes import validate
-from jobs import launch, spec
+from jobs import launch, spec_text
 from jobs.forms import MultipleFileInput, RequestForm, WorkTextFields
 from jobs.models import Upload
 
@@ -77,8 +77,8 @@ class RetrainForm(WorkTextFields, RequestForm):
             cleaned["config"] = clean
         known = launch.known_variables(self.job.env or {}, work["hyperparameters"])
         try:
-            spec.check_variables(work["args"], known)
-        except spec.SpecError as error:
+            spec_text.check_variables(work["args"], known)
+        except spec_text.SpecError as error:
             self.add_error("args", str(error))
         if reason := next(
             (launch.refused_env_name(n, work["hyperparameters"]) for n in self.job.env or {} if launch.refused_env_name(n, work["hyperparameters"])), None

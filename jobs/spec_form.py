@@ -11,7 +11,7 @@ from e31.recipes import RECIPES
 from jobs import datasets, specfile, states
 from jobs.forms import form_params, is_uuid, recipe_field_name
 from jobs.models import Job
-from jobs.spec import format_env
+from jobs.spec_text import format_env
 from jobs.specfile import SPEC_FIELDS
 
 BOOLEAN_FIELDS = {"preemptible", "stop_on_nan", "smoke_first", "network", "stop_if_idle"}

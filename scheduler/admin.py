@@ -1,7 +1,7 @@
 from django.contrib import admin
 
+from scheduler.allocations import preempt
 from scheduler.models import Allocation, Node
-from scheduler.services import preempt
 
 
 @admin.register(Node)

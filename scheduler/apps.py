@@ -9,6 +9,6 @@ class SchedulerConfig(AppConfig):
 
     def ready(self):
         # Imported here, once the app registry is ready: the services module loads models.
-        from scheduler.services import NodesCompute
+        from scheduler.predictions import NodesCompute
 
         compute.register(NodesCompute())

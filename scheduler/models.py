@@ -248,7 +248,7 @@ class Staging(models.Model):
 
     def progress(self, live=None):
         """The staging as the job page and the API show it, and as the runner reports it while it
-        stages. live: the counts of a staging under way (scheduler.staging.Progress), newer than
+        stages. live: the counts of a staging under way (agent.staging.Progress), newer than
         the row's; the staging is then shown as staging, without an error."""
         counts = self if live is None else live
         seconds = self.seconds

@@ -1,10 +1,11 @@
-"""The scheduler's steps over the database; decisions come from scheduler.policy. What a
-job may cost and what its team's budget allows (the rates in force, the month's spend, the
-budget holds) come from billing.budget_service."""
+"""The scheduler's placement cycle over the database: line up the queue (line_up), place what fits
+(schedule, place), flag missed deadlines. Decisions come from scheduler.policy; budget holds from
+scheduler.holds; nodes lost and allocations ended are scheduler.allocations; predictions are
+scheduler.predictions."""
 
 import logging
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -16,74 +17,15 @@ from billing import meter
 from billing.budget_service import Rates, remaining_allowance
 from billing.models import NoRateInForce, Rate, UsageRecord
 from jobs import lineage, states
+from jobs.manifest import job_manifest, manifest_digests
 from jobs.models import Job
-from notifications import events as notify
-from notifications import policy as notify_policy
-from notifications.models import Notification
+from jobs.packages import packages_digest, requirements_of
 from scheduler import policy
-from scheduler.environments import packages_digest, requirements_of
+from scheduler.allocations import preempt, running_allocations, stamp
 from scheduler.holds import budget_holds
 from scheduler.models import Allocation, CachedBlob, Node, Staging
-from scheduler.staging import job_manifest, manifest_digests
 
 log = logging.getLogger(__name__)
-
-
-def may_declare_lost(now, timeout_seconds, last_failure_at):
-    """Whether silence can mean a lost node yet: not until the timeout has passed since the
-    scheduler last failed to reach the database, for then the runners may not have reached it
-    either (their heartbeats start again when it comes back)."""
-    return last_failure_at is None or now - last_failure_at >= timedelta(seconds=timeout_seconds)
-
-
-def expire_lost_nodes(now=None, last_failure_at=None):
-    """Declare nodes whose runner went silent lost: their allocations end at the last heartbeat
-    (the meter does not run on after the network lost the node) and their jobs are requeued.
-    last_failure_at: when the caller last failed to reach the database (see may_declare_lost)."""
-    now = now or timezone.now()
-    if not may_declare_lost(now, settings.E31_NODE_TIMEOUT_SECONDS, last_failure_at):
-        return 0
-    cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
-    count = 0
-    for node in Node.objects.filter(lost_at__isnull=True, stopped_at__isnull=True, last_heartbeat__lt=cutoff):
-        with transaction.atomic():
-            # Re-checked in the update: a heartbeat that landed since the read keeps the node.
-            silent = Node.objects.filter(pk=node.pk, lost_at__isnull=True, last_heartbeat__lt=cutoff)
-            if silent.update(lost_at=now) != 1:
-                continue
-            last_heard = Node.objects.values_list("last_heartbeat", flat=True).get(pk=node.pk)
-        count += 1
-        log.warning("node %s lost: no heartbeat since %s", node.name, last_heard)
-        Staging.objects.filter(node=node, state__in=Staging.LIVE).update(state=Staging.ABANDONED, finished_at=now, error=f"node {node.name} was lost")
-        release_node(node, at=last_heard, reason=Allocation.NODE_LOST, why=f"node {node.name} was lost")
-    return count
-
-
-def release_node(node, at, reason, why):
-    """End every open allocation of a node and put its jobs back in the queue."""
-    for allocation in node.allocations.filter(ended_at__isnull=True).select_related("job", "node"):
-        end_allocation(allocation, at, reason, states.QUEUED, f"requeued: {why}")
-
-
-def end_allocation(allocation, at, reason, state, message="", exit_code=None):
-    """Release the allocation (the meter stops at `at`) and move its job on to `state`
-    (QUEUED: back to the queue), in one transaction. False, and nothing done, if another process
-    released it first: that process also decided what became of the job."""
-    with transaction.atomic():
-        if allocation.release(at, reason) is None:
-            return False
-        job = Job.objects.select_for_update().get(pk=allocation.job_id)
-        if job.state in states.HOLDING:
-            if state == states.QUEUED:
-                job.requeue(message, at=at, preempted=reason == Allocation.PREEMPTED)
-            else:
-                job.finish(state, reason=message, exit_code=exit_code, at=at)
-    return True
-
-
-def stamp(moment):
-    """A datetime as the policy's float seconds (None stays None)."""
-    return None if moment is None else moment.timestamp()
 
 
 def expected_seconds(request, rate, held_before=0):
@@ -294,46 +236,6 @@ def place(placement, now=None):
     return allocations[0]
 
 
-def running_allocations(nodes, now=None):
-    """The allocations holding devices, with when each is expected to end: its limit, or an
-    hour from now when nothing bounds it."""
-    now = now or timezone.now()
-    rows = Allocation.objects.filter(ended_at__isnull=True, node_id__in=[n.id for n in nodes]).select_related("job")
-    running = []
-    for a in rows:
-        end = a.started_at.timestamp() + a.limit_seconds if a.limit_seconds is not None else now.timestamp() + 3600
-        running.append(
-            policy.Running(
-                id=str(a.pk),
-                node_id=str(a.node_id),
-                devices=tuple(a.devices),
-                preemptible=a.preemptible,
-                started_at=a.started_at.timestamp(),
-                job_id=str(a.job_id),
-                team=str(a.job.team_id),
-                expected_end=max(end, now.timestamp()),
-                preempting=a.preempt_requested_at is not None,
-                last_preempted_at=stamp(a.job.last_preempted_at),
-            )
-        )
-    return running
-
-
-def preempt(allocation_id, why):
-    """Ask the runner holding a preemptible allocation to give it back: the job is told to
-    stop (SIGTERM, the SDK's should_stop()), gets the grace period to checkpoint, and goes back
-    to the queue. False if it is not preemptible, already ended or already asked."""
-    now = timezone.now()
-    gang = Allocation.objects.filter(pk=allocation_id).values_list("gang", flat=True).first()
-    members = Allocation.objects.filter(gang=gang) if gang else Allocation.objects.filter(pk=allocation_id)  # a gang goes as one
-    asked = members.filter(preemptible=True, ended_at__isnull=True, preempt_requested_at__isnull=True).update(preempt_requested_at=now)
-    if asked:
-        job = Job.objects.get(allocations__pk=allocation_id)
-        Job.objects.filter(pk=job.pk).update(last_preempted_at=now)
-        job.record("notice", data={"text": f"preempted: {why}; it goes back to the queue and resumes from its latest checkpoint"})
-    return bool(asked)
-
-
 def schedule(now=None):
     """One scheduling cycle: place what the policy chose, preempt what must make room, flag
     deadlines that can no longer be met, and tell the rest why they wait."""
@@ -394,93 +296,3 @@ def flag_missed_deadlines(job_ids, now):
                 "notice",
                 data={"text": f"its deadline ({job.deadline:%Y-%m-%d %H:%M} UTC) can no longer be met; it stays queued and runs as soon as it can"},
             )
-
-
-def predictions(queue, now, extra=()):
-    """{job id: (start, finish) as datetimes} from a simulation of the queue and the running
-    allocations (no new arrivals, expected durations)."""
-    nodes = node_states(now)
-    result = policy.predict(
-        [*queue, *extra],
-        nodes,
-        running_allocations(nodes, now),
-        now.timestamp(),
-        usage=team_usage(now),
-        shares=team_shares(),
-        policy=settings.E31_SCHEDULER_POLICY,
-    )
-    return {job_id: (moment(start), moment(finish)) for job_id, (start, finish) in result.items()}
-
-
-def moment(seconds):
-    """The policy's float seconds as a datetime; None for never (a prediction of infinity)."""
-    return datetime.fromtimestamp(seconds, UTC) if seconds is not None and seconds < 4e9 else None
-
-
-def update_predictions(now=None):
-    """Store each queued job's predicted start and finish, for its page and the API (none for
-    a job over its team's budget)."""
-    now = now or timezone.now()
-    queue = queued_jobs(now, staged=False)
-    # A job its team's budget holds back has no start to predict (the scheduler leaves it out too).
-    held_back = budget_holds([(q.id, None) for q in queue], now, cumulative=False)
-    predicted = predictions([q for q in queue if q.id not in held_back], now)
-    changed = []
-    for job in Job.objects.filter(state=states.QUEUED).only("pk", "predicted_start", "predicted_finish"):
-        start, finish = predicted.get(str(job.pk), (None, None))
-        if (job.predicted_start, job.predicted_finish) != (start, finish):
-            job.predicted_start, job.predicted_finish = start, finish
-            changed.append(job)
-    Job.objects.bulk_update(changed, ["predicted_start", "predicted_finish"], batch_size=500)
-    notify_deadlines_at_risk(predicted, now)
-    return len(changed)
-
-
-def notify_deadlines_at_risk(predicted, now):
-    """Tell the team, once per job, when a queued job is predicted to finish after its deadline."""
-    at_risk = {}
-    for job_id, deadline in Job.objects.filter(state=states.QUEUED, deadline__isnull=False).values_list("pk", "deadline"):
-        finish = predicted.get(str(job_id), (None, None))[1]
-        if notify_policy.deadline_at_risk(finish, deadline):
-            at_risk[notify_policy.deadline_key(job_id)] = (job_id, finish)
-    told = set(Notification.objects.filter(key__in=list(at_risk)).values_list("key", flat=True))
-    for key, (job_id, finish) in at_risk.items():
-        if key in told:
-            continue
-        job = Job.objects.select_related("team").get(pk=job_id)
-        notify.emit(
-            notify_policy.DEADLINE_AT_RISK,
-            team=job.team,
-            job=job,
-            once=key,
-            at=now,
-            data={"deadline": job.deadline, "predicted_finish": finish},
-        )
-
-
-def predict_request(team, request, *, gpu_type="", not_before=None, deadline=None, preemptible=False, rate=None, now=None):
-    """When a request as filled in on the form would start and finish, behind the queue as it
-    is now: (start, finish) as datetimes, or (None, None) when no node could run it."""
-    now = now or timezone.now()
-    wanted = policy.QueuedJob(
-        id="(this request)",
-        gpus=request.gpus,
-        submitted_at=now.timestamp(),
-        gpu_type=gpu_type,
-        not_before=stamp(not_before),
-        deadline=stamp(deadline),
-        expected_seconds=expected_seconds(request, rate),
-        team=str(team.pk),
-        preemptible=preemptible,
-    )
-    return predictions(queued_jobs(now, staged=False), now, extra=[wanted]).get(wanted.id, (None, None))
-
-
-class NodesCompute:
-    """The runners' nodes as the job pages see them (jobs.compute)."""
-
-    def device_types(self):
-        return set(Node.objects.values_list("device_type", flat=True))
-
-    def predict(self, team, request, **options):
-        return predict_request(team, request, **options)

@@ -185,7 +185,7 @@ def schedule_now(now=None):
 def make_runner(db, settings, tmp_path):
     """Runners in this process, registered, each with folders of its own (named after it), and
     stopped when the test ends. A second runner of a name reuses its folders (a restart)."""
-    from scheduler.runner import Runner
+    from agent.runner import Runner
 
     settings.E31_STOP_GRACE_SECONDS = 1.0
     runners = []

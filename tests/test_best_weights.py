@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler.checkpoints import at_or_before, to_prune
-from scheduler.stopping import Watch, best_report, returned_message, unmatched_message
+from agent.checkpoints import at_or_before, to_prune
+from agent.stopping import Watch, best_report, returned_message, unmatched_message
 
 
 def checkpoint(step, name=None, minute=0):
@@ -377,9 +377,9 @@ def test_a_restart_puts_back_the_checkpoint_holding_the_best_step_beside_the_lat
     newest, the one resumed from."""
     import io
 
+    from agent.checkpoints import restore
     from core.storage import get_storage
     from jobs.models import Checkpoint
-    from scheduler.checkpoints import restore
     from tests.conftest import make_job
 
     job = make_job(alice)
@@ -471,7 +471,7 @@ def check_best_returned(job, merged=lambda state: state):
     (those of the checkpoint taken at it; merged: as the recipe writes a checkpoint's state),
     kept its last ones (those of the checkpoint it took when told to stop) under last/, and named
     them in its log and metrics.json as a script's are. Returns metrics.json."""
-    from scheduler.runner import metric_watch
+    from agent.runner import metric_watch
 
     assert job.state == "succeeded", job.reason
     assert job.reason.startswith("stopped early: val_loss has not improved for 3 evaluations"), job.reason

@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing import budgets
 from billing.models import Credit, UsageRecord
 from jobs.models import Job
-from scheduler import services
+from scheduler import allocations, predictions
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
 
@@ -125,9 +125,8 @@ def test_a_team_budget_holds_a_job_back(alice, team_a, rate, node):
     assert job.state == "queued"
     assert job.wait_reason == ("held back: its worst case of USD 12.00 would take this month's spend to USD 105.00, past the team's budget of USD 100.00")
     # Held back, it has no start to predict.
-    from scheduler import services
 
-    services.update_predictions()
+    predictions.update_predictions()
     job.refresh_from_db()
     assert job.predicted_start is None and job.predicted_finish is None
     # Another team, without a budget, is not held back by team A's.
@@ -163,7 +162,7 @@ def test_a_requeued_job_counts_what_is_left_of_it(alice, team_a, rate, node):
     Allocation.objects.filter(pk=allocation.pk).update(started_at=timezone.now() - timedelta(hours=1))
     allocation.refresh_from_db()
     # Back to the queue after an hour, billed (no credit): 2.40 spent, an hour (2.40) left of its span.
-    services.end_allocation(allocation, timezone.now(), Allocation.EXITED, "queued", "requeued")
+    allocations.end_allocation(allocation, timezone.now(), Allocation.EXITED, "queued", "requeued")
     job.refresh_from_db()
     assert job.state == "queued" and job.usage.get().amount == D("2.40")
     set_budget(team_a, "4.79")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from agent.runner import Runner
 from billing.models import Rate, UsageRecord
 from jobs.models import Checkpoint, Job
-from scheduler import services
+from scheduler import allocations
 from scheduler.models import Node
-from scheduler.runner import Runner
 from tests.conftest import make_job
 from tests.test_runner import log_lines, run_job, run_until
 
@@ -38,7 +38,7 @@ def lose_node(settings):
     """The node goes silent now: the scheduler declares it lost once the timeout has passed."""
     last_heard = timezone.now()
     Node.objects.update(last_heartbeat=last_heard)
-    assert services.expire_lost_nodes(now=last_heard + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1)) == 1
+    assert allocations.expire_lost_nodes(now=last_heard + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1)) == 1
 
 
 # Writes a checkpoint file every 0.4 s the way a script without the SDK would (temporary name,
@@ -284,7 +284,7 @@ def test_a_job_whose_runner_dies_is_killed_with_it(tmp_path):
     folder.mkdir()
     runner_code = (
         "import json, os, subprocess, sys, time\n"
-        "from scheduler.isolation import View, args_file, sandbox_args, shim_command, system_folders\n"
+        "from agent.isolation import View, args_file, sandbox_args, shim_command, system_folders\n"
         f"view = View(root={str(folder)!r}, cwd={str(folder)!r}, system=system_folders(), runtime=(sys.base_prefix, sys.prefix))\n"
         "fd = args_file(sandbox_args(view))\n"
         f"spec = {{'cwd': {str(folder)!r}, 'bwrap': {shutil.which('bwrap')!r}, 'args_fd': fd}}\n"

@@ -14,12 +14,12 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from accounts.models import AuditEvent
+from agent.staging import StagingError, team_bucket_client
 from core import endpoints
 from core.secrets_box import unseal
 from core.storage import blob_key, get_storage
 from jobs import datasets, lineage
 from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job
-from scheduler.staging import StagingError, team_bucket_client
 from tests.conftest import make_job
 from tests.test_datasets import Api as DatasetsApi
 from tests.test_datasets import payload, sha

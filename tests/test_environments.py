@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.environments import Entry, base_pins, environment_key, evictions, torch_problem
+from agent.environments import Entry, base_pins, environment_key, evictions, torch_problem
 
 ROOT = os.geteuid() == 0
 
@@ -154,8 +154,8 @@ def test_a_requirement_that_cannot_be_met_fails_the_job_before_compute_is_held_b
 
 @pytest.mark.django_db
 def test_the_scheduler_lines_a_job_up_where_its_environment_already_is(alice, rate):
+    from jobs.packages import packages_digest
     from scheduler import services
-    from scheduler.environments import packages_digest
     from scheduler.models import CachedBlob, Node
     from tests.conftest import make_job
 
@@ -170,7 +170,7 @@ def test_the_scheduler_lines_a_job_up_where_its_environment_already_is(alice, ra
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")
 def test_a_node_tells_the_scheduler_which_environments_it_holds_even_after_a_restart(node, make_runner, alice, rate):
-    from scheduler.environments import packages_digest
+    from jobs.packages import packages_digest
     from scheduler.models import CachedBlob
     from tests.conftest import make_job
 
@@ -193,7 +193,7 @@ def test_building_never_runs_a_package_s_code_as_the_runner(tmp_path):
 
     from uv import find_uv_bin
 
-    from scheduler.environments import EnvironmentCache
+    from agent.environments import EnvironmentCache
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -220,7 +220,7 @@ def local_cache(tmp_path, wheels, **options):
 
     from uv import find_uv_bin
 
-    from scheduler.environments import EnvironmentCache
+    from agent.environments import EnvironmentCache
 
     return EnvironmentCache(
         tmp_path / "envs",
@@ -235,7 +235,8 @@ def local_cache(tmp_path, wheels, **options):
 
 @pytest.mark.nodb
 def test_requests_that_resolve_the_same_share_one_environment_keyed_by_what_was_resolved(tmp_path):
-    from scheduler.environments import environment_key, packages_digest
+    from agent.environments import environment_key
+    from jobs.packages import packages_digest
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -319,7 +320,7 @@ def make_sdist(folder, secret):
 def test_a_source_build_runs_only_where_allowed_and_then_in_a_sandbox_as_a_uid_of_the_pool(make_runner, settings, tmp_path):
     import subprocess
 
-    from scheduler.environments import BuildError
+    from agent.environments import BuildError
 
     wheels = tmp_path / "sdists"
     wheels.mkdir()
@@ -352,7 +353,7 @@ def test_a_source_build_runs_only_where_allowed_and_then_in_a_sandbox_as_a_uid_o
 @pytest.mark.nodb
 @pytest.mark.skipif(not ROOT, reason="needs root")
 def test_taking_a_folder_back_from_an_untrusted_uid_removes_links_to_files_not_its_own(tmp_path):
-    from scheduler.isolation import take_back
+    from agent.isolation import take_back
 
     folder = tmp_path / "work"
     (folder / "sub").mkdir(parents=True)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from billing.models import UsageRecord
 from jobs.models import Job
-from scheduler import services
+from scheduler import predictions
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
 
@@ -86,7 +86,7 @@ def test_queued_jobs_get_a_predicted_start_and_finish(alice, rate, node):
     schedule_now()
     waiting = make_job(alice, name="waiting", span_hours=Decimal("2"))
     schedule_now()
-    assert services.update_predictions() >= 1
+    assert predictions.update_predictions() >= 1
     waiting.refresh_from_db()
     started = running.allocations.get().started_at
     assert abs((waiting.predicted_start - (started + timedelta(hours=1))).total_seconds()) < 5
@@ -133,7 +133,7 @@ def test_the_job_list_shows_the_prediction_and_a_missed_deadline(client, alice, 
     schedule_now()
     waiting = make_job(alice, name="waiting", span_hours=Decimal("2"), deadline=timezone.now() + timedelta(minutes=90))
     schedule_now()
-    services.update_predictions()
+    predictions.update_predictions()
     waiting.refresh_from_db()
     client.force_login(alice)
     page = client.get(reverse("jobs:list")).content.decode()

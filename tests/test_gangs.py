@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from scheduler import allocations as ending
 from scheduler import services
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
@@ -88,7 +89,7 @@ def test_a_gang_is_held_whole_at_one_moment(alice, rate, nodes):
     assert job.held(later)[0] == 200
     # Preempting one part asks the whole gang to give its devices back.
     Allocation.objects.update(preemptible=True)
-    assert services.preempt(allocations[1].pk, "test")
+    assert ending.preempt(allocations[1].pk, "test")
     assert Allocation.objects.filter(job=job, preempt_requested_at__isnull=False).count() == 2
 
 
@@ -96,7 +97,7 @@ def test_a_requeued_gang_waits_until_every_part_is_released(alice, rate, nodes):
     job = make_job(alice, name="wide", gpus=2)
     schedule_now()
     first, second = job.allocations.order_by("node_rank")
-    services.end_allocation(first, timezone.now(), Allocation.EXITED, "queued", "requeued: a rank failed")
+    ending.end_allocation(first, timezone.now(), Allocation.EXITED, "queued", "requeued: a rank failed")
     job.refresh_from_db()
     assert job.state == "queued"
     assert str(job.pk) not in {q.id for q in services.queued_jobs(staged=False)}  # node 2 still holds its part

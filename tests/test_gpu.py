@@ -59,7 +59,7 @@ def run(runner, job, timeout=240):
 
 
 def test_a_gpu_job_sees_its_own_device_only_and_every_precision_runs(alice, rate, team_a, tmp_path, settings):
-    from scheduler.runner import Runner, detect_device_type
+    from agent.runner import Runner, detect_device_type
 
     settings.E31_STOP_GRACE_SECONDS = 1.0
     count = torch.cuda.device_count()

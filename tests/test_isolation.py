@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.isolation import (
+from agent.isolation import (
     Limits,
     View,
     cpu_quota,
@@ -229,7 +229,7 @@ def test_on_cgroup_v2_an_allocation_gets_memory_swap_processes_and_cpu_limits_in
     """This machine has cgroup v1, so the v2 writes are checked against a tree laid out as the
     kernel lays out a v2 hierarchy: the node's folder under e31/, controllers enabled on the way
     down, one folder per allocation with memory.max, no swap, pids.max and cpu.max = the slots."""
-    from scheduler import isolation
+    from agent import isolation
 
     monkeypatch.setattr(isolation, "CGROUP_ROOT", tmp_path)
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
@@ -463,8 +463,8 @@ time.sleep(60)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("as_root", [True, False], ids=["root", "not-root"])
 def test_a_daemon_the_job_left_does_not_survive_it(db, alice, rate, settings, tmp_path, monkeypatch, as_root):
-    from scheduler import isolation
-    from scheduler.runner import Runner
+    from agent import isolation
+    from agent.runner import Runner
     from tests.conftest import make_job
 
     if as_root and not ROOT:
@@ -654,14 +654,14 @@ def test_a_uid_claimed_by_one_runner_is_not_given_out_by_another(tmp_path):
     import subprocess
     import sys
 
-    from scheduler.isolation import UidClaims
+    from agent.isolation import UidClaims
 
     folder = tmp_path / "uids"
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys; from scheduler.isolation import UidClaims; c = UidClaims(sys.argv[1]); print(c.claim(200005), flush=True); sys.stdin.read()",
+            "import sys; from agent.isolation import UidClaims; c = UidClaims(sys.argv[1]); print(c.claim(200005), flush=True); sys.stdin.read()",
             str(folder),
         ],
         stdin=subprocess.PIPE,
@@ -690,7 +690,7 @@ def test_two_systems_on_one_machine_never_touch_each_other_s_jobs(live, tmp_path
     the first one's running job (cgroups were keyed by the runner's display name, which both
     share). Now they are keyed by the node's unique id, and a runner kills only leftovers of
     allocations its own database says were its node's."""
-    from scheduler.runner import Runner
+    from agent.runner import Runner
 
     sleeper = tmp_path / "sleep.py"
     sleeper.write_text("import os, time\nprint('up', flush=True)\ntime.sleep(8)\nopen(os.path.join(os.environ['E31_OUTPUT_DIR'], 'done'), 'w').write('ok')\n")

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
+from agent import jobfiles
 from core.storage import get_storage
-from scheduler import jobfiles
 
 ROOT = os.geteuid() == 0
 
@@ -118,7 +118,7 @@ def test_an_output_folder_swapped_for_a_link_after_the_look_keeps_no_root_only_f
     """The job's last act lands between the runner's look at its output folder and its read:
     output/data becomes a link to a folder only root may read, holding a file of the name the
     runner already listed. The swap is made by the test at that moment, so it happens every run."""
-    from scheduler import running as running_module
+    from agent import running as running_module
     from tests.conftest import make_job
 
     secret = secret_folder(tmp_path, "root-only", {"secret.txt": b"ROOT-ONLY-SECRET"})
@@ -165,7 +165,7 @@ def test_a_checkpoint_folder_swapped_for_a_link_uploads_and_returns_nothing_outs
     by=race: the swap lands after the runner looked at the folder and before it read the
     checkpoint to return (made by the test at that moment); the other job's folder holds a file
     of the same name."""
-    from scheduler import checkpoints
+    from agent import checkpoints
     from tests.conftest import make_job
 
     other = secret_folder(tmp_path, "other-job/checkpoints", {"ckpt-1.bin": b"VICTIM-WEIGHTS", "ckpt-9.bin": b"VICTIM-WEIGHTS-9"})
@@ -399,7 +399,7 @@ def test_the_cache_check_after_a_job_sees_a_link_put_in_a_file_s_place(tmp_path)
     file it made with the same size, time and mode: the check must not look through the link."""
     import hashlib
 
-    from scheduler.cache import BlobCache
+    from agent.cache import BlobCache
 
     cache = BlobCache(tmp_path / "cache", 10**9, direct_io=False)
     content = b"staged bytes"

@@ -9,13 +9,13 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from agent.runner import Runner
 from billing import budget_service, invoice_service, meter, statements
 from billing.models import Credit, Invoice, LedgerImmutable, Rate, UsageRecord, billing_month, open_month
 from jobs.models import Checkpoint
 from scheduler import holds, services
 from scheduler.models import Allocation, Node
 from scheduler.policy import Placement
-from scheduler.runner import Runner
 from tests.conftest import make_job, schedule_now
 
 D = Decimal

@@ -11,8 +11,8 @@ from django.urls import reverse
 
 from core.storage import get_storage
 from jobs import datasets, evaluation, lineage
+from jobs.manifest import job_manifest
 from jobs.models import Job, JobModel, Upload
-from scheduler.staging import job_manifest
 from tests.conftest import make_job, upload
 from tests.test_staging import run
 

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from agent.logcap import MARKER_STREAM, LogBudget, line_bytes, size_text
 from jobs.logs import stored_bytes
 from jobs.models import JobEvent
-from scheduler.logcap import MARKER_STREAM, LogBudget, line_bytes, size_text
 from tests.conftest import make_job
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)

@@ -9,9 +9,9 @@ import json
 import pytest
 from django.urls import reverse
 
-from jobs import datasets, launch, spec
+from jobs import datasets, launch, spec_text
+from jobs.manifest import job_manifest
 from jobs.models import Job, JobInput, Upload
-from scheduler.staging import job_manifest
 from tests.conftest import add_dataset, upload
 from tests.test_staging import run
 
@@ -42,11 +42,11 @@ def test_two_names_that_would_be_one_variable_are_refused():
 
 @pytest.mark.nodb
 def test_inputs_are_a_mapping_of_names_to_datasets():
-    assert spec.parse_inputs("training: digits\ntesting: {dataset: digits@2}") == {"training": "digits", "testing": "digits@2"}
-    with pytest.raises(spec.SpecError, match="input testing: name the dataset"):
-        spec.parse_inputs({"testing": 3})
-    with pytest.raises(spec.SpecError, match="must be a mapping"):
-        spec.parse_inputs("- a\n- b\n")
+    assert spec_text.parse_inputs("training: digits\ntesting: {dataset: digits@2}") == {"training": "digits", "testing": "digits@2"}
+    with pytest.raises(spec_text.SpecError, match="input testing: name the dataset"):
+        spec_text.parse_inputs({"testing": 3})
+    with pytest.raises(spec_text.SpecError, match="must be a mapping"):
+        spec_text.parse_inputs("- a\n- b\n")
 
 
 @pytest.mark.nodb

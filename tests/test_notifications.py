@@ -27,7 +27,7 @@ from notifications import events, policy, signing
 from notifications.delivery import Worker, start_thread
 from notifications.mailconfig import email_settings
 from notifications.models import Delivery, EmailPreference, Notification, Webhook
-from scheduler import services
+from scheduler import allocations, predictions
 from scheduler.models import Allocation, Node
 from tests.conftest import PASSWORD, make_job, schedule_now
 
@@ -229,7 +229,7 @@ def test_a_finished_job_emails_the_members_who_want_it(alice, bob, rate, node, s
     job.refresh_from_db()
     job.mark_running()
     end = allocation.started_at + timedelta(minutes=90)
-    services.end_allocation(allocation, end, Allocation.EXITED, states.SUCCEEDED, "exited with code 0", exit_code=0)
+    allocations.end_allocation(allocation, end, Allocation.EXITED, states.SUCCEEDED, "exited with code 0", exit_code=0)
     assert Worker().drain() == 1
     [message] = mail.outbox
     assert message.to == ["alice@example.com"]
@@ -415,8 +415,8 @@ def test_a_deadline_at_risk_is_told_once(alice, rate, node):
     deadline = timezone.now() + timedelta(minutes=10)
     job = make_job(alice, name="late", span_hours=D("1"), deadline=deadline)  # an hour of work, due in 10 minutes
     on_time = make_job(alice, name="on-time", span_hours=D("1"), deadline=timezone.now() + timedelta(days=1))
-    services.update_predictions()
-    services.update_predictions()
+    predictions.update_predictions()
+    predictions.update_predictions()
     [notification] = Notification.objects.filter(kind="job.deadline_at_risk")
     assert notification.job_id == job.pk and notification.payload["data"]["predicted_finish"] > notification.payload["data"]["deadline"]
     assert not Notification.objects.filter(job=on_time).exists()

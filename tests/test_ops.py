@@ -1,4 +1,4 @@
-"""The operator's view: the pure arithmetic of scheduler.pool on plain data (nodb), the staff-only
+"""The operator's view: the pure arithmetic of scheduler.ops.figures on plain data (nodb), the staff-only
 page at /ops/ and the Prometheus metrics at /metrics on real rows."""
 
 from datetime import UTC, date, datetime, timedelta
@@ -13,8 +13,8 @@ from billing import meter
 from billing.models import Credit, UsageRecord
 from jobs import states
 from jobs.models import Job
-from scheduler import pool, prom
 from scheduler.models import Allocation, Node
+from scheduler.ops import figures, prom
 from tests.conftest import make_job, make_user
 
 UTC = UTC
@@ -28,34 +28,34 @@ nodb = pytest.mark.nodb
 
 @nodb
 def test_utilization_is_devices_held_over_devices_offered_per_bucket():
-    offered = [pool.Held(T0 - HOUR, None, 4)]
-    held = [pool.Held(T0, T0 + 30 * timedelta(minutes=1), 2), pool.Held(T0 + HOUR, None, 4)]
-    buckets = pool.utilization(held, offered, T0, T0 + 3 * HOUR, 3600, now=T0 + 3 * HOUR)
+    offered = [figures.Held(T0 - HOUR, None, 4)]
+    held = [figures.Held(T0, T0 + 30 * timedelta(minutes=1), 2), figures.Held(T0 + HOUR, None, 4)]
+    buckets = figures.utilization(held, offered, T0, T0 + 3 * HOUR, 3600, now=T0 + 3 * HOUR)
     assert [b.utilization for b in buckets] == [0.25, 1.0, 1.0]
     assert buckets[0].held == 2 * 1800 and buckets[0].capacity == 4 * 3600
 
 
 @nodb
 def test_the_bucket_in_progress_counts_only_up_to_now_and_no_devices_is_none():
-    offered = [pool.Held(T0 + HOUR, None, 2)]
-    held = [pool.Held(T0 + HOUR, None, 1)]
-    buckets = pool.utilization(held, offered, T0, T0 + 3 * HOUR, 3600, now=T0 + HOUR + timedelta(minutes=15))
+    offered = [figures.Held(T0 + HOUR, None, 2)]
+    held = [figures.Held(T0 + HOUR, None, 1)]
+    buckets = figures.utilization(held, offered, T0, T0 + 3 * HOUR, 3600, now=T0 + HOUR + timedelta(minutes=15))
     assert buckets[0].utilization is None  # no node yet
     assert buckets[1].held == 900 and buckets[1].capacity == 1800 and buckets[1].utilization == 0.5
     assert buckets[2].capacity == 0 and buckets[2].utilization is None
-    assert pool.mean_utilization(buckets) == 0.5
+    assert figures.mean_utilization(buckets) == 0.5
 
 
 @nodb
 def test_the_window_ends_with_the_bucket_now_falls_in():
-    start, end = pool.window(T0 + timedelta(hours=7, minutes=10), 24 * 3600, 6 * 3600)
+    start, end = figures.window(T0 + timedelta(hours=7, minutes=10), 24 * 3600, 6 * 3600)
     assert end == T0 + 12 * HOUR and start == T0 - 12 * HOUR
 
 
 @nodb
 def test_bars_are_as_tall_as_the_utilization():
-    buckets = [pool.Bucket(T0, T0 + HOUR, 0, 0), pool.Bucket(T0 + HOUR, T0 + 2 * HOUR, 1800, 3600)]
-    first, second = pool.bars(buckets, 200, 100, label_seconds=2 * 3600)
+    buckets = [figures.Bucket(T0, T0 + HOUR, 0, 0), figures.Bucket(T0 + HOUR, T0 + 2 * HOUR, 1800, 3600)]
+    first, second = figures.bars(buckets, 200, 100, label_seconds=2 * 3600)
     assert (first.height, second.height, second.y, second.x) == (0, 50, 50, 100)
     assert first.label == "00:00" and second.label == ""
     assert "50%" in second.title and "no devices" in first.title
@@ -66,37 +66,37 @@ def test_bars_are_as_tall_as_the_utilization():
 
 @nodb
 def test_usage_across_midnight_is_shared_between_the_days_by_time():
-    usage = [pool.Usage(T0 - 2 * HOUR, T0 + 6 * HOUR, 2, Decimal("16.00"))]  # 2 h before midnight, 6 h after
+    usage = [figures.Usage(T0 - 2 * HOUR, T0 + 6 * HOUR, 2, Decimal("16.00"))]  # 2 h before midnight, 6 h after
     credits = [(T0 + 7 * HOUR, Decimal("1.50"))]
-    before, after = pool.daily(usage, credits, [T0.date() - timedelta(days=1), T0.date()])
+    before, after = figures.daily(usage, credits, [T0.date() - timedelta(days=1), T0.date()])
     assert before.device_hours == 4 and before.amount == Decimal("4.00") and before.credits == 0
     assert after.device_hours == 12 and after.amount == Decimal("12.00") and after.billed == Decimal("10.50")
 
 
 @nodb
 def test_days_outside_the_window_are_left_out_and_empty_days_are_zero():
-    usage = [pool.Usage(T0 - timedelta(days=5), T0 - timedelta(days=5) + HOUR, 1, Decimal("2.40")), pool.Usage(T0, T0, 1, Decimal(0))]
-    days = pool.days_back(T0.date(), 3)
+    usage = [figures.Usage(T0 - timedelta(days=5), T0 - timedelta(days=5) + HOUR, 1, Decimal("2.40")), figures.Usage(T0, T0, 1, Decimal(0))]
+    days = figures.days_back(T0.date(), 3)
     assert days == [date(2026, 11, 30), date(2026, 12, 1), date(2026, 12, 2)]
-    totals = pool.daily(usage, [], days)
+    totals = figures.daily(usage, [], days)
     assert [d.device_seconds for d in totals] == [0, 0, 0] and sum(d.amount for d in totals) == 0
 
 
 # Stuck jobs ----------------------------------------------------------------------------------------
 
-LIMITS = pool.Thresholds(starting_seconds=600, queued_seconds=1800, running_seconds=3600, overrun_seconds=300)
+LIMITS = figures.Thresholds(starting_seconds=600, queued_seconds=1800, running_seconds=3600, overrun_seconds=300)
 NOW = T0 + 10 * HOUR
 
 
 def job_state(state, **fields):
-    return pool.JobState(id=state, name="j", team="A", state=state, **fields)
+    return figures.JobState(id=state, name="j", team="A", state=state, **fields)
 
 
 @nodb
 def test_a_job_starting_too_long_is_stuck_and_one_just_started_is_not():
     slow = job_state("starting", since=NOW - timedelta(minutes=25))
-    fresh = pool.JobState(id="fresh", name="j", team="A", state="starting", since=NOW - timedelta(minutes=5))
-    [found] = pool.stuck_jobs([slow, fresh], NOW, LIMITS)
+    fresh = figures.JobState(id="fresh", name="j", team="A", state="starting", since=NOW - timedelta(minutes=5))
+    [found] = figures.stuck_jobs([slow, fresh], NOW, LIMITS)
     assert found.job is slow and found.over_seconds == 15 * 60
     assert found.why == "starting for 25m (expected within 10m)"
 
@@ -104,19 +104,19 @@ def test_a_job_starting_too_long_is_stuck_and_one_just_started_is_not():
 @nodb
 def test_a_queued_job_well_past_its_predicted_start_is_stuck():
     late = job_state("queued", predicted_start=NOW - 2 * HOUR)
-    on_time = pool.JobState(id="b", name="j", team="A", state="queued", predicted_start=NOW - timedelta(minutes=10))
-    unpredicted = pool.JobState(id="c", name="j", team="A", state="queued")
-    [found] = pool.stuck_jobs([late, on_time, unpredicted], NOW, LIMITS)
+    on_time = figures.JobState(id="b", name="j", team="A", state="queued", predicted_start=NOW - timedelta(minutes=10))
+    unpredicted = figures.JobState(id="c", name="j", team="A", state="queued")
+    [found] = figures.stuck_jobs([late, on_time, unpredicted], NOW, LIMITS)
     assert found.job is late and found.why == "still queued 2h 00m after its predicted start"
 
 
 @nodb
 def test_a_running_job_past_its_span_or_well_past_its_predicted_finish_is_stuck():
-    over_span = pool.JobState(id="a", name="j", team="A", state="running", since=NOW - 3 * HOUR, held_until=NOW - HOUR)
-    over_finish = pool.JobState(id="b", name="j", team="A", state="running", since=NOW - 5 * HOUR, predicted_finish=NOW - 90 * timedelta(minutes=1))
-    fine = pool.JobState(id="c", name="j", team="A", state="running", since=NOW - 5 * HOUR, predicted_finish=NOW - HOUR / 2, held_until=NOW + HOUR)
-    orphan = pool.JobState(id="d", name="j", team="A", state="running", holding=False)
-    found = pool.stuck_jobs([fine, over_finish, over_span, orphan], NOW, LIMITS)
+    over_span = figures.JobState(id="a", name="j", team="A", state="running", since=NOW - 3 * HOUR, held_until=NOW - HOUR)
+    over_finish = figures.JobState(id="b", name="j", team="A", state="running", since=NOW - 5 * HOUR, predicted_finish=NOW - 90 * timedelta(minutes=1))
+    fine = figures.JobState(id="c", name="j", team="A", state="running", since=NOW - 5 * HOUR, predicted_finish=NOW - HOUR / 2, held_until=NOW + HOUR)
+    orphan = figures.JobState(id="d", name="j", team="A", state="running", holding=False)
+    found = figures.stuck_jobs([fine, over_finish, over_span, orphan], NOW, LIMITS)
     assert [s.job.id for s in found] == ["d", "a", "b"]
     assert found[0].why == "running but holds no compute"
     assert found[1].why == "holds compute 1h 00m past the end of its span or ceiling"
@@ -125,8 +125,8 @@ def test_a_running_job_past_its_span_or_well_past_its_predicted_finish_is_stuck(
 
 @nodb
 def test_finished_jobs_are_never_stuck():
-    done = pool.JobState(id="a", name="j", team="A", state="succeeded", since=NOW - 99 * HOUR, predicted_start=NOW - 99 * HOUR)
-    assert pool.stuck_jobs([done], NOW, LIMITS) == []
+    done = figures.JobState(id="a", name="j", team="A", state="succeeded", since=NOW - 99 * HOUR, predicted_start=NOW - 99 * HOUR)
+    assert figures.stuck_jobs([done], NOW, LIMITS) == []
 
 
 # The queue by team, nodes ----------------------------------------------------------------------------
@@ -134,26 +134,26 @@ def test_finished_jobs_are_never_stuck():
 
 @nodb
 def test_the_queue_is_grouped_by_team_with_predicted_starts_first():
-    a1 = pool.Queued("a1", "a1", "A", 2, T0 + HOUR, predicted_start=None)
-    a2 = pool.Queued("a2", "a2", "A", 1, T0 + 2 * HOUR, predicted_start=T0 + 5 * HOUR)
-    b1 = pool.Queued("b1", "b1", "B", 4, T0, predicted_start=T0 + 3 * HOUR)
-    groups = pool.queue_by_team([a1, a2, b1])
+    a1 = figures.Queued("a1", "a1", "A", 2, T0 + HOUR, predicted_start=None)
+    a2 = figures.Queued("a2", "a2", "A", 1, T0 + 2 * HOUR, predicted_start=T0 + 5 * HOUR)
+    b1 = figures.Queued("b1", "b1", "B", 4, T0, predicted_start=T0 + 3 * HOUR)
+    groups = figures.queue_by_team([a1, a2, b1])
     assert [g.team for g in groups] == ["B", "A"]  # B has waited longest
     assert [j.id for j in groups[1].jobs] == ["a2", "a1"]
     assert groups[1].gpus == 3 and groups[1].next_start == T0 + 5 * HOUR and groups[1].oldest == T0 + HOUR
-    assert pool.oldest_wait_seconds([a1, a2, b1], T0 + 2 * HOUR) == 7200
-    assert pool.oldest_wait_seconds([], T0) == 0
+    assert figures.oldest_wait_seconds([a1, a2, b1], T0 + 2 * HOUR) == 7200
+    assert figures.oldest_wait_seconds([], T0) == 0
 
 
 @nodb
 def test_a_node_is_up_silent_lost_or_stopped():
     beat = NOW - timedelta(seconds=10)
-    assert pool.NodeRow("n", "cpu", 4, 1, beat).status(NOW, 30) == pool.UP
-    assert pool.NodeRow("n", "cpu", 4, 1, NOW - HOUR).status(NOW, 30) == pool.SILENT
-    assert pool.NodeRow("n", "cpu", 4, 1, beat, lost_at=beat).status(NOW, 30) == pool.LOST
-    assert pool.NodeRow("n", "cpu", 4, 0, beat, stopped_at=beat).status(NOW, 30) == pool.STOPPED
-    nodes = [pool.NodeRow("a", "cpu", 4, 3, beat), pool.NodeRow("b", "cpu", 8, 2, beat, lost_at=beat)]
-    assert pool.pool_totals(nodes, NOW, 30) == (4, 3)
+    assert figures.NodeRow("n", "cpu", 4, 1, beat).status(NOW, 30) == figures.UP
+    assert figures.NodeRow("n", "cpu", 4, 1, NOW - HOUR).status(NOW, 30) == figures.SILENT
+    assert figures.NodeRow("n", "cpu", 4, 1, beat, lost_at=beat).status(NOW, 30) == figures.LOST
+    assert figures.NodeRow("n", "cpu", 4, 0, beat, stopped_at=beat).status(NOW, 30) == figures.STOPPED
+    nodes = [figures.NodeRow("a", "cpu", 4, 3, beat), figures.NodeRow("b", "cpu", 8, 2, beat, lost_at=beat)]
+    assert figures.pool_totals(nodes, NOW, 30) == (4, 3)
     assert nodes[0].free == 1
 
 
@@ -165,13 +165,13 @@ def values(text):
 @nodb
 def test_the_metrics_of_a_snapshot_parse_as_prometheus_text():
     beat = NOW - timedelta(seconds=5)
-    snapshot = pool.Snapshot(
+    snapshot = figures.Snapshot(
         now=NOW,
         node_timeout_seconds=30,
-        nodes=[pool.NodeRow('gpu "1"', "NVIDIA H100", 8, 6, beat), pool.NodeRow("old", "cpu", 2, 0, beat, lost_at=beat)],
+        nodes=[figures.NodeRow('gpu "1"', "NVIDIA H100", 8, 6, beat), figures.NodeRow("old", "cpu", 2, 0, beat, lost_at=beat)],
         job_counts={"queued": 2, "running": 1},
-        queued=[pool.Queued("q", "q", "A", 2, NOW - HOUR)],
-        stuck=[pool.Stuck(pool.JobState("s", "s", "A", "starting"), 60, "slow")],
+        queued=[figures.Queued("q", "q", "A", 2, NOW - HOUR)],
+        stuck=[figures.Stuck(figures.JobState("s", "s", "A", "starting"), 60, "slow")],
         held_device_seconds={"NVIDIA H100": 7200},
         charged=Decimal("4.80"),
         credited=Decimal("0.40"),

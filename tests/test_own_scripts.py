@@ -12,7 +12,7 @@ import pytest
 from django.urls import reverse
 
 from core.storage import get_storage
-from jobs import datasets, launch, spec
+from jobs import datasets, launch, spec_text
 from jobs.models import Job, Upload
 from tests.conftest import upload
 from tests.test_staging import run
@@ -56,19 +56,19 @@ def test_a_working_folder_outside_the_code_is_refused(workdir):
 @pytest.mark.nodb
 def test_only_what_the_network_sets_is_refused_and_the_refusal_says_what_it_is():
     # SageMaker's channels a script expects but the network does not set are the job's to set.
-    assert spec.parse_env("SM_CHANNEL_TRAINING=$E31_DATA_DIR/train\nSM_CHANNEL_TESTING=$E31_DATA_DIR/heldout") == {
+    assert spec_text.parse_env("SM_CHANNEL_TRAINING=$E31_DATA_DIR/train\nSM_CHANNEL_TESTING=$E31_DATA_DIR/heldout") == {
         "SM_CHANNEL_TRAINING": "$E31_DATA_DIR/train",
         "SM_CHANNEL_TESTING": "$E31_DATA_DIR/heldout",
     }
-    with pytest.raises(spec.SpecError, match=r"SM_CHANNEL_TRAIN is set by the network \(to the train channel's folder"):
-        spec.parse_env("SM_CHANNEL_TRAIN=/x")
-    with pytest.raises(spec.SpecError, match=r"SM_NUM_GPUS is set by the network \(to the number of GPUs"):
-        spec.parse_env("SM_NUM_GPUS=8")
-    with pytest.raises(spec.SpecError, match="SM_HP_LR is set by the network"):
-        spec.parse_env("SM_HP_LR=1", hyperparameters={"lr": 0.1})
-    assert spec.parse_env("SM_HP_LR=1") == {"SM_HP_LR": "1"}  # no such hyperparameter
-    with pytest.raises(spec.SpecError, match="E31_ANYTHING is kept for the network"):
-        spec.parse_env("E31_ANYTHING=1")
+    with pytest.raises(spec_text.SpecError, match=r"SM_CHANNEL_TRAIN is set by the network \(to the train channel's folder"):
+        spec_text.parse_env("SM_CHANNEL_TRAIN=/x")
+    with pytest.raises(spec_text.SpecError, match=r"SM_NUM_GPUS is set by the network \(to the number of GPUs"):
+        spec_text.parse_env("SM_NUM_GPUS=8")
+    with pytest.raises(spec_text.SpecError, match="SM_HP_LR is set by the network"):
+        spec_text.parse_env("SM_HP_LR=1", hyperparameters={"lr": 0.1})
+    assert spec_text.parse_env("SM_HP_LR=1") == {"SM_HP_LR": "1"}  # no such hyperparameter
+    with pytest.raises(spec_text.SpecError, match="E31_ANYTHING is kept for the network"):
+        spec_text.parse_env("E31_ANYTHING=1")
 
 
 @pytest.mark.nodb

@@ -11,12 +11,12 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from agent.runner import Runner
 from billing.models import UsageRecord
 from e31web.demo import add_dataset
 from jobs.models import Job
-from scheduler import services
+from scheduler import allocations, services
 from scheduler.models import Node
-from scheduler.runner import Runner
 from tests.conftest import make_job, schedule_now
 
 # The runner stages on threads of their own, which must see the test's rows: real transactions.
@@ -239,7 +239,7 @@ def test_a_runner_whose_allocation_was_ended_elsewhere_kills_the_process(runner,
     run_until(runner, lambda: bool(log_lines(job)))
     pid = next(iter(runner.running.values())).process.pid
     Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
-    services.expire_lost_nodes()
+    allocations.expire_lost_nodes()
     runner.step()
     assert runner.running == {}
     assert not _alive(pid)
@@ -291,7 +291,7 @@ def test_nul_bytes_and_bad_utf8_are_kept_as_replacement_characters(runner, alice
 
 
 def test_a_daemon_holding_the_pipes_does_not_hold_the_job_forever(runner, alice, rate, monkeypatch):
-    from scheduler import running as running_module
+    from agent import running as running_module
 
     monkeypatch.setattr(running_module, "READER_JOIN_SECONDS", 1.0)
     # The daemon leaves the job's session, so the group kill misses it, and keeps stdout open.
@@ -352,7 +352,7 @@ def test_when_outputs_cannot_be_kept_the_job_fails_and_its_compute_is_released(r
 
 
 def test_one_job_s_trouble_does_not_stall_the_others(runner, alice, rate, monkeypatch):
-    from scheduler.running import RunningJob
+    from agent.running import RunningJob
 
     bad = make_job(alice, name="bad", script=b"import time\ntime.sleep(600)\n")
     good = make_job(alice, name="good", script=b"print('fine')\n")
@@ -399,7 +399,7 @@ def test_a_job_whose_node_was_lost_while_it_started_is_not_left_running(runner, 
         original(self, job, dirs)
         # The scheduler gives up on the node while the data is being copied.
         Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
-        services.expire_lost_nodes()
+        allocations.expire_lost_nodes()
 
     monkeypatch.setattr(Runner, "stage", stage)
     schedule_now()

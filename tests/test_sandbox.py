@@ -188,9 +188,9 @@ for folder in {places!r}:
 def test_a_runner_without_bubblewrap_refuses_to_start_and_says_how_to_install_it(db, settings, tmp_path):
     from django.core.management import CommandError, call_command
 
-    from scheduler.isolation import IsolationUnavailable
+    from agent.isolation import IsolationUnavailable
+    from agent.runner import Runner
     from scheduler.models import Node
-    from scheduler.runner import Runner
 
     settings.E31_BWRAP = str(tmp_path / "no-bwrap-here")
     runner = Runner(name="bare-node", devices=1, work_dir=tmp_path / "runs", device_type="cpu", cache_dir=tmp_path / "cache")
@@ -202,7 +202,7 @@ def test_a_runner_without_bubblewrap_refuses_to_start_and_says_how_to_install_it
 
 
 def test_with_isolation_off_the_job_page_says_so(db, alice, rate, settings, tmp_path, client):
-    from scheduler.runner import UNISOLATED_NOTICE, Runner
+    from agent.runner import UNISOLATED_NOTICE, Runner
     from tests.conftest import make_job
 
     settings.E31_JOB_ISOLATION = False
@@ -269,7 +269,7 @@ def test_a_job_given_the_network_never_reaches_the_node_s_own_services(node, ali
     of its own (its own loopback) with an uplink to the outside that refuses the node's loopback."""
     import socket
 
-    from scheduler.isolation import local_addresses
+    from agent.isolation import local_addresses
     from tests.conftest import make_job
 
     service = socket.socket()

@@ -6,6 +6,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing.models import Rate, UsageRecord
+from scheduler import allocations as ending
 from scheduler import services
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
@@ -78,7 +79,7 @@ def test_a_lost_node_s_allocations_end_at_its_last_heartbeat_and_jobs_requeue(al
     [allocation] = schedule_now()
     last_heard = allocation.started_at + timedelta(seconds=40)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=last_heard)
-    assert services.expire_lost_nodes(now=last_heard + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1)) == 1
+    assert ending.expire_lost_nodes(now=last_heard + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1)) == 1
     allocation.refresh_from_db()
     job.refresh_from_db()
     assert allocation.ended_at == last_heard and allocation.end_reason == "node_lost"
@@ -96,9 +97,9 @@ def test_no_node_is_declared_lost_until_the_runners_have_had_time_to_beat_after_
     last_heard = allocation.started_at
     Node.objects.filter(pk=node.pk).update(last_heartbeat=last_heard)
     back = last_heard + timeout * 2  # the database was away until here
-    assert services.expire_lost_nodes(now=back + timedelta(seconds=1), last_failure_at=back) == 0
-    assert services.expire_lost_nodes(now=back + timeout - timedelta(seconds=1), last_failure_at=back) == 0
-    assert services.expire_lost_nodes(now=back + timeout, last_failure_at=back) == 1  # still silent: lost
+    assert ending.expire_lost_nodes(now=back + timedelta(seconds=1), last_failure_at=back) == 0
+    assert ending.expire_lost_nodes(now=back + timeout - timedelta(seconds=1), last_failure_at=back) == 0
+    assert ending.expire_lost_nodes(now=back + timeout, last_failure_at=back) == 1  # still silent: lost
 
 
 def test_a_requeued_job_only_has_what_is_left_of_its_span_less_what_was_credited(alice, rate, node):
@@ -143,7 +144,7 @@ def test_a_job_cancelled_while_its_node_was_lost_ends_cancelled(alice, rate, nod
     job = make_job(alice)
     [_allocation] = schedule_now()
     job.request_cancel()
-    services.release_node(node, at=timezone.now(), reason=Allocation.NODE_LOST, why="test")
+    ending.release_node(node, at=timezone.now(), reason=Allocation.NODE_LOST, why="test")
     job.refresh_from_db()
     assert job.state == "cancelled"
 

@@ -1,4 +1,4 @@
-"""A script's smoke run (issue 21): a job of its own on a sample of each input (scheduler/smoke.py
+"""A script's smoke run (issue 21): a job of its own on a sample of each input (agent/smoke.py
 decides which files and lines), with E31_SMOKE=1, for at most E31_SMOKE_MINUTES; it passes if
 it has not failed by then, and the full run, on all of its data, starts only if it passes."""
 
@@ -12,9 +12,9 @@ from django.urls import reverse
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent import smoke
 from jobs import datasets, lineage
 from jobs.models import Job
-from scheduler import smoke
 from scheduler.models import Allocation
 from tests.conftest import make_job
 from tests.test_staging import drive

@@ -10,7 +10,7 @@ import resource
 import pytest
 from django.urls import reverse
 
-from jobs import spec, specfile
+from jobs import spec_text, specfile
 from jobs.models import Job
 from tests.conftest import PASSWORD, make_job
 
@@ -46,7 +46,7 @@ def test_json_is_read_as_json_so_a_surrogate_pair_is_one_character():
     assert "\\ud83d\\ude00" in text
     assert specfile.parse(text) == {"name": EMOJI_NAME, "gpus": 1}
     assert specfile.read(text, "job.json").fields["name"] == EMOJI_NAME
-    assert spec.parse_config(json.dumps({"label": "\U0001f600"})) == {"label": "\U0001f600"}
+    assert spec_text.parse_config(json.dumps({"label": "\U0001f600"})) == {"label": "\U0001f600"}
     # Half a pair is still text no database can store.
     with pytest.raises(specfile.SpecFileError, match="not valid Unicode"):
         specfile.read('{"name": "\\ud83d"}', "job.json")
@@ -59,8 +59,8 @@ def test_an_alias_bomb_is_refused_at_its_first_anchor(bounded_memory):
     assert raised.value.line == 1
     with pytest.raises(specfile.SpecFileError, match="job.yaml line 1: .*alias"):
         specfile.read(BOMB, "job.yaml")
-    with pytest.raises(spec.SpecError, match="alias"):
-        spec.parse_config(BOMB)
+    with pytest.raises(spec_text.SpecError, match="alias"):
+        spec_text.parse_config(BOMB)
 
 
 @pytest.mark.nodb
@@ -83,9 +83,9 @@ def test_deep_nesting_is_refused(text, bounded_memory):
 def test_nesting_within_the_limit_is_read():
     nested = "[" * 20 + "]" * 20
     assert specfile.parse(f'{{"config": {{"layers": {nested}}}}}')["config"]["layers"] == json.loads(nested)
-    assert spec.parse_config("a:\n  b:\n    c: [[1, 2], [3]]\n") == {"a": {"b": {"c": [[1, 2], [3]]}}}
+    assert spec_text.parse_config("a:\n  b:\n    c: [[1, 2], [3]]\n") == {"a": {"b": {"c": [[1, 2], [3]]}}}
     # YAML's dates, keys too, come back as the ISO text JSON can hold.
-    assert spec.parse_config("2026-01-02: start\nend: 2026-01-03\n") == {"2026-01-02": "start", "end": "2026-01-03"}
+    assert spec_text.parse_config("2026-01-02: start\nend: 2026-01-03\n") == {"2026-01-02": "start", "end": "2026-01-03"}
 
 
 @pytest.mark.nodb

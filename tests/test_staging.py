@@ -10,11 +10,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from agent.cache import BlobCache
 from billing.models import UsageRecord
 from jobs import datasets
 from jobs.models import Job
-from scheduler import policy, services
-from scheduler.cache import BlobCache
+from scheduler import allocations, policy, services
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 from tests.conftest import make_job
 
@@ -196,7 +196,7 @@ def test_a_staging_on_a_lost_node_is_abandoned_and_the_job_lined_up_again(alice,
     assert first.node == lost
     alive = Node.objects.create(name="alive", device_type="cpu", devices=1)
     Node.objects.filter(pk=lost.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 1))
-    services.expire_lost_nodes()
+    allocations.expire_lost_nodes()
     first.refresh_from_db()
     assert first.state == "abandoned" and "was lost" in first.error
     [second] = services.line_up()

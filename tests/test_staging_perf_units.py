@@ -8,6 +8,9 @@ import threading
 
 import pytest
 
+from agent import staging
+from agent.cache import BlobCache
+from agent.staging import StagingError, stage
 from core import buffers
 from core.storage import (
     NotFound,
@@ -16,9 +19,7 @@ from core.storage import (
     blob_key,
     get_storage,
 )
-from scheduler import staging
-from scheduler.cache import BlobCache
-from scheduler.staging import Item, StagingError, stage
+from jobs.manifest import Item
 
 
 def sha(data):

@@ -1,6 +1,6 @@
 """Early stopping and the NaN stop: pure checks over metric points."""
 
-from scheduler.stopping import Watch, as_number, as_stored
+from agent.stopping import Watch, as_number, as_stored
 
 
 def feed(watch, points):

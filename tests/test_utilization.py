@@ -181,7 +181,7 @@ class TestReading:
             return SimpleNamespace(gpu=90 if handle == 3 else 0)
 
     def test_a_job_s_own_gpus_are_read_through_nvml(self):
-        from scheduler.sampling import GpuSampler
+        from agent.sampling import GpuSampler
 
         sampler = GpuSampler(self.FakeNvml(), [3, 5], prefix="node1:")
         assert sampler.series == [
@@ -194,7 +194,7 @@ class TestReading:
         import os
         import time
 
-        from scheduler import sampling
+        from agent import sampling
 
         monkeypatch.setattr(sampling, "_nvml", False)  # as after a failed nvmlInit()
         sampler = sampling.sampler_for(pid=os.getpid(), devices=[0], device_type="H100")
@@ -244,7 +244,7 @@ def emitted(monkeypatch):
 
 @pytest.fixture
 def runner(db, settings, tmp_path):
-    from scheduler.runner import Runner
+    from agent.runner import Runner
 
     settings.E31_STOP_GRACE_SECONDS = 2.0
     settings.E31_UTIL_SAMPLE_SECONDS = 0.25
@@ -324,8 +324,8 @@ def wide_job(alice, rate):
 
     from jobs import states
     from jobs.models import Utilization
+    from scheduler.allocations import end_allocation
     from scheduler.models import Allocation, Node
-    from scheduler.services import end_allocation
     from tests.conftest import make_job, schedule_now
 
     Node.objects.create(name="big", device_type="H100", devices=8)

@@ -10,11 +10,11 @@ from django.db import connection
 from django.utils import timezone
 
 from billing import budget_service
+from core.signals import stop_on_signals
 from jobs import datasets, sweep
 from jobs.models import Upload
 from notifications import delivery
-from scheduler import services
-from scheduler.management.commands._loop import stop_on_signals
+from scheduler import allocations, predictions, services
 
 log = logging.getLogger("scheduler")
 HOUSEKEEPING_SECONDS = 600
@@ -100,7 +100,7 @@ class Command(BaseCommand):
 
     def handle_one_cycle(self):
         try:
-            services.expire_lost_nodes(last_failure_at=self.last_failure_at)
+            allocations.expire_lost_nodes(last_failure_at=self.last_failure_at)
             for version in datasets.claim_scans(limit=2):
                 self.scans.submit(self.scan, version)
             self.completing = {future for future in self.completing if not future.done()}
@@ -111,7 +111,7 @@ class Command(BaseCommand):
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
             if time.monotonic() >= self.next_prediction:
                 self.next_prediction = time.monotonic() + settings.E31_PREDICT_SECONDS
-                services.update_predictions()
+                predictions.update_predictions()
                 budget_service.notify_budgets()
             if time.monotonic() >= self.next_housekeeping:
                 self.next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS

@@ -5,7 +5,7 @@ One runner per node (Runner; its loop is run()). It registers the node and heart
 the data of the jobs lined up for the node while they wait (on threads of its own), launches
 each allocation placed here (its working folder, its sandbox, its process in its own session),
 follows the orders in the database (cancellations, preemptions, allocations ended elsewhere), and
-stops everything when it goes away. A launched job is a scheduler.running.RunningJob: its
+stops everything when it goes away. A launched job is a agent.running.RunningJob: its
 output, metrics, meter, stopping and end are owned there. It stays one file, over 500 lines,
 because Runner is one object whose steps share its state (the jobs running here, the blob cache
 and its lock, the thread pools, the node's row, shutting down): split, staging and launching
@@ -32,6 +32,20 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agent import checkpoints, smoke, stopping
+from agent.cache import BlobCache
+from agent.environments import (
+    BuildError,
+    EnvironmentCache,
+    index_arguments,
+)
+from agent.isolation import Isolation
+from agent.running import READER_JOIN_SECONDS, RunningJob
+from agent.staging import (
+    StagingError,
+    Throttle,
+    stage,
+)
 from core.storage import get_storage
 from e31 import unpack
 from jobs import archive, lineage, states
@@ -46,26 +60,11 @@ from jobs.launch import (
     working_folder,
 )
 from jobs.logs import log_key, stream_log
+from jobs.manifest import job_manifest, manifest_digests
 from jobs.models import Job, input_names
-from scheduler import checkpoints, smoke, stopping
-from scheduler.cache import BlobCache
-from scheduler.environments import (
-    BuildError,
-    EnvironmentCache,
-    index_arguments,
-    requirements_of,
-)
-from scheduler.isolation import Isolation
+from jobs.packages import requirements_of
+from scheduler.allocations import end_allocation, release_node
 from scheduler.models import Allocation, CachedBlob, Node, Staging
-from scheduler.running import READER_JOIN_SECONDS, RunningJob
-from scheduler.services import end_allocation, release_node
-from scheduler.staging import (
-    StagingError,
-    Throttle,
-    job_manifest,
-    manifest_digests,
-    stage,
-)
 
 log = logging.getLogger(__name__)
 
@@ -576,7 +575,7 @@ class Runner:
 
     @staticmethod
     def cut_for_smoke(job, dirs):
-        """A script's smoke run sees a sample of its staged inputs (scheduler/smoke.py), said in
+        """A script's smoke run sees a sample of its staged inputs (agent/smoke.py), said in
         its log; True for one, False for any other job (a recipe cuts its own data)."""
         if job.recipe or not lineage.is_smoke_run(job):
             return False

@@ -22,9 +22,9 @@ from pathlib import Path
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agent import jobfiles
 from core.storage import get_storage
 from jobs.models import Checkpoint
-from scheduler import jobfiles
 
 log = logging.getLogger(__name__)
 

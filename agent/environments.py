@@ -7,7 +7,7 @@ constraint, so the job's packages are resolved against them. So that uv sees the
 installed (it does not look through a .pth), each gets a stub in the environment's site-packages:
 its METADATA only, marked as the base's. Wheels only (`--no-build`) by default: no package code
 runs while installing, and uv runs as the runner. Where the operator allows source builds, the
-install runs instead in a sandbox of its own (scheduler/isolation.py), as an unprivileged uid with
+install runs instead in a sandbox of its own (agent/isolation.py), as an unprivileged uid with
 a private uv cache, and the runner takes back only what that uid made.
 
 Environments are cached per node under the hash of what was resolved (the versions installed, the
@@ -32,6 +32,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from jobs.packages import packages_digest
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +92,6 @@ def torch_problem(requirements, base_torch):
                 f"ask for a version {base_torch} satisfies, or for torch without a version"
             )
     return None
-
-
-def packages_digest(requirements):
-    """What the scheduler knows an environment by, the same on every node (a node's own key also
-    holds its runtime and index): the sha256 of the requirements, sorted."""
-    return hashlib.sha256(("packages\n" + "\n".join(sorted(requirements))).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -396,8 +392,3 @@ def index_arguments(settings):
     if settings.E31_ENV_NO_INDEX:
         out.append("--no-index")
     return out
-
-
-def requirements_of(job):
-    """The job's requirements, one a line (jobs.packages has checked them at submission)."""
-    return [line.strip() for line in (getattr(job, "packages", "") or "").splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""The pool in the Prometheus text format, from a scheduler.pool.Snapshot (plain data, no ORM).
+"""The pool in the Prometheus text format, from a scheduler.figures.Snapshot (plain data, no ORM).
 
 Each scrape renders a fresh registry holding one collector over one snapshot: the web server's
 own process metrics (the default registry) are not mixed in, and nothing is kept between scrapes."""
@@ -6,7 +6,7 @@ own process metrics (the default registry) are not mixed in, and nothing is kept
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from scheduler import pool
+from scheduler.ops import figures
 
 # The classic text format generate_latest writes, which every Prometheus version scrapes.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -32,10 +32,10 @@ class PoolCollector:
             status = node.status(s.now, s.node_timeout_seconds)
             devices.add_metric([node.name, node.device_type], node.devices)
             allocated.add_metric([node.name, node.device_type], node.allocated)
-            up.add_metric([node.name], 1 if status == pool.UP else 0)
-            lost.add_metric([node.name], 1 if status == pool.LOST else 0)
+            up.add_metric([node.name], 1 if status == figures.UP else 0)
+            lost.add_metric([node.name], 1 if status == figures.LOST else 0)
             heartbeat.add_metric([node.name], node.last_heartbeat.timestamp())
-        offered, held = pool.pool_totals(s.nodes, s.now, s.node_timeout_seconds)
+        offered, held = figures.pool_totals(s.nodes, s.now, s.node_timeout_seconds)
         utilization = GaugeMetricFamily("e31_pool_utilization_ratio", "Devices allocated over devices offered by the nodes that are up (0 with none).")
         utilization.add_metric([], held / offered if offered else 0.0)
         yield from (devices, allocated, up, lost, heartbeat, utilization)
@@ -47,11 +47,11 @@ class PoolCollector:
             jobs.add_metric([state], count)
         queue = GaugeMetricFamily("e31_queue_jobs", "Queued jobs per team.", labels=["team"])
         queue_devices = GaugeMetricFamily("e31_queue_devices", "Devices the queued jobs of a team ask for.", labels=["team"])
-        for group in pool.queue_by_team(s.queued):
+        for group in figures.queue_by_team(s.queued):
             queue.add_metric([group.team], len(group.jobs))
             queue_devices.add_metric([group.team], group.gpus)
         oldest = GaugeMetricFamily("e31_queue_oldest_wait_seconds", "How long the longest-waiting queued job has waited.")
-        oldest.add_metric([], pool.oldest_wait_seconds(s.queued, s.now))
+        oldest.add_metric([], figures.oldest_wait_seconds(s.queued, s.now))
         stuck = GaugeMetricFamily("e31_stuck_jobs", "Jobs held in a state longer than expected.", labels=["state"])
         counts = {}
         for item in s.stuck:

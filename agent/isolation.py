@@ -9,7 +9,7 @@ their processes. Where the runner is root the job also runs as an unprivileged u
 a cgroup of its own (memory with no swap, processes, and CPU = the slots it holds), and every
 process in it is killed when the job ends.
 
-What bubblewrap cannot do is done by the shim (scheduler/jobshim.py) before it becomes bwrap:
+What bubblewrap cannot do is done by the shim (agent/jobshim.py) before it becomes bwrap:
 joining the cgroup, setting resource limits, dropping to the job's uid. No value the job controls
 reaches the shim or bwrap's own environment: the job's environment is handed to bwrap through a
 file descriptor and applies only inside the sandbox.

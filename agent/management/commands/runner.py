@@ -4,8 +4,8 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduler.management.commands._loop import stop_on_signals
-from scheduler.runner import Runner
+from agent.runner import Runner
+from core.signals import stop_on_signals
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""The operator's view over the database: a few aggregate queries read into scheduler.pool's
+"""The operator's view over the database: a few aggregate queries read into scheduler.ops.figures
 plain data, for the page at /ops/ and for /metrics."""
 
 from datetime import UTC, timedelta
@@ -11,14 +11,14 @@ from django.utils import timezone
 from billing.models import Credit, UsageRecord
 from jobs import states
 from jobs.models import Job
-from scheduler import pool
 from scheduler.models import Allocation, Node
+from scheduler.ops import figures
 
 DAY = 24 * 3600
 
 
 def thresholds():
-    return pool.Thresholds(
+    return figures.Thresholds(
         starting_seconds=settings.E31_STUCK_STARTING_SECONDS,
         queued_seconds=settings.E31_STUCK_QUEUED_SECONDS,
         running_seconds=settings.E31_STUCK_RUNNING_SECONDS,
@@ -32,7 +32,7 @@ def nodes():
     for node_id, devices in Allocation.objects.filter(ended_at__isnull=True).values_list("node_id", "devices"):
         allocated[node_id] = allocated.get(node_id, 0) + len(devices)
     return [
-        pool.NodeRow(
+        figures.NodeRow(
             name=n.name,
             device_type=n.device_type,
             devices=n.devices,
@@ -48,13 +48,13 @@ def nodes():
 def queued():
     rows = Job.objects.filter(state=states.QUEUED).values_list("pk", "name", "team__name", "gpus", "created_at", "predicted_start", "wait_reason")
     return [
-        pool.Queued(id=str(pk), name=name, team=team, gpus=gpus, submitted_at=created, predicted_start=start, wait_reason=reason)
+        figures.Queued(id=str(pk), name=name, team=team, gpus=gpus, submitted_at=created, predicted_start=start, wait_reason=reason)
         for pk, name, team, gpus, created, start, reason in rows
     ]
 
 
 def candidates():
-    """The jobs that may be stuck, as pool.JobState: queued ones with a predicted start, and
+    """The jobs that may be stuck, as figures.JobState: queued ones with a predicted start, and
     every job starting or running, with when its compute was held and when its span or ceiling
     runs out (the earliest of a gang's allocations)."""
     jobs = {}
@@ -73,11 +73,11 @@ def candidates():
         if limit is not None:
             until = started + timedelta(seconds=min(limit, 10**10))
             job["held_until"] = min(until, job.get("held_until") or until)
-    return [pool.JobState(**job) for job in jobs.values()]
+    return [figures.JobState(**job) for job in jobs.values()]
 
 
 def stuck(now):
-    return pool.stuck_jobs(candidates(), now, thresholds())
+    return figures.stuck_jobs(candidates(), now, thresholds())
 
 
 def job_counts():
@@ -87,12 +87,12 @@ def job_counts():
 
 
 def utilization(now, span_seconds, bucket_seconds):
-    """pool.Bucket's over the window: allocations held against the devices the nodes offered
+    """figures.Bucket's over the window: allocations held against the devices the nodes offered
     (a node offers its devices from registration until it is lost or stopped, or its last
     heartbeat if it went silent)."""
-    start, end = pool.window(now, span_seconds, bucket_seconds)
+    start, end = figures.window(now, span_seconds, bucket_seconds)
     held = [
-        pool.Held(s, e, len(devices))
+        figures.Held(s, e, len(devices))
         for s, e, devices in Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start), started_at__lt=end).values_list(
             "started_at", "ended_at", "devices"
         )
@@ -103,21 +103,21 @@ def utilization(now, span_seconds, bucket_seconds):
         "registered_at", "last_heartbeat", "lost_at", "stopped_at", "devices"
     ):
         until = lost or stopped or (last if last < cutoff else None)
-        offered.append(pool.Held(registered, until, devices))
-    return pool.utilization(held, offered, start, end, bucket_seconds, now)
+        offered.append(figures.Held(registered, until, devices))
+    return figures.utilization(held, offered, start, end, bucket_seconds, now)
 
 
 def daily(now, days=14):
-    """pool.Day's for the last `days` days (UTC) from the ledger, running allocations'
+    """figures.Day's for the last `days` days (UTC) from the ledger, running allocations'
     provisional records included."""
-    wanted = pool.days_back(now.astimezone(UTC).date(), days)
+    wanted = figures.days_back(now.astimezone(UTC).date(), days)
     since = now - timedelta(days=days + 1)
     usage = [
-        pool.Usage(s, e, gpus, amount)
+        figures.Usage(s, e, gpus, amount)
         for s, e, gpus, amount in UsageRecord.ledger.filter(ended_at__gte=since).values_list("started_at", "ended_at", "gpus", "amount")
     ]
     credits = Credit.objects.filter(created_at__gte=since).values_list("created_at", "amount")
-    return pool.daily(usage, credits, wanted)
+    return figures.daily(usage, credits, wanted)
 
 
 def ledger_totals():
@@ -134,7 +134,7 @@ def snapshot(now=None):
     """The pool as /metrics exports it: about ten queries, whatever the size of the history."""
     now = now or timezone.now()
     held, charged, credited = ledger_totals()
-    return pool.Snapshot(
+    return figures.Snapshot(
         now=now,
         node_timeout_seconds=settings.E31_NODE_TIMEOUT_SECONDS,
         nodes=nodes(),

@@ -2,7 +2,7 @@
 
 A job's manifest lists every file it needs (its uploaded work and data, the files of its
 dataset versions) with size and SHA-256. A runner stages the manifest into its content-addressed
-cache (scheduler.cache.BlobCache), several files at once and each large file in parallel parts,
+cache (agent.cache.BlobCache), several files at once and each large file in parallel parts,
 checking every file's digest; what the cache already holds moves no bytes. At launch the job's
 folder is made of hard links into the cache.
 
@@ -29,44 +29,8 @@ from core.storage import CHUNK, NotFound, RangeNotSatisfiable, get_storage, s3_o
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Item:
-    dest: str  # relative to the job's folder: "code/.../train.py", "data/train/part-0.csv"
-    size: int
-    sha256: str
-    source: tuple  # ("storage", key) or ("s3", dataset_id, object_key)
-    role: str  # "code", "train", "heldout", "model"
-
-
 class StagingError(Exception):
     pass
-
-
-def job_manifest(job):
-    """Every file the job needs, from its uploads and the dataset versions it pinned (its
-    training and held-out sets, and its named inputs, each in data/<name>/)."""
-    items = []
-    for upload in job.uploads.all():
-        if upload.role == "model":
-            continue  # pinned into the job's models when it was submitted
-        folder = "code" if upload.role == "code" else f"data/{upload.channel}" if upload.role == "input" else f"data/{upload.role}"
-        items.append(Item(f"{folder}/{upload.name}", upload.size, upload.sha256, ("storage", upload.key), upload.role))
-    for model in job.models.all():
-        for f in model.files:
-            items.append(Item(f"model/{model.label}/{f['name']}", f["size"], f["sha256"], ("storage", f["key"]), "model"))
-    named = [(i.name, i.version) for i in job.inputs.select_related("version__dataset")]
-    for role, version in (("train", job.train_version), ("heldout", job.heldout_version), *named):
-        if version is None:
-            continue
-        dataset = version.dataset
-        for f in version.files.all():
-            source = ("s3", str(dataset.pk), f.key) if dataset.source == dataset.S3 else ("storage", f.key)
-            items.append(Item(f"data/{role}/{f.path}", f.size, f.sha256, source, role))
-    return items
-
-
-def manifest_digests(items):
-    return {item.sha256 for item in items}
 
 
 # Where the bytes come from -------------------------------------------------------------------
@@ -326,7 +290,7 @@ class _Fetch:
         try:
             if self.digest.hexdigest() != self.item.sha256:
                 raise StagingError(_digest_mismatch(self.item))
-            os.fdatasync(fd)  # on the disk before its name is in the cache (scheduler.cache)
+            os.fdatasync(fd)  # on the disk before its name is in the cache (agent.cache)
         finally:
             os.close(fd)
         self.cache.put(self.tmp, self.item.sha256, synced=True)

@@ -1,9 +1,9 @@
 """A job running on a node: its process, its output and metrics, its meter, its stopping and
 its end.
 
-scheduler.runner.Runner launches a job's process and keeps a RunningJob for it until it ends.
+agent.runner.Runner launches a job's process and keeps a RunningJob for it until it ends.
 The RunningJob owns everything about that one process from then on: it stores every line the
-process prints with a sequence number before it is announced (scheduler.logcap caps the log)
+process prints with a sequence number before it is announced (agent.logcap caps the log)
 and every metric point it writes, ticks the meter once a second while compute is held, samples
 its devices (the idle watch), stops it (its span or ceiling, early stopping, a cancellation, a
 full disk: SIGTERM, the grace period, SIGKILL), and once it has exited keeps its checkpoints and
@@ -30,17 +30,17 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agent import checkpoints, jobfiles, sampling, stopping
+from agent.isolation import disk_message, oom_message, sandbox_group, unlinked_open_bytes
+from agent.logcap import LogBudget
 from core.storage import get_storage
 from jobs import states, utilization
 from jobs.launch import artifact_name_problem
 from jobs.logs import stored_bytes
 from jobs.models import Artifact, Job, JobEvent, Utilization
 from notifications import events as notifications
-from scheduler import checkpoints, jobfiles, sampling, stopping
-from scheduler.isolation import disk_message, oom_message, sandbox_group, unlinked_open_bytes
-from scheduler.logcap import LogBudget
+from scheduler.allocations import end_allocation
 from scheduler.models import Allocation
-from scheduler.services import end_allocation
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class RunningJob:
     def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
         self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.group = None  # the process group of the job inside its sandbox (found when first signalled)
-        self.env_key = None  # its environment (scheduler/environments.py): never evicted while it runs
+        self.env_key = None  # its environment (agent/environments.py): never evicted while it runs
         self.allocation = allocation
         self.sandbox = sandbox
         self.disk_pool = disk_pool

@@ -1,4 +1,4 @@
-"""Parsing the free-text parts of a job description: pure functions, no database."""
+"""Parsing the free-text parts of a job description (arguments, environment, config, variables in them): pure functions, no database."""
 
 import re
 import shlex

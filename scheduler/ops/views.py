@@ -14,7 +14,8 @@ from django.views.decorators.http import require_GET
 from rest_framework.authtoken.models import Token
 
 from accounts import audit
-from scheduler import ops, pool, prom
+from scheduler.ops import figures, prom
+from scheduler.ops import snapshot as ops
 
 CHART_WIDTH, CHART_HEIGHT = 720, 120
 DAY, WEEK = 24 * 3600, 7 * 24 * 3600
@@ -28,8 +29,8 @@ def require_staff(user):
 
 def chart(buckets, label_seconds, label_format):
     return {
-        "bars": pool.bars(buckets, CHART_WIDTH, CHART_HEIGHT, label_seconds=label_seconds, label_format=label_format),
-        "mean": pool.mean_utilization(buckets),
+        "bars": figures.bars(buckets, CHART_WIDTH, CHART_HEIGHT, label_seconds=label_seconds, label_format=label_format),
+        "mean": figures.mean_utilization(buckets),
         "width": CHART_WIDTH,
         "height": CHART_HEIGHT,
     }
@@ -44,22 +45,22 @@ def pool_page(request):
     timeout = settings.E31_NODE_TIMEOUT_SECONDS
     nodes = ops.nodes()
     queued = ops.queued()
-    offered, allocated = pool.pool_totals(nodes, now, timeout)
+    offered, allocated = figures.pool_totals(nodes, now, timeout)
     days = ops.daily(now, days=14)
     context = {
         "now": now,
         "nodes": [(node, node.status(now, timeout)) for node in nodes],
         "offered": offered,
         "allocated": allocated,
-        "queue": pool.queue_by_team(queued),
+        "queue": figures.queue_by_team(queued),
         "queued_count": len(queued),
-        "oldest_wait": pool.human(pool.oldest_wait_seconds(queued, now)),
+        "oldest_wait": figures.human(figures.oldest_wait_seconds(queued, now)),
         "stuck": ops.stuck(now),
         "thresholds": ops.thresholds(),
         "day_chart": chart(ops.utilization(now, DAY, 3600), label_seconds=3 * 3600, label_format="%H:%M"),
         "week_chart": chart(ops.utilization(now, WEEK, 6 * 3600), label_seconds=DAY, label_format="%a %d"),
         "days": list(reversed(days)),
-        "days_total": pool.Day(
+        "days_total": figures.Day(
             day=None, device_seconds=sum(d.device_seconds for d in days), amount=sum(d.amount for d in days), credits=sum(d.credits for d in days)
         ),
         "job_counts": ops.job_counts(),

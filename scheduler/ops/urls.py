@@ -1,6 +1,6 @@
 from django.urls import path
 
-from scheduler import ops_views
+from scheduler.ops import views as ops_views
 
 app_name = "ops"
 urlpatterns = [

@@ -1,5 +1,5 @@
 """The operator's view of the pool, as pure functions over plain data (no ORM): the page at
-/ops/ and the Prometheus metrics at /metrics are built from these; scheduler/ops.py reads the
+/ops/ and the Prometheus metrics at /metrics are built from these; scheduler/ops/snapshot.py reads the
 database into them.
 
 - utilization: devices held over devices offered, per bucket of time (an hour, six hours);
@@ -370,7 +370,7 @@ def bars(buckets, width, height, label_seconds=3600, label_format="%H:%M"):
 
 @dataclass
 class Snapshot:
-    """The pool at a moment, as /metrics exports it (plain data: scheduler/prom.py renders it)."""
+    """The pool at a moment, as /metrics exports it (plain data: scheduler/ops/prom.py renders it)."""
 
     now: datetime
     node_timeout_seconds: float
