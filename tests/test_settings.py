@@ -77,3 +77,20 @@ def test_a_bad_value_is_an_error_at_start_up(tmp_path, name, value, message):
     result = check(tmp_path, **{name: value})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_every_package_of_the_project_is_in_its_distribution():
+    """A package left out of pyproject's list works from a checkout but is missing from an
+    installed wheel (a GPU node's agent, say). Every folder at the top with an __init__.py, but the
+    tests, is in it."""
+    import tomllib
+    from pathlib import Path
+
+    from setuptools import find_packages
+
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    found = set(find_packages(str(root), include=include))
+    tops = {p.parent.name for p in root.glob("*/__init__.py")} - {"tests", "bench", "examples"}
+    assert tops <= found, f"not in the distribution: {sorted(tops - found)}"
