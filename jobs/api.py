@@ -8,6 +8,8 @@ from decimal import Decimal
 from django.conf import settings
 from django.http import HttpResponse
 from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import ParseError, ValidationError
@@ -21,13 +23,14 @@ from core.api import fields as body_fields
 from core.api import paginate
 from jobs import lineage, specfile, states
 from jobs.access import get_artifact, get_job
-from jobs.ceiling import job_ceiling
+from jobs.api_common import int_param
 from jobs.comparisons import comparison, comparison_json
 from jobs.downloads import artifact_response, log_response
 from jobs.estimates import budget_left, prediction
 from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, FOLDER_UPLOAD, JobForm, RequestForm, keep_uploads
-from jobs.models import Job, Upload
+from jobs.models import Job
 from jobs.retrain_form import RetrainForm
+from jobs.serializers import JobSerializer, JobSubmitForm, JobSubmitJson, RetrainOverridesForm, RetrainOverridesJson, SpecOnlyForm, page_params, paged
 from jobs.spec_form import spec_form_data
 
 MAX_LOG_LIMIT = 5000
@@ -45,139 +48,40 @@ class SpecJSONParser(JSONParser):
             raise ParseError(f"JSON parse error - {error}") from None
 
 
-def job_inputs(job):
-    """{name: its dataset version (NAME@N), or the list of its files} of a job's named inputs."""
-    found = {i.name: i.label for i in job.inputs.all()}
-    for upload in job.uploads.all():
-        if upload.role == Upload.INPUT:
-            found.setdefault(upload.channel, []).append(upload.name)
-    return dict(sorted(found.items()))
-
-
-def job_json(job, request):
-    seconds, amount = job.held()
-    credit_seconds, credit_amount = job.credited()
-    allocation = job.latest_allocation()
-    return {
-        "id": str(job.pk),
-        "name": job.name,
-        "kind": job.kind,
-        "recipe": job.recipe,
-        "parent": str(job.parent_id) if job.parent_id else None,
-        "smoke_run": str(job.smoke_run_id) if job.smoke_run_id else None,
-        "models": [
-            {
-                "label": m.label,
-                "source_job": str(m.source_job_id) if m.source_job_id else None,
-                "description": m.description,
-                "files": [{k: f[k] for k in ("name", "size", "sha256")} for f in m.files],
-            }
-            for m in job.models.all()
-        ],
-        "state": job.state,
-        "created_at": job.created_at,
-        "finished_at": job.finished_at,
-        "entrypoint": job.entrypoint,
-        "command": job.command,
-        "args": job.args,
-        "hyperparameters": job.hyperparameters,
-        "config": job.config,
-        "workdir": job.workdir,
-        "processes": job.processes,
-        "precision": job.precision,
-        "packages": job.packages.splitlines(),
-        # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
-        "train_dataset": job.train_label or None,
-        "heldout_dataset": job.heldout_label or None,
-        "inputs": job_inputs(job),
-        "staging": staging.progress() if (staging := job.shown_staging()) else None,
-        "gpus": job.gpus,
-        "gpu_type": job.gpu_type,
-        "mode": job.mode,
-        "span_hours": decimal_str(job.span_hours),
-        "ceiling_amount": decimal_str(job.ceiling_amount),
-        "ceiling_gpu_hours": decimal_str(job.ceiling_gpu_hours),
-        # Of the ceiling: the share used (billed, credits taken off) and what is left.
-        **ceiling_json(job_ceiling(job)),
-        "not_before": job.not_before,
-        "deadline": job.deadline,
-        "deadline_missed": job.deadline_missed_at is not None,
-        "predicted_start": job.predicted_start,
-        "predicted_finish": job.predicted_finish,
-        "wait_reason": job.wait_reason,
-        "exit_code": job.exit_code,
-        "reason": job.reason,
-        "restarts": job.restarts,
-        "preemptions": job.preemptions,
-        "preemptible": job.preemptible,
-        "keep_checkpoints": job.keep_checkpoints,
-        "max_restarts": job.max_restarts,
-        "early_stop_metric": job.early_stop_metric,
-        "early_stop_mode": job.early_stop_mode,
-        "early_stop_patience": job.early_stop_patience,
-        "stop_on_nan": job.stop_on_nan,
-        "network": job.network,
-        "idle_minutes": job.idle_minutes,
-        "stop_if_idle": job.stop_if_idle,
-        "idle_since": job.idle_since,
-        # Mean and peak per device, once the job ended (see jobs.utilization.Summary).
-        "utilization": job.utilization,
-        "credited_seconds": credit_seconds,
-        "credited": f"{credit_amount:f}",
-        "held_seconds": seconds,
-        "cost": f"{amount:f}",
-        "currency": settings.E31_CURRENCY,
-        "allocation": allocation_json(allocation) if allocation else None,
-        # Every node and device of the latest allocation (one, or a gang's).
-        "allocations": [allocation_json(a) for a in job.latest_allocations()],
-        "timeline": [timeline_json(e) for e in job.timeline()],
-        "last_seq": job.last_seq,
-        "url": request.build_absolute_uri(reverse("jobs:detail", args=[job.pk])),
-    }
-
-
-def timeline_json(event):
-    data = event.data or {}
-    if event.kind == "state":
-        return {"seq": event.seq, "at": event.at, "kind": "state", "state": data.get("state"), "from": data.get("from"), "reason": data.get("reason", "")}
-    return {"seq": event.seq, "at": event.at, "kind": event.kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
-
-
 def decimal_str(value):
     return None if value is None else str(value)
-
-
-def ceiling_json(ceiling):
-    """The API's figures of a job's ceiling_use; all None without a ceiling."""
-
-    def plain(value):
-        return None if value is None else f"{value:f}"
-
-    return {
-        "ceiling_used_fraction": float(ceiling.used_fraction) if ceiling else None,
-        "ceiling_amount_left": plain(ceiling and ceiling.amount_left),
-        "ceiling_gpu_hours_left": plain(ceiling and ceiling.gpu_hours_left),
-    }
-
-
-def allocation_json(allocation):
-    return {
-        "node": allocation.node.name,
-        "devices": allocation.devices,
-        "device_type": allocation.device_type,
-        "rate": str(allocation.rate),
-        "started_at": allocation.started_at,
-        "ended_at": allocation.ended_at,
-        "end_reason": allocation.end_reason,
-        "node_rank": allocation.node_rank,
-        "gang_size": allocation.gang_size,
-    }
 
 
 JOB_FILTERS = ("state", "kind", "name", "id_prefix")
 HEX = set("0123456789abcdef")
 
 
+TAG = "jobs"
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="jobs_list",
+    tags=[TAG],
+    summary="List the team's jobs, newest first",
+    parameters=[
+        OpenApiParameter("state", OpenApiTypes.STR, description="Only jobs in this state."),
+        OpenApiParameter("kind", OpenApiTypes.STR, description="Only jobs of this kind."),
+        OpenApiParameter("name", OpenApiTypes.STR, description="Only jobs whose name contains this."),
+        OpenApiParameter("id_prefix", OpenApiTypes.STR, description="Only jobs whose id starts with these hex digits."),
+        *page_params(),
+    ],
+    responses={200: paged("PagedJobs", JobSerializer)},
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="jobs_create",
+    tags=[TAG],
+    summary="Submit a job",
+    description="A spec and the files it names (multipart), or a JSON body with the spec as an object (no files).",
+    request={"multipart/form-data": JobSubmitForm, "application/json": JobSubmitJson, "application/x-www-form-urlencoded": SpecOnlyForm},
+    responses={201: JobSerializer},
+)
 @api_view(["GET", "POST"])
 @parser_classes([MultiPartParser, FormParser, SpecJSONParser])
 def jobs(request):
@@ -186,7 +90,8 @@ def jobs(request):
     team = require_team(request.user)
     activate_for(request.user)  # a token's user: "by morning" is the morning where they are
     if request.method == "GET":
-        return paginate(request, filtered_jobs(request, team), lambda job: job_json(job, request))
+        shown = JobSerializer(context={"request": request})
+        return paginate(request, JobSerializer.prefetch(filtered_jobs(request, team)), shown.to_representation)
     spec = read_spec(request)
     _data, created, form = job_form(request, team, spec)
     if not form.is_valid():
@@ -197,11 +102,11 @@ def jobs(request):
     job = form.save(request.user)
     audit.record(request, "job.submit", job)
     audit.job_env(request, job)
-    return Response(job_json(job, request), status=status.HTTP_201_CREATED)
+    return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 def filtered_jobs(request, team):
-    queryset = Job.objects.filter(team=team).order_by("-created_at").prefetch_related("allocations", "models", "inputs", "uploads")
+    queryset = Job.objects.filter(team=team).order_by("-created_at")
     params = request.query_params
     if params.get("state"):
         if params["state"] not in dict(states.CHOICES):
@@ -309,11 +214,19 @@ def spec_message(spec, form_field, text):
     return spec.message(FORM_TO_SPEC.get(form_field, form_field), text)
 
 
+@extend_schema(operation_id="job_retrieve", tags=[TAG], summary="A job", responses={200: JobSerializer})
 @api_view(["GET"])
 def job_detail(request, job_id):
-    return Response(job_json(get_job(request, job_id), request))
+    return Response(JobSerializer(get_job(request, job_id), context={"request": request}).data)
 
 
+@extend_schema(
+    operation_id="job_cancel",
+    tags=[TAG],
+    summary="Cancel the job",
+    request=None,
+    responses={202: JobSerializer, 409: OpenApiResponse(description="The job has already ended.")},
+)
 @api_view(["POST"])
 def job_cancel(request, job_id):
     job = get_job(request, job_id)
@@ -321,20 +234,7 @@ def job_cancel(request, job_id):
         return Response({"detail": f"The job has already ended ({job.state}).", "state": job.state}, status=status.HTTP_409_CONFLICT)
     job.request_cancel()
     audit.record(request, "job.cancel", job)
-    return Response(job_json(job, request), status=status.HTTP_202_ACCEPTED)
-
-
-def int_param(request, name, default, minimum=0, maximum=None):
-    value = request.query_params.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValidationError({name: [f"{value!r} is not a whole number."]}) from None
-    if number < minimum or (maximum is not None and number > maximum):
-        raise ValidationError({name: [f"must be between {minimum} and {maximum}."]})
-    return number
+    return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
 
 @api_view(["GET"])
@@ -402,6 +302,13 @@ RETRAIN_FIELDS = {
 }
 
 
+@extend_schema(
+    operation_id="job_retrain",
+    tags=[TAG],
+    summary="Retrain a finished job, with more data",
+    request={"multipart/form-data": RetrainOverridesForm, "application/json": RetrainOverridesJson, "application/x-www-form-urlencoded": RetrainOverridesForm},
+    responses={201: JobSerializer, 409: OpenApiResponse(description="The job has no weights to retrain from.")},
+)
 @api_view(["POST"])
 @parser_classes([MultiPartParser, FormParser, SpecJSONParser])
 def job_retrain(request, job_id):
@@ -452,9 +359,16 @@ def job_retrain(request, job_id):
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
     audit.record(request, "job.retrain", job, label=f"{job.name} -> {new.name} ({new.pk})")
-    return Response(job_json(new, request), status=status.HTTP_201_CREATED)
+    return Response(JobSerializer(new, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(
+    operation_id="job_compare",
+    tags=[TAG],
+    summary="Evaluate a fine-tuning against its starting weights",
+    request=None,
+    responses={201: JobSerializer, 409: OpenApiResponse(description="Nothing to compare.")},
+)
 @api_view(["POST"])
 def job_compare(request, job_id):
     """An evaluation job of a finished fine-tuning's weights against its starting weights."""
@@ -464,7 +378,7 @@ def job_compare(request, job_id):
     except lineage.LineageError as error:
         return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
     audit.record(request, "job.compare", job, label=f"{job.name} -> {new.name} ({new.pk})")
-    return Response(job_json(new, request), status=status.HTTP_201_CREATED)
+    return Response(JobSerializer(new, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 @api_view(["GET"])

@@ -44,8 +44,9 @@ def ceiling_use(ceiling_amount, ceiling_gpu_hours, billed, gpu_seconds):
     return CeilingUse(fraction.quantize(FRACTION_PLACES, rounding=ROUND_FLOOR), amount_left, gpu_hours_left)
 
 
-def job_ceiling(job, now=None):
-    """ceiling_use for a job as it stands, live for an allocation still held."""
+def job_ceiling(job, now=None, credits=None):
+    """ceiling_use for a job as it stands, live for an allocation still held. credits: the job's
+    with their usage records, where the caller has them (a list's prefetch, jobs.serializers)."""
     if job.ceiling_amount is None and job.ceiling_gpu_hours is None:
         return None
     now = now or timezone.now()
@@ -54,7 +55,7 @@ def job_ceiling(job, now=None):
         seconds, amount = allocation.meter(now)
         billed += amount
         gpu_seconds += allocation.gpus * seconds
-    for credit in job.credits.select_related("usage"):
+    for credit in job.credits.select_related("usage") if credits is None else credits:
         billed -= credit.amount
         gpu_seconds -= credit.usage.gpus * credit.seconds
     return ceiling_use(job.ceiling_amount, job.ceiling_gpu_hours, billed, gpu_seconds)

@@ -15,8 +15,8 @@ A chunked upload, as upload.js (or any client) does it:
 
 import logging
 
-from django.db.models import Prefetch
-from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import PermissionDenied
@@ -29,107 +29,72 @@ from core.api import fields, form_errors_response, paginate
 from core.parsers import BoundedJSONParser
 from jobs import datasets
 from jobs.access import OWNERS_ONLY, get_dataset, get_upload, get_version
-from jobs.dataset_forms import CredentialsForm, DatasetForm, S3DatasetForm, sentence
-from jobs.models import Dataset, DatasetUpload, DatasetVersion
+from jobs.api_common import refused, storage_failed
+from jobs.dataset_forms import CredentialsForm, DatasetForm, S3DatasetForm
+from jobs.models import Dataset, DatasetUpload
+from jobs.serializers import (
+    DatasetCreate,
+    DatasetCredentials,
+    DatasetDetailSerializer,
+    DatasetS3Create,
+    DatasetSerializer,
+    DatasetUploadSerializer,
+    DatasetVersionManifestSerializer,
+    DatasetVersionSerializer,
+    UploadComplete,
+    UploadStart,
+    page_params,
+    paged,
+)
 
 PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
+TAG = "datasets"
+IN_THE_WAY = OpenApiResponse(description="In the way.")
 log = logging.getLogger(__name__)
 
 
-def refused(error):
-    """A DatasetError as its answer: 409 when the state of things is in the way (with how far
-    an upload has arrived, to continue from there), else 400."""
-    body = {"detail": sentence(error)}
-    if isinstance(error, datasets.UploadConflict):
-        if error.received is not None:
-            body["received"] = error.received
-        return Response(body, status=status.HTTP_409_CONFLICT)
-    return Response(body, status=status.HTTP_400_BAD_REQUEST)
+def form_body(shape):
+    """A request body the endpoint reads as JSON or as a form."""
+    return {"application/json": shape, "application/x-www-form-urlencoded": shape, "multipart/form-data": shape}
+
+
+def dataset_answer(dataset, request, **kwargs):
+    """The dataset with its versions, as created or changed."""
+    return Response(DatasetDetailSerializer(dataset, context={"request": request}).data, **kwargs)
+
+
+def version_answer(version, request, **kwargs):
+    """The version with its manifest."""
+    return Response(DatasetVersionManifestSerializer(version, context={"request": request}).data, **kwargs)
+
+
+def upload_answer(upload, request, **kwargs):
+    return Response(DatasetUploadSerializer(upload, context={"request": request}).data, **kwargs)
 
 
 def form_errors(form):
     return form_errors_response(form)
 
 
-# What the API shows ----------------------------------------------------------------------------
-
-
-def dataset_json(dataset, request, detail=False):
-    summary = datasets.summarize(dataset)
-    latest = summary["latest"]
-    body = {
-        "id": str(dataset.pk),
-        "name": dataset.name,
-        "description": dataset.description,
-        "source": dataset.source,
-        "created_at": dataset.created_at,
-        "state": summary["state"],
-        "latest_version": latest.number if latest else None,
-        "files": latest.file_count if latest else 0,
-        "bytes": latest.total_bytes if latest else 0,
-        "open_version": summary["open"].number if summary["open"] else None,
-        "url": request.build_absolute_uri(reverse("api:dataset", args=[dataset.pk])),
-        "page": request.build_absolute_uri(reverse("datasets:detail", args=[dataset.pk])),
-    }
-    if dataset.source == Dataset.S3:
-        # The credentials are stored encrypted and never shown back, here or anywhere.
-        body["s3"] = {
-            "uri": dataset.s3_uri,
-            "endpoint_url": dataset.s3_endpoint_url,
-            "region": dataset.s3_region,
-            "credentials": "stored",
-        }
-    if detail:
-        body["versions"] = [version_json(v, request) for v in summary["versions"]]
-    return body
-
-
-def version_json(version, request, manifest=False):
-    dataset_id = version.dataset_id
-    if version.state == DatasetVersion.OPEN:
-        files = list(version.files.all())
-        count, size = len(files), sum(f.size for f in files)
-    else:
-        files, count, size = None, version.file_count, version.total_bytes
-    body = {
-        "number": version.number,
-        "state": version.state,
-        "error": version.error,
-        "files": count,
-        "bytes": size,
-        "parent": version.parent.number if version.parent_id else None,
-        "created_at": version.created_at,
-        "sealed_at": version.sealed_at,
-        "url": request.build_absolute_uri(reverse("api:dataset-version", args=[dataset_id, version.number])),
-    }
-    if version.state == DatasetVersion.OPEN:
-        body["uploads_url"] = request.build_absolute_uri(reverse("api:dataset-uploads", args=[dataset_id, version.number]))
-        body["seal_url"] = request.build_absolute_uri(reverse("api:dataset-seal", args=[dataset_id, version.number]))
-        body["upload_page"] = request.build_absolute_uri(reverse("datasets:upload", args=[dataset_id, version.number]))
-    if manifest:
-        body["manifest"] = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in (files if files is not None else version.files.all())]
-        body["uploads"] = [upload_json(u, request) for u in version.uploads.filter(state__in=DatasetUpload.UNFINISHED)]
-    return body
-
-
-def upload_json(upload, request):
-    return {
-        "id": str(upload.pk),
-        "path": upload.path,
-        "size": upload.size,
-        "sha256": upload.sha256 or None,
-        "chunk_size": upload.chunk_size,
-        "received": upload.received,
-        "state": upload.state,
-        "error": upload.error,
-        "url": request.build_absolute_uri(reverse("api:dataset-upload", args=[upload.pk])),
-        "complete_url": request.build_absolute_uri(reverse("api:dataset-upload-complete", args=[upload.pk])),
-    }
-
-
 # Datasets --------------------------------------------------------------------------------------
 
 
+@extend_schema(
+    methods=["GET"],
+    operation_id="datasets_list",
+    tags=[TAG],
+    summary="List the team's datasets",
+    parameters=page_params(),
+    responses={200: paged("PagedDatasets", DatasetSerializer)},
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="datasets_create",
+    tags=[TAG],
+    summary="Create a dataset to upload files into (version 1, open)",
+    request=form_body(DatasetCreate),
+    responses={201: DatasetDetailSerializer, 409: OpenApiResponse(description="In the way (e.g. the name is taken).")},
+)
 @api_view(["GET", "POST"])
 @parser_classes(PARSERS)
 def dataset_list(request):
@@ -137,12 +102,18 @@ def dataset_list(request):
     a dataset to upload files into."""
     team = require_team(request.user)
     if request.method == "GET":
-        queryset = Dataset.objects.filter(team=team).order_by("name", "created_at")
-        queryset = queryset.prefetch_related(Prefetch("versions", DatasetVersion.objects.order_by("-number")))
-        return paginate(request, queryset, lambda d: dataset_json(d, request))
+        queryset = DatasetSerializer.prefetch(Dataset.objects.filter(team=team).order_by("name", "created_at"))
+        return paginate(request, queryset, DatasetSerializer(context={"request": request}).to_representation)
     return create_with(DatasetForm(fields(request), team=team), request)
 
 
+@extend_schema(
+    operation_id="datasets_register_s3",
+    tags=[TAG],
+    summary="Register the objects under an S3 URI as a dataset",
+    request=form_body(DatasetS3Create),
+    responses={201: DatasetDetailSerializer, 409: IN_THE_WAY},
+)
 @api_view(["POST"])
 @parser_classes(PARSERS)
 def dataset_register_s3(request):
@@ -161,16 +132,25 @@ def create_with(form, request):
     except datasets.DatasetError as error:
         return refused(error)
     audit.record(request, "dataset.create", dataset)
-    return Response(dataset_json(dataset, request, detail=True), status=status.HTTP_201_CREATED)
+    return dataset_answer(dataset, request, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(methods=["GET"], operation_id="dataset_retrieve", tags=[TAG], summary="A dataset with its versions", responses={200: DatasetDetailSerializer})
+@extend_schema(
+    methods=["DELETE"],
+    operation_id="dataset_destroy",
+    tags=[TAG],
+    summary="Delete the dataset with its versions (the team's owner; stored blobs and a registered bucket's objects are kept)",
+    request=None,
+    responses={204: OpenApiResponse(description="Deleted."), 409: OpenApiResponse(description="Unfinished jobs use it: 'detail' names them.")},
+)
 @api_view(["GET", "DELETE"])
 def dataset_detail(request, dataset_id):
     """GET: the dataset with its versions. DELETE (the team's owner): the dataset, its versions
     and unfinished uploads go (204); 409 while unfinished jobs use it, naming them."""
     dataset = get_dataset(request, dataset_id)
     if request.method == "GET":
-        return Response(dataset_json(dataset, request, detail=True))
+        return dataset_answer(dataset, request)
     if not is_owner(request.user):
         raise PermissionDenied(OWNERS_ONLY["delete"])
     try:
@@ -181,6 +161,13 @@ def dataset_detail(request, dataset_id):
     return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+@extend_schema(
+    operation_id="dataset_credentials",
+    tags=[TAG],
+    summary="New credentials for a registered bucket (the team's owner)",
+    request=form_body(DatasetCredentials),
+    responses={200: DatasetDetailSerializer},
+)
 @api_view(["POST"])
 @parser_classes(PARSERS)
 def dataset_credentials(request, dataset_id):
@@ -200,9 +187,16 @@ def dataset_credentials(request, dataset_id):
     dataset, _ = form.save()
     audit.record(request, "dataset.credentials", dataset)
     dataset.refresh_from_db()
-    return Response(dataset_json(dataset, request, detail=True))
+    return dataset_answer(dataset, request)
 
 
+@extend_schema(
+    operation_id="dataset_rescan",
+    tags=[TAG],
+    summary="Scan a registered bucket again (a new version)",
+    request=None,
+    responses={202: DatasetVersionSerializer, 409: IN_THE_WAY},
+)
 @api_view(["POST"])
 def dataset_rescan(request, dataset_id):
     dataset = get_dataset(request, dataset_id)
@@ -210,12 +204,19 @@ def dataset_rescan(request, dataset_id):
         version = datasets.rescan(dataset)
     except datasets.DatasetError as error:
         return refused(error)
-    return Response(version_json(version, request), status=status.HTTP_202_ACCEPTED)
+    return Response(DatasetVersionSerializer(version, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
 
 # Versions --------------------------------------------------------------------------------------
 
 
+@extend_schema(
+    operation_id="dataset_version_open",
+    tags=[TAG],
+    summary="The version to add files to: the open one, or a new one",
+    request=None,
+    responses={200: DatasetVersionManifestSerializer, 201: DatasetVersionManifestSerializer, 409: IN_THE_WAY},
+)
 @api_view(["POST"])
 def version_open(request, dataset_id):
     """The version to add files to: the open one (200) or a new one holding the latest ready
@@ -225,16 +226,24 @@ def version_open(request, dataset_id):
         version, created = datasets.open_version(dataset)
     except datasets.DatasetError as error:
         return refused(error)
-    return Response(version_json(version, request, manifest=True), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+    return version_answer(version, request, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
+@extend_schema(operation_id="dataset_version_retrieve", tags=[TAG], summary="A version with its manifest", responses={200: DatasetVersionManifestSerializer})
 @api_view(["GET"])
 def version_detail(request, dataset_id, number):
     """The version with its manifest: every file's path, size and SHA-256."""
     version = get_version(get_dataset(request, dataset_id), number)
-    return Response(version_json(version, request, manifest=True))
+    return version_answer(version, request)
 
 
+@extend_schema(
+    operation_id="dataset_version_seal",
+    tags=[TAG],
+    summary="Seal an open version: ready and immutable",
+    request=None,
+    responses={200: DatasetVersionManifestSerializer, 409: IN_THE_WAY},
+)
 @api_view(["POST"])
 def version_seal(request, dataset_id, number):
     version = get_version(get_dataset(request, dataset_id), number)
@@ -243,12 +252,19 @@ def version_seal(request, dataset_id, number):
     except datasets.DatasetError as error:
         return refused(error)
     audit.record(request, "dataset.seal", version, label=f"{version.dataset.name}@{version.number}")
-    return Response(version_json(version, request, manifest=True))
+    return version_answer(version, request)
 
 
 # Chunked uploads -------------------------------------------------------------------------------
 
 
+@extend_schema(
+    operation_id="dataset_upload_start",
+    tags=[TAG],
+    summary="Start a chunked upload of a file into an open version",
+    request=form_body(UploadStart),
+    responses={201: DatasetUploadSerializer, 409: OpenApiResponse(description="In the way (e.g. the version is sealed).")},
+)
 @api_view(["POST"])
 @parser_classes(PARSERS)
 def upload_start(request, dataset_id, number):
@@ -265,16 +281,40 @@ def upload_start(request, dataset_id, number):
         upload = datasets.start_upload(version, path, size, user=request.user, sha256=data.get("sha256") or "")
     except datasets.DatasetError as error:
         return refused(error)
-    return Response(upload_json(upload, request), status=status.HTTP_201_CREATED)
+    return upload_answer(upload, request, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(
+    methods=["GET"], operation_id="dataset_upload_retrieve", tags=[TAG], summary="How far an upload has arrived", responses={200: DatasetUploadSerializer}
+)
+@extend_schema(
+    methods=["PUT"],
+    operation_id="dataset_upload_put_chunk",
+    tags=[TAG],
+    summary="Send a chunk of the file, at an offset",
+    parameters=[OpenApiParameter("offset", OpenApiTypes.INT, required=True, description="The chunk's offset in bytes: the upload's received.")],
+    request={"application/octet-stream": OpenApiTypes.BINARY},
+    responses={
+        200: DatasetUploadSerializer,
+        409: OpenApiResponse(description="Not at the expected offset: continue from 'received'."),
+        503: OpenApiResponse(description="Storage failed: send the chunk again."),
+    },
+)
+@extend_schema(
+    methods=["DELETE"],
+    operation_id="dataset_upload_abort",
+    tags=[TAG],
+    summary="Give an upload up",
+    request=None,
+    responses={200: DatasetUploadSerializer, 409: IN_THE_WAY},
+)
 @api_view(["GET", "PUT", "DELETE"])
 def upload_detail(request, upload_id):
     """GET: how far the upload has arrived. PUT ?offset=N with the chunk as the raw body.
     DELETE: give the upload up."""
     upload = get_upload(request, upload_id)
     if request.method == "GET":
-        return Response(upload_json(upload, request))
+        return upload_answer(upload, request)
     try:
         if request.method == "DELETE":
             upload = datasets.abort_upload(upload)
@@ -292,9 +332,23 @@ def upload_detail(request, upload_id):
     except Exception:  # storage trouble: the client sends the chunk again
         log.exception("storing a chunk of %s", upload)
         return storage_failed(f"Storage failed while keeping a chunk of {upload.path}; send it again.")
-    return Response(upload_json(upload, request))
+    return upload_answer(upload, request)
 
 
+@extend_schema(
+    operation_id="dataset_upload_complete",
+    tags=[TAG],
+    summary="Join the chunks and add the file to its version",
+    request=form_body(UploadComplete),
+    responses={
+        200: DatasetUploadSerializer,
+        202: OpenApiResponse(
+            DatasetUploadSerializer, description="A large file, checked and completing: poll its url (also in Location) until complete or failed."
+        ),
+        409: OpenApiResponse(description="Not all arrived, or the digest differs."),
+        503: OpenApiResponse(description="Storage failed: complete it again."),
+    },
+)
 @api_view(["POST"])
 @parser_classes(PARSERS)
 def upload_complete(request, upload_id):
@@ -316,12 +370,7 @@ def upload_complete(request, upload_id):
         log.exception("completing %s", upload)
         return storage_failed(f"Storage failed while completing {upload.path}; the upload is kept: complete it again.")
     audit.record(request, "dataset.upload.complete", upload, label=f"{upload.version.dataset.name}@{upload.version.number}: {upload.path}")
-    body = upload_json(upload, request)
+    body = DatasetUploadSerializer(upload, context={"request": request}).data
     if upload.state == DatasetUpload.COMPLETING:
         return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["url"]})
     return Response(body)
-
-
-def storage_failed(detail):
-    """Not the client's doing, and nothing is lost: 503, which upload.js tries again."""
-    return Response({"detail": detail}, status=status.HTTP_503_SERVICE_UNAVAILABLE)

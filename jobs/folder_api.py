@@ -24,7 +24,7 @@ from accounts.access import get_for_team, require_team
 from core.api import fields
 from core.parsers import BoundedJSONParser
 from jobs import datasets, folder_uploads, folders
-from jobs.dataset_api import refused, storage_failed
+from jobs.api_common import refused, storage_failed
 from jobs.models import DatasetUpload, FolderUpload
 
 log = logging.getLogger(__name__)

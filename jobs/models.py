@@ -251,10 +251,12 @@ class Job(models.Model):
                     kwargs["update_fields"] = {*kwargs["update_fields"], f"{role}_label"}
         super().save(*args, **kwargs)
 
-    def shown_staging(self):
+    def shown_staging(self, stagings=None):
         """The staging a job's page and API show: of a job staged on several nodes (its first
-        node was busy), the one that finished, else the newest still going, else the newest."""
-        stagings = list(self.stagings.select_related("node"))  # newest first
+        node was busy), the one that finished, else the newest still going, else the newest.
+        stagings: the job's, newest first with their nodes, where the caller has them (a list's
+        prefetch, jobs.serializers)."""
+        stagings = list(self.stagings.select_related("node") if stagings is None else stagings)  # newest first
         return next((s for s in stagings if s.state == "staged"), None) or next(
             (s for s in stagings if s.state != "abandoned"), stagings[0] if stagings else None
         )
@@ -365,14 +367,22 @@ class Job(models.Model):
 
     TIMELINE_KINDS = ("state", "checkpoint", "resume")
 
-    def latest_allocation(self):
-        return self.allocations.select_related("node").order_by("-started_at", "node_rank").first()
+    def latest_allocation(self, allocations=None):
+        """allocations: the job's with their nodes, where the caller has them (a list's prefetch,
+        jobs.serializers): chosen from in the same order, without a query."""
+        if allocations is None:
+            return self.allocations.select_related("node").order_by("-started_at", "node_rank").first()
+        ordered = sorted(sorted(allocations, key=lambda a: a.node_rank), key=lambda a: a.started_at, reverse=True)
+        return ordered[0] if ordered else None
 
-    def latest_allocations(self):
-        """The latest allocation, or every node of the latest gang, in node order."""
-        latest = self.latest_allocation()
+    def latest_allocations(self, allocations=None):
+        """The latest allocation, or every node of the latest gang, in node order (allocations:
+        as for latest_allocation)."""
+        latest = self.latest_allocation(allocations)
         if latest is None or latest.gang is None:
             return [latest] if latest is not None else []
+        if allocations is not None:
+            return sorted((a for a in allocations if a.gang == latest.gang), key=lambda a: a.node_rank)
         return list(self.allocations.select_related("node").filter(gang=latest.gang).order_by("node_rank"))
 
     def held(self, now=None, allocations=None):

@@ -11,9 +11,10 @@ from rest_framework.response import Response
 
 from accounts import audit
 from core.downloads import download_response
-from jobs import views
-from jobs.api import int_param
-from jobs.views import checkpoint_is_gone, get_checkpoint, get_job, gone_message, metrics_data
+from jobs import run_data
+from jobs.access import get_job
+from jobs.api_common import int_param
+from jobs.run_data import checkpoint_is_gone, get_checkpoint, gone_message, metrics_data
 
 MAX_POINTS = 100_000
 NAMES = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
@@ -68,7 +69,7 @@ def job_checkpoints(request, job_id):
     """The job's checkpoints, newest first: the kept ones (the latest keep_checkpoints, with a
     download url) and the pruned ones (deleted from storage; pruned true, no url)."""
     job = get_job(request, job_id)
-    return Response([checkpoint_json(request, job, c) for c in views.job_checkpoints(job)])
+    return Response([checkpoint_json(request, job, c) for c in run_data.job_checkpoints(job)])
 
 
 @api_view(["GET"])

@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, F, FloatField, Func, Q, Sum, Value, When
 from django.db.models.functions import Cast, Coalesce, Greatest, Least
-from django.http import Http404, HttpResponse, HttpResponseGone
+from django.http import HttpResponse, HttpResponseGone
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -15,7 +15,6 @@ from rest_framework.exceptions import ValidationError
 from accounts import audit
 from accounts.access import require_team, team_of
 from core.downloads import download_response
-from core.storage import get_storage
 from jobs import lineage, metrics, specfile, states, utilization
 from jobs.access import get_artifact, get_job
 from jobs.ceiling import job_ceiling
@@ -23,7 +22,8 @@ from jobs.comparisons import comparison
 from jobs.downloads import artifact_response, log_response
 from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
-from jobs.models import Job, event_message
+from jobs.models import Job
+from jobs.run_data import checkpoint_is_gone, get_checkpoint, gone_message, job_checkpoints, metrics_data
 from jobs.spec_form import form_initial
 
 LOG_LINES_ON_PAGE = 500
@@ -332,39 +332,6 @@ def artifact_download(request, job_id, name):
 # Metrics ------------------------------------------------------------------------------------
 
 
-def metric_events(job, after=0, upto=None):
-    """The job's metric events after seq `after` (up to `upto`), in order, as the websocket
-    sends them; read in chunks, so a job with many thousands of points is not held as rows."""
-    rows = job.events.filter(kind="metric", seq__gt=after)
-    if upto is not None:
-        rows = rows.filter(seq__lte=upto)
-    for seq, at, data in rows.order_by("seq").values_list("seq", "at", "data").iterator(chunk_size=2000):
-        yield event_message(seq, "metric", at, "", "", data)
-
-
-def metric_modes(job):
-    """Which way is better for the job's early-stopping metric, when it has one."""
-    return {job.early_stop_metric: job.early_stop_mode} if job.early_stop_metric else {}
-
-
-def metrics_data(job, after=0, upto=None, names=None, limit=None):
-    """{"series", "summary", "events", "last_seq"} of the job's metric points after seq `after`
-    (see jobs.metrics); events: how many metric events the job had up to the last one read
-    (the x of step-less points continues from there)."""
-    offset = job.events.filter(kind="metric", seq__lte=after).count() if after else 0
-    counted = []
-
-    def counting(events):
-        for event in events:
-            counted.append(event["seq"])
-            yield event
-
-    data = metrics.build(counting(metric_events(job, after, upto)), names=names, offset=offset, limit=limit, modes=metric_modes(job))
-    data["events"] = offset + len(counted)
-    data["last_seq"] = max(counted[-1] if counted else 0, after, upto or 0)
-    return data
-
-
 def metric_rows(summary):
     """The summary as rows for the page's table (readable without the chart)."""
     return [
@@ -383,31 +350,6 @@ def metric_rows(summary):
 
 
 # Checkpoints --------------------------------------------------------------------------------
-
-
-def job_checkpoints(job):
-    """Kept and pruned checkpoints, the newest first."""
-    return job.checkpoints.select_related("allocation__node").order_by("-written_at", "-id")
-
-
-def get_checkpoint(job, name):
-    """The job's checkpoint of that name (a kept one before a pruned one), or Http404."""
-    checkpoint = job.checkpoints.filter(name=name).order_by(F("pruned_at").desc(nulls_first=True), "-written_at", "-id").first()
-    if checkpoint is None:
-        raise Http404("No such checkpoint.")
-    return checkpoint
-
-
-def gone_message(job, checkpoint):
-    when = checkpoint.pruned_at.strftime("%Y-%m-%d %H:%M UTC") if checkpoint.pruned_at else "earlier"
-    return (
-        f"Checkpoint {checkpoint.name} was deleted from storage ({when}): a job keeps only its latest "
-        f"{job.keep_checkpoints} checkpoint{'s' if job.keep_checkpoints != 1 else ''}."
-    )
-
-
-def checkpoint_is_gone(checkpoint):
-    return checkpoint.pruned_at is not None or not get_storage().exists(checkpoint.key)
 
 
 @login_required

@@ -1,0 +1,72 @@
+"""A job's run as its page and the API read it: its metric series (from its metric events, built
+by jobs.metrics) and its checkpoints, kept and pruned."""
+
+from django.db.models import F
+from django.http import Http404
+
+from core.storage import get_storage
+from jobs import metrics
+from jobs.models import event_message
+
+# Metrics ------------------------------------------------------------------------------------
+
+
+def metric_events(job, after=0, upto=None):
+    """The job's metric events after seq `after` (up to `upto`), in order, as the websocket
+    sends them; read in chunks, so a job with many thousands of points is not held as rows."""
+    rows = job.events.filter(kind="metric", seq__gt=after)
+    if upto is not None:
+        rows = rows.filter(seq__lte=upto)
+    for seq, at, data in rows.order_by("seq").values_list("seq", "at", "data").iterator(chunk_size=2000):
+        yield event_message(seq, "metric", at, "", "", data)
+
+
+def metric_modes(job):
+    """Which way is better for the job's early-stopping metric, when it has one."""
+    return {job.early_stop_metric: job.early_stop_mode} if job.early_stop_metric else {}
+
+
+def metrics_data(job, after=0, upto=None, names=None, limit=None):
+    """{"series", "summary", "events", "last_seq"} of the job's metric points after seq `after`
+    (see jobs.metrics); events: how many metric events the job had up to the last one read
+    (the x of step-less points continues from there)."""
+    offset = job.events.filter(kind="metric", seq__lte=after).count() if after else 0
+    counted = []
+
+    def counting(events):
+        for event in events:
+            counted.append(event["seq"])
+            yield event
+
+    data = metrics.build(counting(metric_events(job, after, upto)), names=names, offset=offset, limit=limit, modes=metric_modes(job))
+    data["events"] = offset + len(counted)
+    data["last_seq"] = max(counted[-1] if counted else 0, after, upto or 0)
+    return data
+
+
+# Checkpoints --------------------------------------------------------------------------------
+
+
+def job_checkpoints(job):
+    """Kept and pruned checkpoints, the newest first."""
+    return job.checkpoints.select_related("allocation__node").order_by("-written_at", "-id")
+
+
+def get_checkpoint(job, name):
+    """The job's checkpoint of that name (a kept one before a pruned one), or Http404."""
+    checkpoint = job.checkpoints.filter(name=name).order_by(F("pruned_at").desc(nulls_first=True), "-written_at", "-id").first()
+    if checkpoint is None:
+        raise Http404("No such checkpoint.")
+    return checkpoint
+
+
+def gone_message(job, checkpoint):
+    when = checkpoint.pruned_at.strftime("%Y-%m-%d %H:%M UTC") if checkpoint.pruned_at else "earlier"
+    return (
+        f"Checkpoint {checkpoint.name} was deleted from storage ({when}): a job keeps only its latest "
+        f"{job.keep_checkpoints} checkpoint{'s' if job.keep_checkpoints != 1 else ''}."
+    )
+
+
+def checkpoint_is_gone(checkpoint):
+    return checkpoint.pruned_at is not None or not get_storage().exists(checkpoint.key)

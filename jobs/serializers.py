@@ -1,0 +1,499 @@
+"""The API's shapes of jobs, datasets, dataset versions and uploads: DRF serializers, the one
+source of both the JSON the views answer and the OpenAPI schema (the views carry
+@extend_schema with these classes; e31web/api_schema.py describes the API's other shapes).
+
+A serializer reads an object through its Facts: the model's own fields, and what the API shows
+beyond them (a job's meter, ceiling and latest allocations, a dataset's summary, URLs), worked
+out once per object. The fields' classes type the schema; their values are the model's, as they
+are (a string, a number, a list), except that times go out as stored (UTC) and the JSON renderer
+writes them ("2026-11-03T10:30:00Z"), whatever time zone the request activated (Moment).
+
+Lists: JobSerializer.prefetch(queryset) fetches what a page of jobs shows in a fixed number of
+queries, however many jobs it holds (tests/test_api_shapes.py counts them); one job alone is
+completed the same way when it is shown.
+
+Also here: the request bodies of the views that answer these shapes, and the page helpers
+(page_params, paged) the schema of every list uses.
+"""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import OuterRef, Prefetch, Subquery, Sum, prefetch_related_objects
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema_serializer, inline_serializer
+from rest_framework import serializers as s
+
+from billing.models import Credit
+from e31.recipes.precision import PRECISIONS
+from jobs import datasets
+from jobs.ceiling import job_ceiling
+from jobs.models import Dataset, DatasetUpload, DatasetVersion, Job, JobEvent, Upload
+
+# Building blocks ------------------------------------------------------------------------------
+
+
+class Moment(s.DateTimeField):
+    """A time as stored (UTC), written by the JSON renderer; DRF's DateTimeField would move it
+    into the request's time zone (a token's user's own, jobs.api activates it)."""
+
+    def to_representation(self, value):
+        return value
+
+
+def nullable_str(**kwargs):
+    return s.CharField(allow_null=True, allow_blank=True, **kwargs)
+
+
+class Facts:
+    """An object as a serializer reads it: its own attributes, and the API's figures about it
+    (set in a subclass's __init__), which take precedence."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __getattr__(self, name):  # only for what the facts do not have themselves
+        if name == "obj":
+            raise AttributeError(name)
+        return getattr(self.obj, name)
+
+
+class FactsSerializer(s.Serializer):
+    """A serializer of an object's Facts (facts_class), made once per object shown."""
+
+    facts_class = Facts
+
+    def to_representation(self, instance):
+        facts = instance if isinstance(instance, Facts) else self.facts_class(instance, self.context["request"])
+        return super().to_representation(facts)
+
+
+def page_params():
+    return [
+        OpenApiParameter("page", OpenApiTypes.INT, description="Page number, from 1 (a page past the last one is a 404)."),
+        OpenApiParameter("page_size", OpenApiTypes.INT, description="Items per page."),
+    ]
+
+
+def paged(name, item):
+    """The schema of a page of items (core.api.page_of)."""
+    return inline_serializer(
+        name=name,
+        fields={
+            "count": s.IntegerField(help_text="How many items there are in all."),
+            "next": s.URLField(allow_null=True, help_text="The next page's URL; null on the last page."),
+            "previous": s.URLField(allow_null=True, help_text="The previous page's URL; null on the first page."),
+            "results": item(many=True),
+        },
+    )
+
+
+# Jobs -----------------------------------------------------------------------------------------
+
+
+class AllocationSerializer(s.Serializer):
+    node = s.CharField(source="node.name")
+    devices = s.JSONField()
+    device_type = s.CharField(allow_blank=True)
+    rate = s.CharField(help_text="Per GPU-hour, a decimal string.")
+    started_at = Moment()
+    ended_at = Moment(allow_null=True)
+    end_reason = s.CharField(allow_blank=True, allow_null=True)
+    node_rank = s.IntegerField(allow_null=True)
+    gang_size = s.IntegerField(allow_null=True)
+
+
+class ModelFileSerializer(s.Serializer):
+    name = s.CharField()
+    size = s.IntegerField()
+    sha256 = s.CharField()
+
+
+class JobModelSerializer(s.Serializer):
+    label = s.CharField(help_text="Its folder in the job (model/<label>/): start, a fine-tuning's starting weights; an evaluation's new, previous ...")
+    source_job = s.UUIDField(source="source_job_id", allow_null=True, help_text="The job whose output these weights are; null: uploaded.")
+    description = s.CharField(allow_blank=True)
+    files = ModelFileSerializer(many=True)
+
+
+def timeline_entry(event):
+    """A state change, or a checkpoint or resume, as the job's timeline lists it."""
+    data = event.data or {}
+    if event.kind == "state":
+        return {"seq": event.seq, "at": event.at, "kind": "state", "state": data.get("state"), "from": data.get("from"), "reason": data.get("reason", "")}
+    return {"seq": event.seq, "at": event.at, "kind": event.kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
+
+
+def job_inputs(job):
+    """{name: its dataset version (NAME@N), or the list of its files} of a job's named inputs."""
+    found = {i.name: i.label for i in job.inputs.all()}
+    for upload in job.uploads.all():
+        if upload.role == Upload.INPUT:
+            found.setdefault(upload.channel, []).append(upload.name)
+    return dict(sorted(found.items()))
+
+
+def plain(value):
+    """A decimal as a plain decimal string (no exponent); None stays None."""
+    return None if value is None else f"{value:f}"
+
+
+def job_prefetch():
+    """What JobFacts reads besides the job's row and its credits: prefetched for a page of jobs
+    (JobSerializer.prefetch), or for one job when it is shown. The timeline: Job.timeline()'s."""
+    timeline = JobEvent.objects.filter(kind__in=Job.TIMELINE_KINDS).order_by("seq")
+    return ("allocations__node", "models", "inputs", "uploads", "stagings__node", Prefetch("events", timeline, to_attr="timeline_events"))
+
+
+def credit_sum(field):
+    """The sum of the job's credits' field, as the database adds it up (Job.credited)."""
+    return Subquery(Credit.objects.filter(job=OuterRef("pk")).order_by().values("job").annotate(total=Sum(field)).values("total"))
+
+
+class JobFacts(Facts):
+    def __init__(self, job, request):
+        super().__init__(job)
+        listed = hasattr(job, "credited_amount_total")  # one of a page, from JobSerializer.prefetch
+        if listed:
+            credit_seconds, credit_amount = job.credited_seconds_total or 0, job.credited_amount_total or Decimal(0)
+            ceiling = job_ceiling(job, credits=job.credits.all())
+        else:  # one job alone: fetched here
+            prefetch_related_objects([job], *job_prefetch())
+            credit_seconds, credit_amount = job.credited()
+            ceiling = job_ceiling(job)
+        allocations = list(job.allocations.all())
+        seconds, amount = job.held(allocations=allocations)
+        staging = job.shown_staging(job.stagings.all())
+        self.packages = job.packages.splitlines()
+        # NAME@N, kept on the job (also after the dataset is deleted): no query per job.
+        self.train_dataset = job.train_label or None
+        self.heldout_dataset = job.heldout_label or None
+        self.inputs = job_inputs(job)
+        self.staging = staging.progress() if staging else None
+        # Of the ceiling: the share used (billed, credits taken off) and what is left.
+        self.ceiling_used_fraction = float(ceiling.used_fraction) if ceiling else None
+        self.ceiling_amount_left = plain(ceiling and ceiling.amount_left)
+        self.ceiling_gpu_hours_left = plain(ceiling and ceiling.gpu_hours_left)
+        self.deadline_missed = job.deadline_missed_at is not None
+        self.credited_seconds = credit_seconds
+        self.credited = f"{credit_amount:f}"
+        self.held_seconds = seconds
+        self.cost = f"{amount:f}"
+        self.currency = settings.E31_CURRENCY
+        self.allocation = job.latest_allocation(allocations)
+        self.allocations = job.latest_allocations(allocations)
+        self.timeline = [timeline_entry(e) for e in job.timeline_events]
+        self.url = request.build_absolute_uri(reverse("jobs:detail", args=[job.pk]))
+
+
+class JobSerializer(FactsSerializer):
+    facts_class = JobFacts
+
+    id = s.UUIDField()
+    name = s.CharField(allow_blank=True)
+    kind = s.CharField()
+    recipe = s.CharField(allow_blank=True, allow_null=True)
+    parent = s.UUIDField(source="parent_id", allow_null=True, help_text="The job it was made from: a retraining's previous job, a comparison's fine-tuning.")
+    smoke_run = s.UUIDField(source="smoke_run_id", allow_null=True, help_text="The short run on a sample that must succeed before this job may start.")
+    models = JobModelSerializer(many=True, help_text="The models the job starts from or scores, their files pinned.")
+    state = s.CharField()
+    created_at = Moment()
+    finished_at = Moment(allow_null=True)
+    entrypoint = s.CharField(allow_blank=True, allow_null=True)
+    command = s.CharField(allow_blank=True, help_text="One shell line run instead of an entrypoint (bash -c); blank for none.")
+    args = s.ListField(child=s.CharField(), help_text="As given: $NAME and ${NAME} are replaced by the job's variables when it starts.")
+    hyperparameters = s.DictField(help_text="Passed after the arguments as --name value, and in SM_HPS / SM_HP_<NAME>.")
+    config = s.DictField()
+    workdir = s.CharField(allow_blank=True, help_text="The working folder in the code; blank: the entrypoint's own folder.")
+    processes = s.IntegerField(allow_null=True, help_text="Processes per node; null: one per GPU, or one for CPU slots (as threads).")
+    precision = s.ChoiceField(
+        choices=["", *PRECISIONS],
+        allow_blank=True,
+        help_text="fp32, bf16 or fp16: the recipes' autocast on GPUs (fp16 with loss scaling; the CPU runs fp32), and E31_PRECISION "
+        "in the job; blank: the default (the recipes: bf16 on GPUs).",
+    )
+    packages = s.ListField(child=s.CharField(), help_text="The Python packages the job brings: requirements, as in requirements.txt.")
+    train_dataset = nullable_str(help_text="name@version")
+    heldout_dataset = nullable_str(help_text="name@version")
+    inputs = s.DictField(
+        child=s.JSONField(), help_text="The named inputs: {name: dataset@version, or the list of its files}, each in $E31_DATA_DIR/<name> (SM_CHANNEL_<NAME>)."
+    )
+    staging = s.JSONField(
+        allow_null=True,
+        help_text='Getting its work and data onto a node, while it waits: {"state", "node", "files_done", "files_total", "bytes_done", '
+        '"bytes_total", "bytes_moved", "seconds", "throughput", "error"}; null: not staged yet.',
+    )
+    gpus = s.IntegerField()
+    gpu_type = s.CharField(allow_blank=True)
+    mode = s.CharField()
+    span_hours = nullable_str()
+    ceiling_amount = nullable_str()
+    ceiling_gpu_hours = nullable_str()
+    ceiling_used_fraction = s.FloatField(allow_null=True, help_text="How much of the job's ceiling is used, 0 to 1 (the nearer one of two); null: no ceiling.")
+    ceiling_amount_left = nullable_str(help_text="Of a money ceiling, what is left (a decimal string); null: none.")
+    ceiling_gpu_hours_left = nullable_str(help_text="Of a GPU-hours ceiling, what is left (a decimal string); null: none.")
+    not_before = Moment(allow_null=True)
+    deadline = Moment(allow_null=True)
+    deadline_missed = s.BooleanField(help_text="The deadline was found infeasible.")
+    predicted_start = Moment(allow_null=True)
+    predicted_finish = Moment(allow_null=True)
+    wait_reason = s.CharField(allow_blank=True, help_text="While queued: what it waits for.")
+    exit_code = s.IntegerField(allow_null=True)
+    reason = s.CharField(allow_blank=True, help_text="Why the job ended as it did.")
+    restarts = s.IntegerField()
+    preemptions = s.IntegerField()
+    preemptible = s.BooleanField()
+    keep_checkpoints = s.IntegerField()
+    max_restarts = s.IntegerField()
+    early_stop_metric = s.CharField(allow_blank=True)
+    early_stop_mode = s.CharField()
+    early_stop_patience = s.IntegerField(allow_null=True)
+    stop_on_nan = s.BooleanField()
+    network = s.BooleanField()
+    idle_minutes = s.IntegerField(help_text="Minutes with every device idle before the job is flagged (0: never).")
+    stop_if_idle = s.BooleanField(help_text="Once flagged idle, the job is stopped with a checkpoint.")
+    idle_since = Moment(allow_null=True, help_text="While flagged idle: since when its devices are idle.")
+    utilization = s.JSONField(
+        allow_null=True,
+        help_text='Once it ended: {"seconds", "busy" (devices\' worth), "series": [{"name", "mean", "peak", "memory_mean", "memory_peak", "memory_total"}]}.',
+    )
+    credited_seconds = s.IntegerField(help_text="Held seconds credited for time lost through the network's fault.")
+    credited = s.CharField(help_text="A decimal string, in currency: taken off for time lost through the network's fault.")
+    held_seconds = s.IntegerField()
+    cost = s.CharField(help_text="A decimal string, in currency.")
+    currency = s.CharField()
+    allocation = AllocationSerializer(allow_null=True, help_text="The latest allocation (of a gang: node 0's).")
+    allocations = AllocationSerializer(many=True, help_text="Every node and device of the latest allocation (one, or a gang's).")
+    timeline = s.ListField(
+        child=s.DictField(),
+        help_text='State changes {"seq", "at", "kind": "state", "state", "from", "reason"}, checkpoints and resumes {"seq", "at", "kind", "name", "step", "text"}.',
+    )
+    last_seq = s.IntegerField()
+    url = s.URLField()
+
+    @staticmethod
+    def prefetch(queryset):
+        """A queryset of jobs with what the serializer reads, in a fixed number of queries."""
+        return queryset.prefetch_related(*job_prefetch(), "credits__usage").annotate(
+            credited_seconds_total=credit_sum("seconds"), credited_amount_total=credit_sum("amount")
+        )
+
+
+# Datasets -------------------------------------------------------------------------------------
+
+
+class UploadFacts(Facts):
+    def __init__(self, upload, request):
+        super().__init__(upload)
+        self.sha256 = upload.sha256 or None
+        self.url = request.build_absolute_uri(reverse("api:dataset-upload", args=[upload.pk]))
+        self.complete_url = request.build_absolute_uri(reverse("api:dataset-upload-complete", args=[upload.pk]))
+
+
+@extend_schema_serializer(component_name="Upload")
+class DatasetUploadSerializer(FactsSerializer):
+    facts_class = UploadFacts
+
+    id = s.UUIDField()
+    path = s.CharField()
+    size = s.IntegerField()
+    sha256 = s.CharField(allow_null=True)
+    chunk_size = s.IntegerField()
+    received = s.IntegerField(help_text="Bytes arrived so far: send the next chunk at this offset.")
+    state = s.CharField()
+    error = s.CharField(allow_blank=True, allow_null=True)
+    url = s.URLField()
+    complete_url = s.URLField()
+
+
+class DatasetFileSerializer(s.Serializer):
+    path = s.CharField()
+    size = s.IntegerField()
+    sha256 = s.CharField()
+
+
+class VersionFacts(Facts):
+    def __init__(self, version, request):
+        super().__init__(version)
+        dataset_id, number = version.dataset_id, version.number
+        self.open_files = None
+        if version.state == DatasetVersion.OPEN:  # its counts are kept once it is sealed
+            self.open_files = list(version.files.all())
+            self.files, self.bytes = len(self.open_files), sum(f.size for f in self.open_files)
+            self.uploads_url = request.build_absolute_uri(reverse("api:dataset-uploads", args=[dataset_id, number]))
+            self.seal_url = request.build_absolute_uri(reverse("api:dataset-seal", args=[dataset_id, number]))
+            self.upload_page = request.build_absolute_uri(reverse("datasets:upload", args=[dataset_id, number]))
+        else:
+            self.files, self.bytes = version.file_count, version.total_bytes
+        self.parent = version.parent.number if version.parent_id else None
+        self.url = request.build_absolute_uri(reverse("api:dataset-version", args=[dataset_id, number]))
+
+    # Read only where the manifest is shown (DatasetVersionManifestSerializer).
+
+    @property
+    def manifest(self):
+        return self.open_files if self.open_files is not None else self.obj.files.all()
+
+    @property
+    def uploads(self):
+        return self.obj.uploads.filter(state__in=DatasetUpload.UNFINISHED)
+
+
+class DatasetVersionSerializer(FactsSerializer):
+    facts_class = VersionFacts
+
+    number = s.IntegerField()
+    state = s.CharField()
+    error = s.CharField(allow_blank=True, allow_null=True)
+    files = s.IntegerField()
+    bytes = s.IntegerField()
+    parent = s.IntegerField(allow_null=True)
+    created_at = Moment()
+    sealed_at = Moment(allow_null=True)
+    url = s.URLField()
+    uploads_url = s.URLField(required=False, help_text="Open versions only.")
+    seal_url = s.URLField(required=False, help_text="Open versions only.")
+    upload_page = s.URLField(required=False, help_text="Open versions only: the page to upload files from a browser.")
+
+
+class DatasetVersionManifestSerializer(DatasetVersionSerializer):
+    manifest = DatasetFileSerializer(many=True)
+    uploads = DatasetUploadSerializer(many=True, help_text="The version's unfinished uploads.")
+
+
+class DatasetFacts(Facts):
+    def __init__(self, dataset, request):
+        super().__init__(dataset)
+        summary = datasets.summarize(dataset)
+        latest, open_version = summary["latest"], summary["open"]
+        self.state = summary["state"]
+        self.latest_version = latest.number if latest else None
+        self.files = latest.file_count if latest else 0
+        self.bytes = latest.total_bytes if latest else 0
+        self.open_version = open_version.number if open_version else None
+        self.url = request.build_absolute_uri(reverse("api:dataset", args=[dataset.pk]))
+        self.page = request.build_absolute_uri(reverse("datasets:detail", args=[dataset.pk]))
+        if dataset.source == Dataset.S3:  # else no s3 at all: the field is left out
+            # The credentials are stored encrypted and never shown back, here or anywhere.
+            self.s3 = {"uri": dataset.s3_uri, "endpoint_url": dataset.s3_endpoint_url, "region": dataset.s3_region, "credentials": "stored"}
+        self.versions = summary["versions"]
+
+
+class DatasetSerializer(FactsSerializer):
+    facts_class = DatasetFacts
+
+    id = s.UUIDField()
+    name = s.CharField()
+    description = s.CharField(allow_blank=True)
+    source = s.CharField()
+    created_at = Moment()
+    state = s.CharField()
+    latest_version = s.IntegerField(allow_null=True)
+    files = s.IntegerField()
+    bytes = s.IntegerField()
+    open_version = s.IntegerField(allow_null=True)
+    url = s.URLField()
+    page = s.URLField()
+    s3 = inline_serializer(
+        name="DatasetS3",
+        required=False,
+        help_text="A registered bucket's only.",
+        fields={"uri": s.CharField(), "endpoint_url": nullable_str(), "region": nullable_str(), "credentials": s.CharField()},
+    )
+
+    @staticmethod
+    def prefetch(queryset):
+        """A queryset of datasets with the versions the summary reads, newest first."""
+        return queryset.prefetch_related(Prefetch("versions", DatasetVersion.objects.order_by("-number")))
+
+
+class DatasetDetailSerializer(DatasetSerializer):
+    versions = DatasetVersionSerializer(many=True)
+
+
+# Request bodies -------------------------------------------------------------------------------
+
+SPEC_HELP = (
+    "The job's spec: a spec file's text (YAML or JSON), or (JSON body) an object of the API's fields: "
+    "name, kind, recipe, entrypoint, command, args, hyperparameters, config, env, workdir, processes, precision (fp32, bf16 or fp16), "
+    "packages (a list of requirements, or text with one a line), "
+    "train_dataset, heldout_dataset, gpus, gpu_type, mode, span_hours, ceiling_kind, ceiling, not_before, deadline, by, "
+    "preemptible, keep_checkpoints, max_restarts, early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
+)
+
+FOLDER_UPLOAD_HELP = "The code: a folder uploaded ahead (POST /api/folders/, every byte arrived), packed into a zip the job unpacks."
+
+JobSubmitForm = inline_serializer(
+    name="JobSubmitForm",
+    fields={
+        "spec": s.CharField(help_text=SPEC_HELP),
+        "spec_name": s.CharField(required=False, help_text="The spec file's name, for messages."),
+        "code": s.ListField(child=s.FileField(), required=False, help_text="The code: a script or an archive."),
+        "data": s.ListField(child=s.FileField(), required=False, help_text="Training data files."),
+        "heldout": s.ListField(child=s.FileField(), required=False, help_text="Held-out data files."),
+        "base_model": s.ListField(child=s.FileField(), required=False, help_text="A starting model's weights."),
+        "code_folder_upload": s.UUIDField(required=False, help_text=FOLDER_UPLOAD_HELP),
+    },
+)
+JobSubmitJson = inline_serializer(
+    name="JobSubmitJson",
+    fields={
+        "spec": s.JSONField(help_text=SPEC_HELP),
+        "spec_name": s.CharField(required=False),
+        "code_folder_upload": s.UUIDField(required=False, help_text=FOLDER_UPLOAD_HELP),
+    },
+)
+SpecOnlyForm = inline_serializer(name="SpecForm", fields={"spec": s.CharField(help_text=SPEC_HELP)})
+
+RetrainOverridesForm = inline_serializer(
+    name="RetrainForm",
+    fields={
+        "spec": s.CharField(
+            required=False,
+            help_text="A JSON object overriding the job's request: name, gpus, gpu_type, mode, span_hours, ceiling_kind, "
+            "ceiling, not_before, by, deadline, preemptible.",
+        ),
+        "data": s.ListField(child=s.FileField(), required=False, help_text="More training data files."),
+    },
+)
+RetrainOverridesJson = inline_serializer(name="RetrainJson", fields={"spec": s.DictField(required=False)})
+
+DatasetCreate = inline_serializer(
+    name="DatasetCreate",
+    fields={
+        "name": s.CharField(max_length=200, help_text="Jobs name it: name, or name@2 for version 2."),
+        "description": s.CharField(required=False, allow_blank=True),
+    },
+)
+DatasetS3Create = inline_serializer(
+    name="DatasetS3Create",
+    fields={
+        "name": s.CharField(max_length=200),
+        "description": s.CharField(required=False, allow_blank=True),
+        "uri": s.CharField(help_text="s3://bucket/prefix"),
+        "endpoint_url": s.URLField(required=False, help_text="Blank: AWS."),
+        "region": s.CharField(required=False, allow_blank=True),
+        "access_key_id": s.CharField(),
+        "secret_access_key": s.CharField(help_text="Stored encrypted, never shown back."),
+    },
+)
+DatasetCredentials = inline_serializer(
+    name="DatasetCredentials",
+    fields={
+        "access_key_id": s.CharField(),
+        "secret_access_key": s.CharField(help_text="Stored encrypted, never shown back."),
+        "endpoint_url": s.URLField(required=False, allow_blank=True, help_text="Blank: AWS. Left out: unchanged."),
+        "region": s.CharField(required=False, allow_blank=True, help_text="Left out: unchanged."),
+        "rescan": s.BooleanField(required=False, help_text="Scan the bucket again with the new credentials (a new version)."),
+    },
+)
+UploadStart = inline_serializer(
+    name="UploadStart",
+    fields={
+        "path": s.CharField(help_text="The file's path in the dataset."),
+        "size": s.IntegerField(min_value=0, help_text="In bytes."),
+        "sha256": s.CharField(required=False, allow_blank=True, help_text="Checked on completion if given."),
+    },
+)
+UploadComplete = inline_serializer(name="UploadComplete", fields={"sha256": s.CharField(required=False, allow_blank=True)})
