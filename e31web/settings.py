@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "jobs",
     "scheduler",
     "agent",
+    "sweeps",
     "billing",
     "notifications",
 ]

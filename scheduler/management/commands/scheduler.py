@@ -15,6 +15,7 @@ from jobs import datasets, sweep
 from jobs.models import Upload
 from notifications import delivery
 from scheduler import allocations, predictions, services
+from sweeps import services as sweep_steps
 
 log = logging.getLogger("scheduler")
 HOUSEKEEPING_SECONDS = 600
@@ -106,6 +107,8 @@ class Command(BaseCommand):
             self.completing = {future for future in self.completing if not future.done()}
             for upload in datasets.claim_completions(limit=COMPLETION_WORKERS - len(self.completing)):
                 self.completing.add(self.completions.submit(self.complete, upload))
+            for trial in sweep_steps.advance_all():
+                log.info("sweep %s: queued trial %d (job %s)", trial.sweep_id, trial.number, trial.job_id)
             services.line_up()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())

@@ -1,0 +1,185 @@
+"""A sweep's steps over the database, once per scheduler cycle (advance_all): settle the trials
+that ended (their objective from their metrics), then start new trials while they fit under
+the sweep's money ceiling (sweeps.ceiling) and its trial counts, and end the sweep when nothing
+is left to run. The parameters come from Optuna (sweeps.search); the trials are jobs, copies of
+the template (jobs.lineage), queued, held, run and billed like any other."""
+
+import logging
+import math
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from billing import budgets, meter
+from billing.budget_service import Rates
+from jobs import lineage, states
+from jobs.metrics import series_from_events
+from jobs.models import Upload
+from sweeps import ceiling, search
+from sweeps.models import Sweep, Trial
+
+log = logging.getLogger(__name__)
+
+
+class SweepError(ValueError):
+    pass
+
+
+def trial_worst_case(template, now=None):
+    """The most one trial may cost: the template's own money ceiling, else what its span or GPU
+    hours buy at the rate in force. A template that nothing bounds cannot be swept under a
+    ceiling (SweepError)."""
+    if template.ceiling_amount is not None:
+        return Decimal(template.ceiling_amount)
+    rate = Rates(now or timezone.now()).for_job(template)
+    if rate is None:
+        raise SweepError("no rate is in force for the template's devices")
+    limit, cap = meter.remaining_allowance(template.meter_request(), rate)
+    worst = budgets.worst_case(template.gpus, rate, limit, cap)
+    if worst is None:
+        raise SweepError("the template's cost is unbounded: give it a span or a ceiling")
+    return meter.round_money(worst)
+
+
+def objective_of(job, name):
+    """The last value of the job's objective metric, or None (not logged, or not finite)."""
+    events = job.events.filter(kind="metric").order_by("seq").values("data", "at", "seq")
+    points = series_from_events(events, names=[name]).get(name) or []
+    value = points[-1][1] if points else None
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def settle(trial):
+    """A trial whose job ended: complete with its objective, or failed."""
+    job = trial.job
+    if trial.state != Trial.RUNNING or job.state not in states.TERMINAL:
+        return
+    value = objective_of(job, trial.sweep.objective) if job.state in (states.SUCCEEDED, states.STOPPED) else None
+    trial.value, trial.state = value, Trial.COMPLETE if value is not None else Trial.FAILED
+    trial.save(update_fields=["value", "state"])
+
+
+def costs(trials, now):
+    return [ceiling.TrialCost(spent=t.job.held(now)[1], worst=Decimal(t.job.ceiling_amount or 0), running=t.state == Trial.RUNNING) for t in trials]
+
+
+def start_trial(sweep, number, past, worst):
+    """Ask the sampler for the next parameters and queue the trial's job (a copy of the
+    template, under its own money ceiling: its worst case)."""
+    template = sweep.template
+    params, attrs = search.ask(sweep.space, sweep.method, sweep.direction, sweep.seed, past)
+    config, hyperparameters = search.split(sweep.space, params, bool(template.recipe))
+    job = lineage.copy_job(
+        template,
+        sweep.created_by or template.created_by,
+        name=f"{sweep.name} #{number}",
+        config={**(template.config or {}), **config},
+        hyperparameters={**(template.hyperparameters or {}), **hyperparameters},
+        ceiling_amount=worst,
+        ceiling_gpu_hours=None,
+    )
+    lineage.share_uploads(template, job, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT, Upload.INPUT])
+    for model in template.models.all():
+        lineage.pin_model(job, model.label, model.files, source_job=model.source_job, description=model.description)
+    job.record("state", at=job.created_at, data={"state": job.state, "from": None, "reason": f"trial {number} of sweep {sweep.name}"})
+    return Trial.objects.create(sweep=sweep, number=number, params=params, system_attrs=attrs, job=job)
+
+
+def advance(sweep, now=None):
+    """One step of a running sweep; returns the trials started."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        sweep = Sweep.objects.select_for_update().get(pk=sweep.pk)  # one scheduler at a time
+        if sweep.state != Sweep.RUNNING:
+            return []
+        trials = list(sweep.trials.select_related("job"))
+        for trial in trials:
+            settle(trial)
+        try:
+            worst = trial_worst_case(sweep.template, now)
+        except SweepError as error:
+            return _finish(sweep, Sweep.DONE, f"stopped: {error}", now, trials)
+        limit = sweep.max_trials
+        if sweep.method == search.GRID:
+            limit = min(limit, search.grid_size(sweep.space))
+        started = []
+        while len(trials) < limit and sum(t.state == Trial.RUNNING for t in trials) < sweep.parallel:
+            if not ceiling.may_start(costs(trials, now), worst, Decimal(sweep.ceiling_amount)):
+                break
+            past = [search.Past(t.params, t.system_attrs, t.state, t.value) for t in trials]
+            try:
+                trial = start_trial(sweep, len(trials) + 1, past, worst)
+            except IntegrityError:  # another scheduler made this number first
+                return started
+            trials.append(trial)
+            started.append(trial)
+        if not any(t.state == Trial.RUNNING for t in trials):
+            if len(trials) >= limit:
+                _finish(sweep, Sweep.DONE, f"{len(trials)} trial{'s' if len(trials) != 1 else ''} run", now, trials)
+            else:
+                spent = ceiling.spent(costs(trials, now))
+                _finish(sweep, Sweep.CEILING, f"another trial (up to {worst}) would pass the ceiling; {spent} spent of {sweep.ceiling_amount}", now, trials)
+        return started
+
+
+def _finish(sweep, state, reason, now, trials):
+    sweep.state, sweep.reason, sweep.finished_at = state, reason, now
+    sweep.save(update_fields=["state", "reason", "finished_at"])
+    log.info("sweep %s ended (%s): %s", sweep.pk, state, reason)
+    return []
+
+
+def advance_all(now=None):
+    """Every running sweep one step (the scheduler's cycle)."""
+    started = []
+    for sweep in Sweep.objects.filter(state=Sweep.RUNNING):
+        try:
+            started += advance(sweep, now)
+        except Exception:  # noqa: BLE001 - one sweep's trouble never stops the others or the scheduler
+            log.exception("sweep %s could not advance", sweep.pk)
+    return started
+
+
+def best(sweep):
+    """The best complete trial (its objective in the sweep's direction), or None."""
+    done = [t for t in sweep.trials.all() if t.state == Trial.COMPLETE and t.value is not None]
+    if not done:
+        return None
+    return (min if sweep.direction == "min" else max)(done, key=lambda t: t.value)
+
+
+def create(team, user, *, name, template, space, method, objective, direction, max_trials, parallel, ceiling_amount, seed=0):
+    """A new sweep, checked (SweepError with the reason)."""
+    if template.team_id != team.pk:
+        raise SweepError("the template must be one of the team's jobs")
+    try:
+        search.check(space, method)
+    except search.SpaceError as error:
+        raise SweepError(str(error)) from None
+    if direction not in ("min", "max"):
+        raise SweepError("the direction must be min or max")
+    if not objective:
+        raise SweepError("name the objective: a metric the trials log")
+    if max_trials < 1 or parallel < 1:
+        raise SweepError("max_trials and parallel must be at least 1")
+    ceiling_amount = Decimal(ceiling_amount)
+    if ceiling_amount <= 0:
+        raise SweepError("the ceiling must be above 0")
+    worst = trial_worst_case(template)
+    if worst > ceiling_amount:
+        raise SweepError(f"one trial may cost up to {worst}, more than the sweep's ceiling of {ceiling_amount}")
+    return Sweep.objects.create(
+        team=team,
+        created_by=user,
+        name=name,
+        template=template,
+        space=space,
+        method=method,
+        objective=objective,
+        direction=direction,
+        max_trials=max_trials,
+        parallel=parallel,
+        ceiling_amount=ceiling_amount,
+        seed=seed,
+    )

@@ -1,0 +1,234 @@
+"""Sweeps (issue 23, first part): the money ceiling's arithmetic, the search space and Optuna's
+samplers rebuilt from our rows, and whole sweeps whose trials are real jobs run by a runner."""
+
+import json
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from billing.models import Rate
+from jobs.models import Job
+from scheduler import services
+from sweeps import ceiling, search
+from sweeps import services as sweeps
+from sweeps.models import Sweep, Trial
+from tests.conftest import make_job
+
+# The ceiling's arithmetic ---------------------------------------------------------------------
+
+
+def cost(spent, worst, running):
+    return ceiling.TrialCost(Decimal(spent), Decimal(worst), running)
+
+
+@pytest.mark.nodb
+def test_a_trial_starts_only_while_spend_and_running_worst_cases_leave_room_for_its_own():
+    trials = [cost("0.40", "1.00", False), cost("0.30", "1.00", True)]
+    # Spent 0.40 by the ended one; the running one may still reach its 1.00: 1.40 committed.
+    assert ceiling.committed(trials) == Decimal("1.40")
+    assert ceiling.may_start(trials, Decimal("1.00"), Decimal("2.40"))
+    assert not ceiling.may_start(trials, Decimal("1.01"), Decimal("2.40"))
+    # A running trial already past its worst case (it cannot be, but the meter may lag) counts what it spent.
+    assert ceiling.committed([cost("1.20", "1.00", True)]) == Decimal("1.20")
+    assert ceiling.spent(trials) == Decimal("0.70")
+
+
+# The search -------------------------------------------------------------------------------------
+
+
+@pytest.mark.nodb
+@pytest.mark.parametrize(
+    ("space", "method", "why"),
+    [
+        ({}, "random", "at least one parameter"),
+        ({"lr": {"type": "float", "low": 0.1, "high": 0.01}}, "random", "low must be below high"),
+        ({"lr": {"type": "float", "low": 0, "high": 1, "log": True}}, "tpe", "log scale needs low above 0"),
+        ({"n": {"type": "int", "low": 1.5, "high": 3}}, "random", "low must be an integer"),
+        ({"n": {"type": "choice", "choices": []}}, "random", "choices must be a list"),
+        ({"n": {"type": "choice", "choices": [1, 1]}}, "grid", "repeated"),
+        ({"lr": {"type": "float", "low": 0.1, "high": 1}}, "grid", "grid search takes choices only"),
+        ({"bad name": {"type": "choice", "choices": [1]}}, "grid", "a parameter's name"),
+        ({"n": {"type": "choice", "choices": [1], "target": "env"}}, "grid", "target must be"),
+        ({"n": {"type": "choice", "choices": [1]}}, "bayes", "method must be one of"),
+    ],
+)
+def test_a_bad_space_is_refused_with_the_reason(space, method, why):
+    with pytest.raises(search.SpaceError, match=why):
+        search.check(space, method)
+
+
+def asked(space, method, count, seed=0):
+    past = []
+    for n in range(count):
+        params, attrs = search.ask(space, method, "min", seed, past)
+        params, attrs = json.loads(json.dumps(params)), json.loads(json.dumps(attrs))  # as the database keeps them
+        past.append(search.Past(params, attrs, "complete" if n % 2 else "running", float(n)))
+    return [p.params for p in past]
+
+
+@pytest.mark.nodb
+def test_a_grid_rebuilt_from_the_rows_visits_every_cell_once_even_with_trials_still_running():
+    space = {"lr": {"type": "choice", "choices": [0.001, 0.01, 0.1]}, "hidden": {"type": "choice", "choices": [32, 64]}}
+    cells = asked(space, "grid", 6)
+    assert len({(c["lr"], c["hidden"]) for c in cells}) == 6 == search.grid_size(space)
+
+
+@pytest.mark.nodb
+@pytest.mark.parametrize("method", ["random", "tpe"])
+def test_random_and_model_based_search_never_repeat_a_draw_and_are_the_same_for_a_seed(method):
+    space = {"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}, "layers": {"type": "int", "low": 1, "high": 4}}
+    first = asked(space, method, 8)
+    assert len({c["lr"] for c in first}) == 8
+    assert all(1e-4 <= c["lr"] <= 1e-1 and 1 <= c["layers"] <= 4 for c in first)
+    assert asked(space, method, 8) == first  # a scheduler that restarts asks the same
+    assert asked(space, method, 8, seed=1) != first
+
+
+@pytest.mark.nodb
+def test_the_model_based_search_moves_towards_better_trials():
+    space = {"x": {"type": "float", "low": -10, "high": 10}}
+    past = []
+    for _ in range(30):
+        params, attrs = search.ask(space, "tpe", "min", 0, past)
+        past.append(search.Past(params, attrs, "complete", (params["x"] - 3) ** 2))
+    late = [p.params["x"] for p in past[-10:]]
+    assert sum(abs(x - 3) for x in late) / len(late) < 2.5  # random draws on [-10, 10] average about 7 away
+
+
+# Whole sweeps ----------------------------------------------------------------------------------
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+TRIAL = b"""
+import json, os
+import e31
+hp = json.loads(os.environ["SM_HPS"])
+lr, width = float(hp["lr"]), int(hp["width"])
+for step in range(3):
+    e31.log_metric(step, loss=(lr - 0.01) ** 2 * 1000 + width / 1000 + (2 - step))
+print("done", lr, width)
+"""
+
+
+def run_sweep(runner, sweep, timeout=180):
+    """Drive the scheduler's cycle (sweeps first, as the scheduler command does) and the runner
+    until the sweep ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sweeps.advance_all()
+        services.line_up()
+        services.schedule()
+        runner.step()
+        sweep.refresh_from_db()
+        if sweep.state != Sweep.RUNNING:
+            return sweep
+        time.sleep(0.05)
+    raise TimeoutError(f"the sweep did not end: {list(sweep.trials.values_list('number', 'state', 'job__state'))}")
+
+
+@pytestmark_db
+@pytest.mark.runs_jobs
+@pytest.mark.timeout(300)
+def test_a_sweep_runs_its_trials_as_jobs_and_finds_the_best(make_runner, alice, rate, settings):
+    settings.E31_STOP_GRACE_SECONDS = 1.0
+    runner = make_runner(devices=2)
+    template = make_job(alice, script=TRIAL, name="mlp", span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    space = {"lr": {"type": "choice", "choices": [0.001, 0.01, 0.1]}, "width": {"type": "choice", "choices": [32, 64]}}
+    sweep = sweeps.create(
+        alice.membership.team, alice, name="lr-width", template=template, space=space, method="grid",
+        objective="loss", direction="min", max_trials=10, parallel=2, ceiling_amount=Decimal("5.00"),
+    )  # fmt: skip
+    sweep = run_sweep(runner, sweep)
+    trials = list(sweep.trials.select_related("job"))
+    # The grid has 6 cells: 6 trials, each a job that ran the template's script with its cell.
+    assert sweep.state == Sweep.DONE and len(trials) == 6
+    assert {(t.params["lr"], t.params["width"]) for t in trials} == {(lr, w) for lr in (0.001, 0.01, 0.1) for w in (32, 64)}
+    assert all(t.state == Trial.COMPLETE and t.job.state == "succeeded" for t in trials)
+    assert all(t.job.hyperparameters == t.params for t in trials)
+    for t in trials:  # the objective is the last value the job logged
+        assert t.value == pytest.approx((t.params["lr"] - 0.01) ** 2 * 1000 + t.params["width"] / 1000)
+    best = sweeps.best(sweep)
+    assert best.params == {"lr": 0.01, "width": 32}
+    # Never more than `parallel` trials at once: each trial was queued only once the earlier ones ended.
+    # The template's worst case is its span's: 0.1 h x 1 GPU x 2.40 = 0.24 per trial, its ceiling.
+    assert {t.job.ceiling_amount for t in trials} == {Decimal("0.24")}
+    assert Job.objects.filter(trial__sweep=sweep).count() == 6
+
+
+@pytestmark_db
+@pytest.mark.runs_jobs
+@pytest.mark.timeout(300)
+def test_no_trial_starts_that_could_pass_the_ceiling_and_the_sweep_says_why_it_ended(make_runner, alice, rate):
+    # A dear rate, so that a trial of a second or two costs something: 1.00 a second.
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("3600.00"), effective_from=timezone.now() - timedelta(hours=1))
+    runner = make_runner(devices=4)
+    slow = TRIAL + b"import time; time.sleep(2.2)\n"  # a trial holds its device about 2 s: about 2.00
+    template = make_job(alice, script=slow, name="mlp", ceiling_amount=Decimal("3.00"), hyperparameters={"lr": 0.5, "width": 64})
+    space = {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}, "width": {"type": "int", "low": 16, "high": 128}}
+    # Each trial may cost up to 3.00 (its own ceiling): with 10.00, three may be committed at once, never a fourth.
+    sweep = sweeps.create(
+        alice.membership.team, alice, name="capped", template=template, space=space, method="tpe",
+        objective="loss", direction="min", max_trials=50, parallel=4, ceiling_amount=Decimal("10.00"),
+    )  # fmt: skip
+    started = sweeps.advance(sweep)
+    assert len(started) == 3  # parallel 4, but a fourth would commit 12.00
+    assert sweeps.advance(sweep) == []  # asked again (a restarted scheduler): nothing doubled
+    sweep = run_sweep(runner, sweep)
+    trials = list(sweep.trials.select_related("job"))
+    billed = sum((t.job.held()[1] for t in trials), Decimal(0))
+    assert sweep.state == Sweep.CEILING and "would pass the ceiling" in sweep.reason, sweep.reason
+    assert billed <= Decimal("10.00")
+    assert Decimal("10.00") - billed < Decimal("3.00")  # it stopped only when another trial could not fit
+    assert 3 < len(trials) < 50 and all(t.job.state in ("succeeded", "stopped") for t in trials)
+
+
+@pytestmark_db
+def test_a_sweep_is_refused_when_one_trial_could_pass_its_ceiling_or_its_template_is_not_the_team_s(alice, charlie, rate):
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("1"))  # up to 2.40 a trial
+    space = {"lr": {"type": "choice", "choices": [0.1]}}
+    team = alice.membership.team
+    with pytest.raises(sweeps.SweepError, match="up to 2.40, more than the sweep's ceiling of 1"):
+        sweeps.create(
+            team,
+            alice,
+            name="s",
+            template=template,
+            space=space,
+            method="grid",
+            objective="loss",
+            direction="min",
+            max_trials=1,
+            parallel=1,
+            ceiling_amount="1",
+        )
+    with pytest.raises(sweeps.SweepError, match="one of the team's jobs"):
+        sweeps.create(
+            charlie.membership.team,
+            charlie,
+            name="s",
+            template=template,
+            space=space,
+            method="grid",
+            objective="loss",
+            direction="min",
+            max_trials=1,
+            parallel=1,
+            ceiling_amount="10",
+        )
+    with pytest.raises(sweeps.SweepError, match="grid search takes choices only"):
+        sweeps.create(
+            team,
+            alice,
+            name="s",
+            template=template,
+            space={"lr": {"type": "float", "low": 0.1, "high": 1}},
+            method="grid",
+            objective="loss",
+            direction="min",
+            max_trials=1,
+            parallel=1,
+            ceiling_amount="10",
+        )
