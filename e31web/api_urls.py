@@ -8,6 +8,7 @@ from billing import invoice_views
 from e31web import api_schema  # noqa: F401  (describes the views above for the OpenAPI schema)
 from jobs import api as jobs_api
 from jobs import dataset_api, folder_api, run_api
+from sweeps import api as sweeps_api
 
 app_name = "api"
 urlpatterns = [
@@ -46,6 +47,8 @@ urlpatterns = [
     path("folders/", folder_api.folder_open, name="folders"),
     path("folders/<uuid:folder_id>/", folder_api.folder_detail, name="folder"),
     path("folders/<uuid:folder_id>/files/<uuid:file_id>/", folder_api.folder_file, name="folder-file"),
+    path("sweeps/", sweeps_api.sweep_list, name="sweeps"),
+    path("sweeps/<uuid:sweep_id>/", sweeps_api.sweep_detail, name="sweep"),
     path("usage/", billing_api.usage, name="usage"),
     path("invoices/", invoice_views.api_invoices, name="invoices"),
     path("invoices/statement/", invoice_views.api_statement, name="invoice-statement"),

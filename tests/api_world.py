@@ -14,6 +14,7 @@ from e31web.demo import add_dataset
 from jobs import datasets, folder_uploads
 from jobs.models import Artifact, JobEvent
 from scheduler.models import Allocation, Node
+from sweeps.models import Sweep, Trial
 from tests.conftest import make_job
 
 UTC = UTC
@@ -27,6 +28,7 @@ class World:
     upload: object
     invoice: object
     folder: object = None
+    sweep: object = None
 
     def path_values(self):
         """A value for each path parameter of the API's routes, naming these objects."""
@@ -39,6 +41,7 @@ class World:
             "name": self.artifact.name,
             "folder_id": self.folder.pk,
             "file_id": self.folder.files.order_by("path").first().pk,
+            "sweep_id": self.sweep.pk,
         }
 
     def secrets(self):
@@ -52,6 +55,8 @@ class World:
             str(self.invoice.pk),
             self.job.team.name,
             str(self.folder.pk),
+            str(self.sweep.pk),
+            self.sweep.name,
         ]
 
 
@@ -86,4 +91,10 @@ def make_world(user, word):
     invoice = invoice_service.invoice_team_month(team, 2026, 11, now=datetime(2026, 12, 15, tzinfo=UTC))
     # A job's code folder on its way, one of its files part sent (jobs/folder_uploads.py).
     folder = folder_uploads.open_folder(team, user, [(f"{word}-code/train.py", 12), (f"{word}-code/pkg/m.py", 3)])
-    return World(job=job, artifact=artifact, dataset=dataset, upload=upload, invoice=invoice, folder=folder)
+    # A sweep over the job's hyperparameters, its trial a job of its own (sweeps/).
+    sweep = Sweep.objects.create(
+        team=team, created_by=user, name=f"{word}-sweep", template=job, space={"lr": {"type": "choice", "choices": [0.1, 0.01]}},
+        method="grid", objective="loss", max_trials=2, parallel=1, ceiling_amount=Decimal("10"),
+    )  # fmt: skip
+    Trial.objects.create(sweep=sweep, number=1, params={"lr": 0.1}, job=make_job(user, name=f"{word}-sweep #1", hyperparameters={"lr": 0.1}))
+    return World(job=job, artifact=artifact, dataset=dataset, upload=upload, invoice=invoice, folder=folder, sweep=sweep)

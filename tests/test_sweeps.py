@@ -232,3 +232,40 @@ def test_a_sweep_is_refused_when_one_trial_could_pass_its_ceiling_or_its_templat
             parallel=1,
             ceiling_amount="10",
         )
+
+
+@pytestmark_db
+def test_the_api_starts_a_sweep_follows_its_trials_and_keeps_it_to_the_team(client, alice, charlie, rate):
+    from django.urls import reverse
+    from rest_framework.authtoken.models import Token
+
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    body = {
+        "name": "lr",
+        "template": str(template.pk),
+        "space": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
+        "method": "random",
+        "objective": "loss",
+        "max_trials": 4,
+        "parallel": 2,
+        "ceiling": "1.00",
+    }
+    as_alice = {"HTTP_AUTHORIZATION": f"Token {Token.objects.create(user=alice).key}"}
+    as_charlie = {"HTTP_AUTHORIZATION": f"Token {Token.objects.create(user=charlie).key}"}
+    refused = client.post(reverse("api:sweeps"), {**body, "space": {"lr": {"type": "float", "low": 1, "high": 0}}}, content_type="application/json", **as_alice)
+    assert refused.status_code == 400 and "low must be below high" in refused.json()["detail"]
+    foreign = client.post(reverse("api:sweeps"), body, content_type="application/json", **as_charlie)
+    assert foreign.status_code == 400 and foreign.json()["errors"] == {"template": ["No job of your team has that id."]}
+    created = client.post(reverse("api:sweeps"), body, content_type="application/json", **as_alice)
+    assert created.status_code == 201, created.json()
+    sweep = created.json()
+    assert sweep["state"] == "running" and sweep["trials"] == [] and sweep["ceiling"] == "1.00" and sweep["committed"] == "0"
+    sweeps.advance(Sweep.objects.get(pk=sweep["id"]))
+    detail = client.get(reverse("api:sweep", args=[sweep["id"]]), **as_alice).json()
+    # Two trials queued (parallel 2), each with its worst case of 0.24 committed against the 1.00.
+    assert [t["number"] for t in detail["trials"]] == [1, 2] and {t["state"] for t in detail["trials"]} == {"running"}
+    assert detail["committed"] == "0.48" and detail["spent"] == "0" and detail["best"] is None
+    assert all(0.001 <= t["params"]["lr"] <= 0.1 and t["job_state"] == "queued" for t in detail["trials"])
+    assert client.get(reverse("api:sweep", args=[sweep["id"]]), **as_charlie).status_code == 404
+    assert client.get(reverse("api:sweeps"), **as_charlie).json()["count"] == 0
+    assert [s["name"] for s in client.get(reverse("api:sweeps"), **as_alice).json()["results"]] == ["lr"]
