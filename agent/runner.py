@@ -703,12 +703,12 @@ class Runner:
         if not self.running:
             return
         rows = Allocation.objects.filter(pk__in=list(self.running)).values_list(
-            "pk", "ended_at", "job__cancel_requested_at", "preempt_requested_at", "gang", "job__state"
+            "pk", "ended_at", "job__cancel_requested_at", "preempt_requested_at", "gang", "job__state", "job__stop_requested_at", "job__stop_reason"
         )
         rows = list(rows)
-        gangs = [gang for *_, gang, _ in rows if gang]
+        gangs = [row[4] for row in rows if row[4]]
         broken = set(Allocation.objects.filter(gang__in=gangs, ended_at__isnull=False).values_list("gang", flat=True)) if gangs else set()
-        for pk, ended_at, cancel_requested_at, preempt_requested_at, gang, job_state in rows:
+        for pk, ended_at, cancel_requested_at, preempt_requested_at, gang, job_state, stop_requested_at, stop_reason in rows:
             running = self.running[pk]
             if ended_at is None and gang in broken and job_state != states.SUCCEEDED:
                 # Another node of the gang ended (failed, lost, stopped): the gang lives and dies
@@ -723,6 +723,8 @@ class Runner:
                 del self.running[pk]
             elif cancel_requested_at is not None:
                 running.request_stop(Allocation.CANCELLED, states.CANCELLED, "cancelled by the team")
+            elif stop_requested_at is not None:
+                running.request_stop(Allocation.EARLY_STOP, states.STOPPED, stop_reason or "stopped by the network")
             elif preempt_requested_at is not None:
                 running.request_stop(Allocation.PREEMPTED, states.QUEUED, "preempted: checkpoint now; the job goes back to the queue and resumes")
 

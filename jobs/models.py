@@ -203,6 +203,10 @@ class Job(models.Model):
 
     # Run
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # A stop asked for by the network (a sweep's pruner): the job is stopped as early stopping
+    # stops it (SIGTERM, the grace period, its weights kept), and ends "stopped" with this reason.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=300, blank=True)
     wait_reason = models.CharField(max_length=300, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=500, blank=True, help_text="why the job ended as it did")

@@ -25,7 +25,7 @@ from sweeps.models import Sweep
 class TrialSerializer(s.Serializer):
     number = s.IntegerField()
     params = s.JSONField(help_text="The parameters the sampler chose.")
-    state = s.CharField(help_text="running (queued or running), complete (with its objective) or failed.")
+    state = s.CharField(help_text="running (queued or running), complete (with its objective), pruned (stopped early: it fell behind) or failed.")
     value = s.FloatField(allow_null=True, help_text="The objective: the last value of the sweep's metric the trial logged.")
     job = s.UUIDField(source="job_id")
     job_state = s.CharField(source="job.state")
@@ -43,6 +43,7 @@ class SweepSerializer(s.Serializer):
     direction = s.CharField()
     max_trials = s.IntegerField()
     parallel = s.IntegerField()
+    prune = s.BooleanField(help_text="Whether trials that fall behind are stopped early.")
     ceiling = s.CharField(source="ceiling_amount", help_text="The most the whole sweep may cost, a decimal string.")
     currency = s.CharField()
     state = s.CharField(help_text="running, done or ceiling reached.")
@@ -66,6 +67,7 @@ class SweepRequest(s.Serializer):
     parallel = s.IntegerField(min_value=1, max_value=64, default=2)
     ceiling = s.DecimalField(max_digits=14, decimal_places=2, min_value=Decimal("0.01"))
     seed = s.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    prune = s.BooleanField(default=True, help_text="Stop trials that fall behind (asynchronous successive halving on the objective).")
 
 
 def sweep_json(sweep, request, with_trials):
@@ -98,6 +100,7 @@ def sweep_json(sweep, request, with_trials):
                 "direction",
                 "max_trials",
                 "parallel",
+                "prune",
                 "state",
                 "reason",
                 "created_at",
@@ -155,6 +158,7 @@ def sweep_list(request):
             parallel=data["parallel"],
             ceiling_amount=data["ceiling"],
             seed=data["seed"],
+            prune=data["prune"],
         )
     except sweeps.SweepError as error:
         raise ValidationError({"non_field_errors": [str(error)]}) from None

@@ -24,6 +24,7 @@ class Sweep(models.Model):
     parallel = models.PositiveIntegerField(default=2, help_text="trials queued or running at once, at most")
     ceiling_amount = models.DecimalField(max_digits=14, decimal_places=2, help_text="the most the whole sweep may cost")
     seed = models.IntegerField(default=0)
+    prune = models.BooleanField(default=True, help_text="stop trials that fall behind (asynchronous successive halving)")
     state = models.CharField(max_length=20, choices=STATES, default=RUNNING)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -41,7 +42,7 @@ class Trial(models.Model):
     objective it reached. The sampler's own attributes (a grid's cell) are kept, so the search
     can be rebuilt from these rows alone."""
 
-    RUNNING, COMPLETE, FAILED = "running", "complete", "failed"
+    RUNNING, COMPLETE, FAILED, PRUNED = "running", "complete", "failed", "pruned"
 
     sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="trials")
     number = models.PositiveIntegerField()

@@ -117,26 +117,55 @@ class Past:
 
     params: dict
     system_attrs: dict
-    state: str  # "running", "complete", "failed"
+    state: str  # "running", "complete", "failed", "pruned"
     value: float | None = None
+    intermediate: dict | None = None  # {step: value} of its objective so far
 
 
-STATES = {"running": TrialState.RUNNING, "complete": TrialState.COMPLETE, "failed": TrialState.FAIL}
+STATES = {"running": TrialState.RUNNING, "complete": TrialState.COMPLETE, "failed": TrialState.FAIL, "pruned": TrialState.PRUNED}
 
 
-def ask(space, method, direction, seed, past):
-    """(params, Optuna's attributes for the trial) of the next trial, given every trial so far.
-    A random or model-based sampler's seed moves with the trial's number, so a rebuilt study
-    never repeats a draw; a grid's stays, since it orders the cells its trials are numbered by."""
+def _study(space, method, direction, seed, past):
     dists = distributions(space)
-    seed = seed if method == GRID else seed + len(past)
     study = optuna.create_study(direction="minimize" if direction == "min" else "maximize", sampler=sampler(method, space, seed))
     for trial in past:
         state = STATES[trial.state]
         value = trial.value if state == TrialState.COMPLETE else None
         if state == TrialState.COMPLETE and value is None:
             state = TrialState.FAIL  # finished without reporting its objective
-        study.add_trial(optuna.trial.create_trial(params=trial.params, distributions=dists, state=state, value=value, system_attrs=trial.system_attrs))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=trial.params,
+                distributions=dists,
+                state=state,
+                value=value,
+                intermediate_values={int(k): v for k, v in (trial.intermediate or {}).items()},
+                system_attrs=trial.system_attrs,
+            )
+        )
+    return study, dists
+
+
+def pruner():
+    """Asynchronous successive halving: at each rung (steps 1, 3, 9, ...) a trial goes on only
+    if its objective there is in the best third of the trials that reached that rung."""
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+
+
+def should_prune(space, method, direction, seed, past, index):
+    """(whether past[index], a running trial, should stop now, its Optuna attributes after the
+    pruner looked: the rungs it passed, kept so that the next look, on a rebuilt study, knows them)."""
+    study, _ = _study(space, method, direction, seed, past)
+    frozen = study.trials[index]
+    prune = pruner().prune(study, frozen)
+    return prune, dict(study._storage.get_trial_system_attrs(frozen._trial_id))
+
+
+def ask(space, method, direction, seed, past):
+    """(params, Optuna's attributes for the trial) of the next trial, given every trial so far.
+    A random or model-based sampler's seed moves with the trial's number, so a rebuilt study
+    never repeats a draw; a grid's stays, since it orders the cells its trials are numbered by."""
+    study, dists = _study(space, method, direction, seed if method == GRID else seed + len(past), past)
     asked = study.ask(fixed_distributions=dists)
     attrs = study._storage.get_trial_system_attrs(asked._trial_id)  # the grid's cell, for the next rebuild
     return asked.params, {k: v for k, v in attrs.items() if k in ("grid_id", "search_space")}

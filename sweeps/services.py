@@ -15,7 +15,7 @@ from billing import budgets, meter
 from billing.budget_service import Rates
 from jobs import lineage, states
 from jobs.metrics import series_from_events
-from jobs.models import Upload
+from jobs.models import Job, Upload
 from sweeps import ceiling, search
 from sweeps.models import Sweep, Trial
 
@@ -42,26 +42,73 @@ def trial_worst_case(template, now=None):
     return meter.round_money(worst)
 
 
-def objective_of(job, name):
-    """The last value of the job's objective metric, or None (not logged, or not finite)."""
+def objective_points(job, name):
+    """[(step, value)] of the job's objective metric, finite values only, in step order."""
     events = job.events.filter(kind="metric").order_by("seq").values("data", "at", "seq")
     points = series_from_events(events, names=[name]).get(name) or []
-    value = points[-1][1] if points else None
-    return value if isinstance(value, int | float) and math.isfinite(value) else None
+    return [(int(x), float(v)) for x, v, *_ in points if isinstance(v, int | float) and math.isfinite(v)]
+
+
+def objective_of(job, name):
+    """The last value of the job's objective metric, or None (not logged, or not finite)."""
+    points = objective_points(job, name)
+    return points[-1][1] if points else None
 
 
 def settle(trial):
-    """A trial whose job ended: complete with its objective, or failed."""
+    """A trial whose job ended: complete with its objective, or failed (a pruned one keeps its
+    state, and the last objective its job logged)."""
     job = trial.job
-    if trial.state != Trial.RUNNING or job.state not in states.TERMINAL:
+    if trial.state not in (Trial.RUNNING, Trial.PRUNED) or job.state not in states.TERMINAL or trial.value is not None:
         return
     value = objective_of(job, trial.sweep.objective) if job.state in (states.SUCCEEDED, states.STOPPED) else None
-    trial.value, trial.state = value, Trial.COMPLETE if value is not None else Trial.FAILED
+    if trial.state == Trial.PRUNED:
+        trial.value = value
+    else:
+        trial.value, trial.state = value, Trial.COMPLETE if value is not None else Trial.FAILED
     trial.save(update_fields=["value", "state"])
 
 
+def holding(trial):
+    """Queued or running: it may still spend (a pruned trial too, until its job has stopped)."""
+    return trial.job.state not in states.TERMINAL
+
+
 def costs(trials, now):
-    return [ceiling.TrialCost(spent=t.job.held(now)[1], worst=Decimal(t.job.ceiling_amount or 0), running=t.state == Trial.RUNNING) for t in trials]
+    return [ceiling.TrialCost(spent=t.job.held(now)[1], worst=Decimal(t.job.ceiling_amount or 0), running=holding(t)) for t in trials]
+
+
+def past_of(trials, intermediate=None):
+    intermediate = intermediate or {}
+    return [search.Past(t.params, t.system_attrs, t.state, t.value, intermediate.get(t.pk)) for t in trials]
+
+
+def prune(sweep, trials, now):
+    """Stop the running trials that fall behind (search.should_prune): their jobs are stopped as
+    early stopping stops a job (SIGTERM, the grace period, weights kept), billed only for the
+    seconds held. Returns the trials pruned."""
+    running = [t for t in trials if t.state == Trial.RUNNING and t.job.state == states.RUNNING]
+    if not running:
+        return []
+    intermediate = {t.pk: dict(objective_points(t.job, sweep.objective)) for t in trials if t.state in (Trial.RUNNING, Trial.COMPLETE, Trial.PRUNED)}
+    pruned = []
+    for trial in running:
+        if not intermediate.get(trial.pk):
+            continue
+        index = trials.index(trial)
+        stop, attrs = search.should_prune(sweep.space, sweep.method, sweep.direction, sweep.seed, past_of(trials, intermediate), index)
+        trial.system_attrs = attrs  # the rungs it passed: the next look is on a rebuilt study
+        fields = ["system_attrs"]
+        if stop:
+            step, value = max(intermediate[trial.pk].items())
+            reason = f"pruned by its sweep: {sweep.objective} {value:g} at step {step} is behind the other trials there"
+            Job.objects.filter(pk=trial.job_id, stop_requested_at__isnull=True).update(stop_requested_at=now, stop_reason=reason)
+            trial.job.record("notice", data={"text": reason})
+            trial.state = Trial.PRUNED
+            fields.append("state")
+            pruned.append(trial)
+        trial.save(update_fields=fields)
+    return pruned
 
 
 def start_trial(sweep, number, past, worst):
@@ -96,6 +143,8 @@ def advance(sweep, now=None):
         trials = list(sweep.trials.select_related("job"))
         for trial in trials:
             settle(trial)
+        if sweep.prune:
+            prune(sweep, trials, now)
         try:
             worst = trial_worst_case(sweep.template, now)
         except SweepError as error:
@@ -104,17 +153,16 @@ def advance(sweep, now=None):
         if sweep.method == search.GRID:
             limit = min(limit, search.grid_size(sweep.space))
         started = []
-        while len(trials) < limit and sum(t.state == Trial.RUNNING for t in trials) < sweep.parallel:
+        while len(trials) < limit and sum(holding(t) for t in trials) < sweep.parallel:
             if not ceiling.may_start(costs(trials, now), worst, Decimal(sweep.ceiling_amount)):
                 break
-            past = [search.Past(t.params, t.system_attrs, t.state, t.value) for t in trials]
             try:
-                trial = start_trial(sweep, len(trials) + 1, past, worst)
+                trial = start_trial(sweep, len(trials) + 1, past_of(trials), worst)
             except IntegrityError:  # another scheduler made this number first
                 return started
             trials.append(trial)
             started.append(trial)
-        if not any(t.state == Trial.RUNNING for t in trials):
+        if not any(holding(t) for t in trials):
             if len(trials) >= limit:
                 _finish(sweep, Sweep.DONE, f"{len(trials)} trial{'s' if len(trials) != 1 else ''} run", now, trials)
             else:
@@ -143,13 +191,13 @@ def advance_all(now=None):
 
 def best(sweep):
     """The best complete trial (its objective in the sweep's direction), or None."""
-    done = [t for t in sweep.trials.all() if t.state == Trial.COMPLETE and t.value is not None]
+    done = [t for t in sweep.trials.all() if t.state == Trial.COMPLETE and t.value is not None]  # a pruned trial never ran its course
     if not done:
         return None
     return (min if sweep.direction == "min" else max)(done, key=lambda t: t.value)
 
 
-def create(team, user, *, name, template, space, method, objective, direction, max_trials, parallel, ceiling_amount, seed=0):
+def create(team, user, *, name, template, space, method, objective, direction, max_trials, parallel, ceiling_amount, seed=0, prune=True):
     """A new sweep, checked (SweepError with the reason)."""
     if template.team_id != team.pk:
         raise SweepError("the template must be one of the team's jobs")
@@ -182,4 +230,5 @@ def create(team, user, *, name, template, space, method, objective, direction, m
         parallel=parallel,
         ceiling_amount=ceiling_amount,
         seed=seed,
+        prune=prune,
     )

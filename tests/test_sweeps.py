@@ -269,3 +269,43 @@ def test_the_api_starts_a_sweep_follows_its_trials_and_keeps_it_to_the_team(clie
     assert client.get(reverse("api:sweep", args=[sweep["id"]]), **as_charlie).status_code == 404
     assert client.get(reverse("api:sweeps"), **as_charlie).json()["count"] == 0
     assert [s["name"] for s in client.get(reverse("api:sweeps"), **as_alice).json()["results"]] == ["lr"]
+
+
+PRUNABLE = b"""
+import json, os, time
+import e31
+lr = float(json.loads(os.environ["SM_HPS"])["lr"])
+for step in range(1, 13):
+    e31.log_metric(step, loss=lr * 10 + (13 - step) * 0.01)
+    time.sleep(0.25)
+print("ran all 12 steps")
+"""
+
+
+@pytestmark_db
+@pytest.mark.runs_jobs
+@pytest.mark.timeout(300)
+def test_trials_that_fall_behind_are_stopped_early_their_weights_kept_and_billed_for_what_they_held(make_runner, alice, rate):
+    runner = make_runner(devices=1)
+    template = make_job(alice, script=PRUNABLE, name="mlp", span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5})
+    space = {"lr": {"type": "choice", "choices": [0.01, 0.1, 0.5, 1.0, 2.0, 4.0]}}
+    sweep = sweeps.create(
+        alice.membership.team, alice, name="pruned", template=template, space=space, method="grid",
+        objective="loss", direction="min", max_trials=6, parallel=1, ceiling_amount=Decimal("5.00"),
+    )  # fmt: skip
+    sweep = run_sweep(runner, sweep)
+    trials = list(sweep.trials.select_related("job"))
+    pruned = [t for t in trials if t.state == Trial.PRUNED]
+    complete = [t for t in trials if t.state == Trial.COMPLETE]
+    assert sweep.state == Sweep.DONE and len(trials) == 6 and len(pruned) + len(complete) == 6
+    # One at a time: a trial worse, at a rung, than the best third of those before it is stopped there.
+    assert pruned, [(t.params, t.state) for t in trials]
+    for t in pruned:
+        assert t.job.state == "stopped" and "pruned by its sweep" in t.job.reason
+        assert any(t.params["lr"] > c.params["lr"] for c in complete if c.number < t.number)
+        logs = list(t.job.events.filter(kind="log").values_list("text", flat=True))
+        assert "ran all 12 steps" not in logs  # stopped before its end
+        assert t.job.held()[0] < min(c.job.held()[0] for c in complete) + 1
+    assert sweeps.best(sweep).params["lr"] == min(t.params["lr"] for t in complete)
+    # The first trial always runs its course: there is nothing to compare it with.
+    assert trials[0].state == Trial.COMPLETE
