@@ -26,6 +26,7 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
     path("datasets/", include((dataset_patterns, "datasets"))),
+    path("sweeps/", include("sweeps.urls")),
     path("billing/", include("billing.urls")),
     path("api/", include("e31web.api_urls")),
     path("notifications/", include("notifications.urls")),

@@ -309,3 +309,52 @@ def test_trials_that_fall_behind_are_stopped_early_their_weights_kept_and_billed
     assert sweeps.best(sweep).params["lr"] == min(t.params["lr"] for t in complete)
     # The first trial always runs its course: there is nothing to compare it with.
     assert trials[0].state == Trial.COMPLETE
+
+
+@pytest.mark.nodb
+def test_the_charts_put_better_trials_higher_and_mark_the_best():
+    from sweeps import chart
+
+    space = {"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}, "act": {"type": "choice", "choices": ["relu", "gelu"]}}
+    trials = [({"lr": 1e-4, "act": "relu"}, 3.0), ({"lr": 1e-2, "act": "gelu"}, 1.0), ({"lr": 1e-1, "act": "relu"}, 2.0), ({"lr": 1e-3, "act": "gelu"}, None)]
+    lr, act = chart.charts(space, trials, "min")
+    assert [p.best for p in lr.points] == [False, True, False]  # the trial without an objective is left out
+    ys = [p.y for p in lr.points]
+    assert ys[1] < ys[2] < ys[0]  # lower loss, higher on the chart (SVG's y grows downwards)
+    xs = [p.x for p in lr.points]
+    assert xs[0] < xs[1] < xs[2] and xs[1] - xs[0] > xs[2] - xs[1]  # a log axis: 1e-4..1e-2 is twice 1e-2..1e-1
+    assert (lr.low, lr.high) == ("0.0001", "0.1") and (act.low, act.high) == ("relu", "gelu")
+    assert [p.x for p in act.points] == [
+        chart.PAD + 0.25 * (chart.WIDTH - 2 * chart.PAD),
+        chart.PAD + 0.75 * (chart.WIDTH - 2 * chart.PAD),
+        chart.PAD + 0.25 * (chart.WIDTH - 2 * chart.PAD),
+    ]
+    assert chart.charts(space, [({"lr": 0.1, "act": "relu"}, None)], "min") == []
+
+
+@pytestmark_db
+def test_the_sweep_pages_show_the_team_s_sweeps_their_trials_and_their_spend(client, alice, charlie, rate):
+    from django.urls import reverse
+
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    space = {"lr": {"type": "choice", "choices": [0.01, 0.1]}, "width": {"type": "choice", "choices": [32]}}
+    sweep = sweeps.create(
+        alice.membership.team, alice, name="page-sweep", template=template, space=space, method="grid",
+        objective="loss", direction="min", max_trials=2, parallel=2, ceiling_amount=Decimal("1.00"),
+    )  # fmt: skip
+    first, _second = sweeps.advance(sweep)
+    Trial.objects.filter(pk=first.pk).update(state=Trial.COMPLETE, value=0.25)
+    client.force_login(alice)
+    listing = client.get(reverse("sweeps:list"))
+    assert listing.status_code == 200 and "page-sweep" in listing.content.decode()
+    page = client.get(reverse("sweeps:detail", args=[sweep.pk]))
+    text = page.content.decode()
+    assert page.status_code == 200 and 'hx-trigger="every 3s"' in text  # running: it refreshes itself
+    assert 'id="sweep-best"' in text and "0.25" in text and f"trial {first.number}" in text
+    assert text.count('<tr data-trial="') == 2 and 'class="trial-complete trial-best"' in text
+    assert "Spent <strong" in text and "committed" in text
+    partial = client.get(reverse("sweeps:detail", args=[sweep.pk]), HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in partial and 'id="sweep-trials"' in partial
+    client.force_login(charlie)
+    assert client.get(reverse("sweeps:detail", args=[sweep.pk])).status_code == 404
+    assert "page-sweep" not in client.get(reverse("sweeps:list")).content.decode()

@@ -1,0 +1,62 @@
+"""The sweep page in a real browser: a finished grid search's trials, the best marked, its spend
+against its ceiling, and the objective against each parameter. Screenshot:
+test-artifacts/sweep.png."""
+
+import textwrap
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser import log_in, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def system(web_system):
+    return web_system
+
+
+# A grid of learning rates and widths, as the scheduler leaves it once every trial has run
+# (written directly: the shared system has no runner).
+SWEEP = """
+    from decimal import Decimal
+    from django.utils import timezone
+    from accounts.models import Team
+    from jobs import lineage
+    from jobs.models import Job
+    from sweeps.models import Sweep, Trial
+
+    team = Team.objects.get(memberships__user__username="demo")
+    user = team.memberships.first().user
+    template = Job.objects.create(team=team, created_by=user, name="sweep-template", entrypoint="train.py", gpus=1, span_hours=Decimal("0.1"))
+    space = {"lr": {"type": "choice", "choices": [0.001, 0.01, 0.1]}, "width": {"type": "choice", "choices": [32, 64]}}
+    sweep = Sweep.objects.create(
+        team=team, created_by=user, name="lr-width", template=template, space=space, method="grid", objective="heldout_loss",
+        max_trials=6, parallel=2, ceiling_amount=Decimal("5.00"), state="done", reason="6 trials run", finished_at=timezone.now(),
+    )
+    for number, (lr, width, state, value) in enumerate(
+        [(0.001, 32, "complete", 0.41), (0.01, 32, "complete", 0.12), (0.1, 32, "pruned", 0.93),
+         (0.001, 64, "complete", 0.38), (0.01, 64, "complete", 0.15), (0.1, 64, "pruned", 1.20)], 1
+    ):
+        job = lineage.copy_job(template, user, name=f"lr-width #{number}", hyperparameters={"lr": lr, "width": width})
+        Job.objects.filter(pk=job.pk).update(state="stopped" if state == "pruned" else "succeeded")
+        Trial.objects.create(sweep=sweep, number=number, params={"lr": lr, "width": width}, job=job, state=state, value=value)
+"""
+
+
+def test_the_sweep_page_shows_its_trials_the_best_and_the_charts(page, system):
+    system.manage("shell", "-c", textwrap.dedent(SWEEP))
+    log_in(page)
+    page.get_by_role("link", name="Sweeps").click()
+    page.get_by_role("link", name="lr-width").click()
+    expect(page.locator("h1")).to_contain_text("Sweep lr-width")
+    expect(page.locator("#sweep-state h2")).to_contain_text("Done")
+    expect(page.locator("#sweep-best")).to_contain_text("trial 2")
+    expect(page.locator("#sweep-best")).to_contain_text("lr=0.01")
+    expect(page.locator("#sweep-trials tbody tr")).to_have_count(6)
+    expect(page.locator("tr.trial-best")).to_have_attribute("data-trial", "2")
+    expect(page.locator("tr.trial-pruned")).to_have_count(2)
+    expect(page.locator(".sweep-chart")).to_have_count(2)
+    expect(page.locator(".sweep-point.best")).to_have_count(2)  # one per chart
+    shot(page, "sweep.png")
