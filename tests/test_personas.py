@@ -124,6 +124,10 @@ ACCESS = {
     "api:invoice": TEAM,
     "api:invoice-pdf": TEAM,
     "api:invoice-csv": TEAM,
+    "api:sweeps": TEAM,
+    "api:sweep": TEAM,
+    "sweeps:list": TEAM,
+    "sweeps:detail": TEAM,
 }
 PERSONAS = ["owner", "member", "outsider", "anonymous"]
 LAST = {"notifications:webhook_delete"}  # routes that take away what the others need: called last
