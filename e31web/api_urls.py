@@ -49,6 +49,7 @@ urlpatterns = [
     path("folders/<uuid:folder_id>/files/<uuid:file_id>/", folder_api.folder_file, name="folder-file"),
     path("sweeps/", sweeps_api.sweep_list, name="sweeps"),
     path("sweeps/<uuid:sweep_id>/", sweeps_api.sweep_detail, name="sweep"),
+    path("sweeps/<uuid:sweep_id>/rerun/", sweeps_api.sweep_rerun, name="sweep-rerun"),
     path("usage/", billing_api.usage, name="usage"),
     path("invoices/", invoice_views.api_invoices, name="invoices"),
     path("invoices/statement/", invoice_views.api_statement, name="invoice-statement"),

@@ -6,6 +6,7 @@ schema alike."""
 from decimal import Decimal
 
 from django.conf import settings
+from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers as s
@@ -15,7 +16,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from accounts.access import get_for_team, require_team
-from core.api import fields, page_of
+from core.api import fields, page_of, sentence
 from jobs.models import Job
 from sweeps import ceiling, search
 from sweeps import services as sweeps
@@ -172,3 +173,28 @@ def sweep_list(request):
 def sweep_detail(request, sweep_id):
     sweep = get_for_team(Sweep.objects.all(), request.user, pk=sweep_id)
     return Response(sweep_json(sweep, request, True))
+
+
+class RerunRequest(s.Serializer):
+    name = s.CharField(max_length=200, required=False, allow_blank=True)
+    config = s.DictField(required=False, help_text="Config keys to change (say, more epochs), over the best trial's.")
+    hyperparameters = s.DictField(required=False, help_text="Hyperparameters to change, over the best trial's.")
+
+
+@extend_schema(
+    operation_id="sweeps_rerun",
+    request=RerunRequest,
+    responses={201: inline_serializer("SweepRerun", {"job": s.UUIDField(), "url": s.URLField()})},
+    description="Run the best trial's configuration again as a job of its own, with these changes; 409 while no trial has completed.",
+)
+@api_view(["POST"])
+def sweep_rerun(request, sweep_id):
+    sweep = get_for_team(Sweep.objects.select_related("template"), request.user, pk=sweep_id)
+    body = RerunRequest(data=fields(request))
+    body.is_valid(raise_exception=True)
+    data = body.validated_data
+    try:
+        job = sweeps.run_best_again(sweep, request.user, name=data.get("name", ""), config=data.get("config"), hyperparameters=data.get("hyperparameters"))
+    except sweeps.SweepError as error:
+        return Response({"detail": sentence(f"Nothing to run again: {error}")}, status=status.HTTP_409_CONFLICT)
+    return Response({"job": job.pk, "url": request.build_absolute_uri(reverse("api:job", args=[job.pk]))}, status=status.HTTP_201_CREATED)

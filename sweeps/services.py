@@ -111,13 +111,56 @@ def prune(sweep, trials, now):
     return pruned
 
 
+def copy_of(source, template, user, *, name, config, hyperparameters, ceiling_amount, ceiling_gpu_hours):
+    """A queued job doing the template's work with these config and hyperparameters (a trial, or
+    the best trial run again): its code, data and starting weights shared, not copied."""
+    job = lineage.copy_job(
+        source,
+        user,
+        name=name,
+        config=config,
+        hyperparameters=hyperparameters,
+        ceiling_amount=ceiling_amount,
+        ceiling_gpu_hours=ceiling_gpu_hours,
+    )
+    lineage.share_uploads(template, job, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT, Upload.INPUT])
+    for model in template.models.all():
+        lineage.pin_model(job, model.label, model.files, source_job=model.source_job, description=model.description)
+    return job
+
+
+def run_best_again(sweep, user, *, name="", config=None, hyperparameters=None):
+    """The best trial's configuration as a job of its own (say, on all the data, or longer):
+    the template's work and compute request and its own ceiling, the best trial's parameters,
+    then these changes. SweepError when no trial has completed yet."""
+    best_trial = best(sweep)
+    if best_trial is None:
+        raise SweepError("no trial has completed with its objective yet")
+    template = sweep.template
+    job = copy_of(
+        best_trial.job,
+        template,
+        user,
+        name=name or f"{sweep.name} best (trial {best_trial.number})",
+        config={**(best_trial.job.config or {}), **(config or {})},
+        hyperparameters={**(best_trial.job.hyperparameters or {}), **(hyperparameters or {})},
+        ceiling_amount=template.ceiling_amount,
+        ceiling_gpu_hours=template.ceiling_gpu_hours,
+    )
+    job.record(
+        "state", at=job.created_at, data={"state": job.state, "from": None, "reason": f"the best trial ({best_trial.number}) of sweep {sweep.name}, run again"}
+    )
+    return job
+
+
 def start_trial(sweep, number, past, worst):
     """Ask the sampler for the next parameters and queue the trial's job (a copy of the
     template, under its own money ceiling: its worst case)."""
     template = sweep.template
     params, attrs = search.ask(sweep.space, sweep.method, sweep.direction, sweep.seed, past)
     config, hyperparameters = search.split(sweep.space, params, bool(template.recipe))
-    job = lineage.copy_job(
+    job = copy_of(
+        template,
         template,
         sweep.created_by or template.created_by,
         name=f"{sweep.name} #{number}",
@@ -126,9 +169,6 @@ def start_trial(sweep, number, past, worst):
         ceiling_amount=worst,
         ceiling_gpu_hours=None,
     )
-    lineage.share_uploads(template, job, [Upload.CODE, Upload.TRAIN, Upload.HELDOUT, Upload.INPUT])
-    for model in template.models.all():
-        lineage.pin_model(job, model.label, model.files, source_job=model.source_job, description=model.description)
     job.record("state", at=job.created_at, data={"state": job.state, "from": None, "reason": f"trial {number} of sweep {sweep.name}"})
     return Trial.objects.create(sweep=sweep, number=number, params=params, system_attrs=attrs, job=job)
 

@@ -126,8 +126,10 @@ ACCESS = {
     "api:invoice-csv": TEAM,
     "api:sweeps": TEAM,
     "api:sweep": TEAM,
+    "api:sweep-rerun": TEAM,
     "sweeps:list": TEAM,
     "sweeps:detail": TEAM,
+    "sweeps:rerun": TEAM,
 }
 PERSONAS = ["owner", "member", "outsider", "anonymous"]
 LAST = {"notifications:webhook_delete"}  # routes that take away what the others need: called last

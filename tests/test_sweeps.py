@@ -358,3 +358,36 @@ def test_the_sweep_pages_show_the_team_s_sweeps_their_trials_and_their_spend(cli
     client.force_login(charlie)
     assert client.get(reverse("sweeps:detail", args=[sweep.pk])).status_code == 404
     assert "page-sweep" not in client.get(reverse("sweeps:list")).content.decode()
+
+
+@pytestmark_db
+def test_the_best_configuration_runs_again_as_a_job_of_its_own_with_changes(client, alice, charlie, rate):
+    from django.urls import reverse
+    from rest_framework.authtoken.models import Token
+
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("0.5"), ceiling_amount=Decimal("0.80"), hyperparameters={"lr": 0.5, "width": 64})
+    space = {"lr": {"type": "choice", "choices": [0.01, 0.1]}}
+    sweep = sweeps.create(
+        alice.membership.team, alice, name="again", template=template, space=space, method="grid",
+        objective="loss", direction="min", max_trials=2, parallel=2, ceiling_amount=Decimal("2.00"),
+    )  # fmt: skip
+    first, second = sweeps.advance(sweep)
+    as_alice = {"HTTP_AUTHORIZATION": f"Token {Token.objects.create(user=alice).key}"}
+    url = reverse("api:sweep-rerun", args=[sweep.pk])
+    early = client.post(url, {}, content_type="application/json", **as_alice)
+    assert early.status_code == 409 and "no trial has completed" in early.json()["detail"]
+    Trial.objects.filter(pk=first.pk).update(state=Trial.COMPLETE, value=0.9)
+    Trial.objects.filter(pk=second.pk).update(state=Trial.COMPLETE, value=0.2)
+    answer = client.post(url, {"hyperparameters": {"epochs": 100}}, content_type="application/json", **as_alice)
+    assert answer.status_code == 201, answer.json()
+    job = Job.objects.get(pk=answer.json()["job"])
+    assert job.hyperparameters == {"lr": second.params["lr"], "width": 64, "epochs": 100}
+    assert job.parent_id == second.job_id and job.state == "queued"
+    # The template's own ceiling, not the trial's share of the sweep's: it is not a trial.
+    assert job.ceiling_amount == Decimal("0.80") and not hasattr(job, "trial")
+    assert sorted(job.uploads.values_list("role", flat=True)) == ["code"]
+    as_charlie = {"HTTP_AUTHORIZATION": f"Token {Token.objects.create(user=charlie).key}"}
+    assert client.post(url, {}, content_type="application/json", **as_charlie).status_code == 404
+    client.force_login(alice)
+    page = client.post(reverse("sweeps:rerun", args=[sweep.pk]))
+    assert page.status_code == 302 and "/jobs/" in page["Location"]
