@@ -391,3 +391,16 @@ def test_the_best_configuration_runs_again_as_a_job_of_its_own_with_changes(clie
     client.force_login(alice)
     page = client.post(reverse("sweeps:rerun", args=[sweep.pk]))
     assert page.status_code == 302 and "/jobs/" in page["Location"]
+
+
+@pytestmark_db
+def test_the_scheduler_advances_sweeps_on_its_turn(alice, rate):
+    from django.core.management import call_command
+
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    sweep = sweeps.create(
+        alice.membership.team, alice, name="turn", template=template, space={"lr": {"type": "choice", "choices": [0.1, 0.2, 0.3]}},
+        method="grid", objective="loss", direction="min", max_trials=3, parallel=2, ceiling_amount=Decimal("1.00"),
+    )  # fmt: skip
+    call_command("scheduler", "--once")
+    assert sweep.trials.count() == 2 and Job.objects.filter(trial__sweep=sweep, state="queued").count() == 2

@@ -19,6 +19,9 @@ from sweeps import services as sweep_steps
 
 log = logging.getLogger("scheduler")
 HOUSEKEEPING_SECONDS = 600
+# Sweeps are advanced this often, not every placing turn: each look reads the running trials'
+# metrics and rebuilds their searches, and a trial's objective moves on the scale of its steps.
+SWEEP_SECONDS = 2.0
 UNCLAIMED_UPLOADS_KEPT = timedelta(days=2)  # a refused form's files wait this long for the user to come back
 COMPLETION_WORKERS = 2  # dataset uploads completed at once
 
@@ -35,6 +38,7 @@ class Command(BaseCommand):
         self.shutdown = False
         self.next_housekeeping = 0.0
         self.next_prediction = 0.0
+        self.next_sweep = 0.0
         self.last_failure_at = None  # when a cycle last failed (the database away, say)
         # Scans of registered buckets read every object: they run beside the cycle, not in it
         # (and so does the blob sweep). The pools start their threads only when given work.
@@ -107,8 +111,10 @@ class Command(BaseCommand):
             self.completing = {future for future in self.completing if not future.done()}
             for upload in datasets.claim_completions(limit=COMPLETION_WORKERS - len(self.completing)):
                 self.completing.add(self.completions.submit(self.complete, upload))
-            for trial in sweep_steps.advance_all():
-                log.info("sweep %s: queued trial %d (job %s)", trial.sweep_id, trial.number, trial.job_id)
+            if time.monotonic() >= self.next_sweep:
+                self.next_sweep = time.monotonic() + SWEEP_SECONDS
+                for trial in sweep_steps.advance_all():
+                    log.info("sweep %s: queued trial %d (job %s)", trial.sweep_id, trial.number, trial.job_id)
             services.line_up()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
