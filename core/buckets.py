@@ -1,4 +1,4 @@
-"""A client for a team's registered S3 bucket: the dataset scan (jobs.datasets) and staging
+"""A client for a team's registered S3 bucket: the dataset scan (catalog.datasets) and staging
 (agent.staging) read through it."""
 
 from functools import lru_cache

@@ -1,12 +1,12 @@
 """The API's OpenAPI 3 description (drf-spectacular): what each endpoint takes and answers.
 
-Jobs, datasets, their versions and uploads have serializers (jobs/serializers.py), the one
-source of their JSON and their schema: the views that answer them carry their @extend_schema
-(jobs/api.py, jobs/dataset_api.py). The other views are function-based (@api_view) without
-serializers, so their request bodies, query parameters and answers are described here, next to
-each other, and applied to the view functions where they are defined (extend_schema on an
-@api_view function annotates its view class in place). e31web/api_urls.py imports this module,
-so the schema is complete wherever the URLs are.
+Jobs, datasets, their versions and uploads have serializers (jobs/serializers.py,
+catalog/serializers.py), the one source of their JSON and their schema: the views that answer
+them carry their @extend_schema (jobs/api.py, catalog/api.py). The other views are
+function-based (@api_view) without serializers, so their request bodies, query parameters and
+answers are described here, next to each other, and applied to the view functions where they are
+defined (extend_schema on an @api_view function annotates its view class in place).
+e31web/api_urls.py imports this module, so the schema is complete wherever the URLs are.
 
 Every operation also answers errors in one shape (the Error component): the postprocessing hook
 add_error_responses documents them on every operation.
@@ -25,9 +25,10 @@ from accounts import api as accounts_api
 from accounts import audit_views
 from billing import api as billing_api
 from billing import invoice_views
+from core.serializers import page_params, paged
 from jobs import api as jobs_api
 from jobs import folder_api, run_api
-from jobs.serializers import JobSubmitJson, SpecOnlyForm, page_params, paged
+from jobs.serializers import JobSubmitJson, SpecOnlyForm
 
 ERROR_CODES = {
     "400": "The request was refused: 'detail' says why, 'errors' which fields are at fault.",

@@ -5,9 +5,10 @@ from accounts import api as accounts_api
 from accounts import audit_views
 from billing import api as billing_api
 from billing import invoice_views
+from catalog import api as catalog_api
 from e31web import api_schema  # noqa: F401  (describes the views above for the OpenAPI schema)
 from jobs import api as jobs_api
-from jobs import dataset_api, folder_api, run_api
+from jobs import folder_api, run_api
 from sweeps import api as sweeps_api
 
 app_name = "api"
@@ -33,17 +34,17 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/metrics/", run_api.job_metrics, name="job-metrics"),
     path("jobs/<uuid:job_id>/checkpoints/", run_api.job_checkpoints, name="job-checkpoints"),
     path("jobs/<uuid:job_id>/checkpoints/<path:name>", run_api.job_checkpoint, name="job-checkpoint"),
-    path("datasets/", dataset_api.dataset_list, name="datasets"),
-    path("datasets/s3/", dataset_api.dataset_register_s3, name="dataset-register-s3"),
-    path("datasets/<uuid:dataset_id>/", dataset_api.dataset_detail, name="dataset"),
-    path("datasets/<uuid:dataset_id>/rescan/", dataset_api.dataset_rescan, name="dataset-rescan"),
-    path("datasets/<uuid:dataset_id>/credentials/", dataset_api.dataset_credentials, name="dataset-credentials"),
-    path("datasets/<uuid:dataset_id>/versions/", dataset_api.version_open, name="dataset-versions"),
-    path("datasets/<uuid:dataset_id>/versions/<int:number>/", dataset_api.version_detail, name="dataset-version"),
-    path("datasets/<uuid:dataset_id>/versions/<int:number>/uploads/", dataset_api.upload_start, name="dataset-uploads"),
-    path("datasets/<uuid:dataset_id>/versions/<int:number>/seal/", dataset_api.version_seal, name="dataset-seal"),
-    path("datasets/uploads/<uuid:upload_id>/", dataset_api.upload_detail, name="dataset-upload"),
-    path("datasets/uploads/<uuid:upload_id>/complete/", dataset_api.upload_complete, name="dataset-upload-complete"),
+    path("datasets/", catalog_api.dataset_list, name="datasets"),
+    path("datasets/s3/", catalog_api.dataset_register_s3, name="dataset-register-s3"),
+    path("datasets/<uuid:dataset_id>/", catalog_api.dataset_detail, name="dataset"),
+    path("datasets/<uuid:dataset_id>/rescan/", catalog_api.dataset_rescan, name="dataset-rescan"),
+    path("datasets/<uuid:dataset_id>/credentials/", catalog_api.dataset_credentials, name="dataset-credentials"),
+    path("datasets/<uuid:dataset_id>/versions/", catalog_api.version_open, name="dataset-versions"),
+    path("datasets/<uuid:dataset_id>/versions/<int:number>/", catalog_api.version_detail, name="dataset-version"),
+    path("datasets/<uuid:dataset_id>/versions/<int:number>/uploads/", catalog_api.upload_start, name="dataset-uploads"),
+    path("datasets/<uuid:dataset_id>/versions/<int:number>/seal/", catalog_api.version_seal, name="dataset-seal"),
+    path("datasets/uploads/<uuid:upload_id>/", catalog_api.upload_detail, name="dataset-upload"),
+    path("datasets/uploads/<uuid:upload_id>/complete/", catalog_api.upload_complete, name="dataset-upload-complete"),
     path("folders/", folder_api.folder_open, name="folders"),
     path("folders/<uuid:folder_id>/", folder_api.folder_detail, name="folder"),
     path("folders/<uuid:folder_id>/files/<uuid:file_id>/", folder_api.folder_file, name="folder-file"),

@@ -10,8 +10,8 @@ from django.db import transaction
 
 from accounts.models import Membership, Team
 from billing.models import Rate
-from jobs.datasets import create_dataset
-from jobs.models import Dataset
+from catalog.datasets import create_dataset
+from catalog.models import Dataset
 
 DEMO_USER = ("demo", "demo-e31")
 OPERATOR = ("operator", "operator-e31")

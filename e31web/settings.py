@@ -90,6 +90,7 @@ INSTALLED_APPS = [
     "channels",
     "e31web",
     "accounts",
+    "catalog",
     "jobs",
     "scheduler",
     "agent",

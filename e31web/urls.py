@@ -2,22 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from jobs import dataset_views
 from notifications import views as notification_views
 from scheduler.ops import views as ops_views
-
-dataset_patterns = [
-    path("", dataset_views.dataset_list, name="list"),
-    path("new/", dataset_views.dataset_new, name="new"),
-    path("<uuid:dataset_id>/", dataset_views.dataset_detail, name="detail"),
-    path("<uuid:dataset_id>/add/", dataset_views.dataset_add_files, name="add"),
-    path("<uuid:dataset_id>/rescan/", dataset_views.dataset_rescan, name="rescan"),
-    path("<uuid:dataset_id>/credentials/", dataset_views.dataset_credentials, name="credentials"),
-    path("<uuid:dataset_id>/delete/", dataset_views.dataset_delete, name="delete"),
-    path("<uuid:dataset_id>/versions/<int:number>/upload/", dataset_views.version_upload, name="upload"),
-    path("<uuid:dataset_id>/versions/<int:number>/seal/", dataset_views.version_seal, name="seal"),
-    path("<uuid:dataset_id>/uploads/<uuid:upload_id>/abort/", dataset_views.upload_abort, name="abort-upload"),
-]
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
@@ -25,7 +11,7 @@ urlpatterns = [
     path("accounts/settings/", notification_views.user_settings, name="settings"),
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
-    path("datasets/", include((dataset_patterns, "datasets"))),
+    path("datasets/", include("catalog.urls")),
     path("sweeps/", include("sweeps.urls")),
     path("billing/", include("billing.urls")),
     path("api/", include("e31web.api_urls")),

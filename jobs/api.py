@@ -21,6 +21,7 @@ from accounts.access import require_team
 from accounts.middleware import activate_for
 from core.api import fields as body_fields
 from core.api import paginate
+from core.serializers import page_params, paged
 from jobs import lineage, specfile, states
 from jobs.access import get_artifact, get_job
 from jobs.api_common import int_param
@@ -30,7 +31,7 @@ from jobs.estimates import budget_left, prediction
 from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, FOLDER_UPLOAD, JobForm, RequestForm, keep_uploads
 from jobs.models import Job
 from jobs.retrain_form import RetrainForm
-from jobs.serializers import JobSerializer, JobSubmitForm, JobSubmitJson, RetrainOverridesForm, RetrainOverridesJson, SpecOnlyForm, page_params, paged
+from jobs.serializers import JobSerializer, JobSubmitForm, JobSubmitJson, RetrainOverridesForm, RetrainOverridesJson, SpecOnlyForm
 from jobs.spec_form import spec_form_data
 
 MAX_LOG_LIMIT = 5000

@@ -21,11 +21,13 @@ from rest_framework.decorators import api_view, parser_classes
 from rest_framework.response import Response
 
 from accounts.access import get_for_team, require_team
+from catalog import datasets
+from catalog.api_common import refused, storage_failed
+from catalog.models import DatasetUpload
 from core.api import fields
 from core.parsers import BoundedJSONParser
-from jobs import datasets, folder_uploads, folders
-from jobs.api_common import refused, storage_failed
-from jobs.models import DatasetUpload, FolderUpload
+from jobs import folder_uploads, folders
+from jobs.models import FolderUpload
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The browser announces the folder (its files' paths, as sent, and sizes: checked here by
 jobs.folders.plan, with an uploaded archive's limits) and gets a FolderUpload with one
 DatasetUpload per file. Each file is then sent in chunks through the dataset uploads' own
-machinery (jobs.datasets.put_chunk: offsets, a chunk sent again replaces its part, a gap is a
+machinery (catalog.datasets.put_chunk: offsets, a chunk sent again replaces its part, a gap is a
 409 with where to continue), so after a dropped connection or a reload the browser asks the
 folder how far each file got and goes on from there. The form post carries only the folder's id:
 `pack_folder` packs the stored files into the zip the job unpacks (jobs.folders.pack, which
@@ -18,6 +18,7 @@ reached for too long is given up by the sweep of abandoned uploads (purge_stale_
 """
 
 import contextlib
+import logging
 import tempfile
 import uuid
 
@@ -25,11 +26,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from catalog import datasets
+from catalog.datasets import UploadConflict
+from catalog.models import DatasetUpload
 from core.storage import get_storage
 from e31.unpack import size_text
-from jobs import archive, datasets, folders
-from jobs.datasets import UploadConflict
-from jobs.models import DatasetUpload, FolderUpload, Upload
+from jobs import archive, folders
+from jobs.models import FolderUpload, Upload
+
+log = logging.getLogger(__name__)
 
 
 def parse_entries(files):
@@ -66,7 +71,7 @@ def open_folder(team, user, entries):
 
 
 def put_chunk(folder, upload, offset, data):
-    """Store a chunk of one of the folder's files, as jobs.datasets.put_chunk does for a
+    """Store a chunk of one of the folder's files, as catalog.datasets.put_chunk does for a
     dataset's (a chunk received before is replaced; a gap or a misplaced offset is an
     UploadConflict with how far the file has arrived). Returns the file's upload."""
     if upload.folder_id != folder.pk:
@@ -207,6 +212,17 @@ def purge_stale_folders(older_than):
     files' rows (their storage was freed when they were packed, or given up by the sweep of
     abandoned uploads, which calls this). Returns how many."""
     return FolderUpload.objects.filter(updated_at__lt=older_than).delete()[1].get(FolderUpload._meta.label, 0)
+
+
+def purge_stale_uploads(older_than):
+    """The sweep of abandoned uploads (the scheduler's housekeeping): the uploads no chunk reached
+    since older_than are given up, a dataset's files and a folder's (catalog.datasets), then the
+    folders older than that go with their rows. Returns how many uploads were given up."""
+    count = datasets.purge_stale_uploads(older_than)
+    gone = purge_stale_folders(older_than)
+    if gone:
+        log.info("deleted %d folder upload(s) untouched since %s", gone, older_than)
+    return count
 
 
 def _not_open(folder):

@@ -19,12 +19,14 @@ from django.utils import timezone
 from accounts.access import get_for_team
 from billing import meter
 from billing.models import NoRateInForce, Rate
+from catalog import datasets
+from catalog.models import Dataset, DatasetVersion
 from core.storage import get_storage
 from e31.recipes import RECIPES, validate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
-from jobs import archive, datasets, folder_uploads, folders, launch, lineage, packages, spec_text, states, windows
+from jobs import archive, folder_uploads, folders, launch, lineage, packages, spec_text, states, windows
 from jobs.compute import compute
-from jobs.models import Dataset, DatasetVersion, FolderUpload, Job, JobInput, Upload
+from jobs.models import FolderUpload, Job, JobInput, Upload
 
 log = logging.getLogger(__name__)
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}

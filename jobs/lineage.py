@@ -11,8 +11,9 @@ from decimal import ROUND_DOWN, Decimal
 from django.conf import settings
 from django.db import models, transaction
 
+from catalog.models import DatasetFile, DatasetVersion
 from jobs import states
-from jobs.models import DatasetFile, DatasetVersion, Job, JobInput, JobModel, Upload
+from jobs.models import Job, JobInput, JobModel, Upload
 from jobs.specfile import JOB_WORK_FIELDS
 
 # What of a job's output is its model: the files at the top of its output folder (weights, and

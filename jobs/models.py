@@ -12,138 +12,6 @@ from jobs import live, states
 from notifications import events as notifications
 
 
-class Dataset(models.Model):
-    """A team's named data, in immutable versions. Its files are uploaded (kept as blobs in our
-    storage) or live in a bucket of the team's, registered by URI with the team's credentials."""
-
-    UPLOAD = "upload"
-    S3 = "s3"
-    SOURCES = [(UPLOAD, "Uploaded"), (S3, "S3 bucket")]
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="datasets")
-    name = models.CharField(max_length=200)
-    description = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    source = models.CharField(max_length=10, choices=SOURCES, default=UPLOAD)
-    # A registered bucket: where, and the team's credentials (encrypted; never shown back,
-    # never passed to a job's process).
-    s3_bucket = models.CharField(max_length=255, blank=True)
-    s3_prefix = models.CharField(max_length=1024, blank=True)
-    s3_endpoint_url = models.CharField(max_length=500, blank=True)
-    s3_region = models.CharField(max_length=64, blank=True)
-    s3_credentials = models.TextField(blank=True)
-
-    class Meta:
-        ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["team", "name"], name="dataset_name_unique_in_team")]
-
-    def __str__(self):
-        return self.name
-
-    @property
-    def s3_uri(self):
-        return f"s3://{self.s3_bucket}/{self.s3_prefix}".rstrip("/") if self.source == self.S3 else ""
-
-    def latest_version(self):
-        return self.versions.filter(state=DatasetVersion.READY).order_by("-number").first()
-
-    @transaction.atomic
-    def new_version(self, state=None):
-        """An open version holding the latest ready version's files, to add to."""
-        locked = Dataset.objects.select_for_update().get(pk=self.pk)
-        parent = locked.latest_version()
-        number = (locked.versions.aggregate(n=models.Max("number"))["n"] or 0) + 1
-        version = DatasetVersion.objects.create(dataset=self, number=number, parent=parent, state=state or DatasetVersion.OPEN)
-        if parent is not None:
-            DatasetFile.objects.bulk_create(DatasetFile(version=version, path=f.path, size=f.size, sha256=f.sha256, key=f.key) for f in parent.files.all())
-        return version
-
-
-class DatasetVersion(models.Model):
-    """One immutable state of a dataset: a manifest of paths, sizes and SHA-256 digests.
-
-    A version is open while files are added to it, then sealed: ready, and never changed again.
-    Adding files later makes a new version that shares every unchanged file (the same blobs)."""
-
-    OPEN = "open"
-    SCANNING = "scanning"
-    READY = "ready"
-    FAILED = "failed"
-    STATES = [(OPEN, "Open"), (SCANNING, "Scanning"), (READY, "Ready"), (FAILED, "Failed")]
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions")
-    number = models.PositiveIntegerField()
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    state = models.CharField(max_length=10, choices=STATES, default=OPEN)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    sealed_at = models.DateTimeField(null=True, blank=True)
-    file_count = models.PositiveIntegerField(default=0)
-    total_bytes = models.PositiveBigIntegerField(default=0)
-    claimed_at = models.DateTimeField(null=True, blank=True, help_text="when a worker took up its scan")
-
-    class Meta:
-        ordering = ["dataset", "-number"]
-        constraints = [models.UniqueConstraint(fields=["dataset", "number"], name="dataset_version_number_unique")]
-
-    def __str__(self):
-        return f"{self.dataset.name} v{self.number}"
-
-    @property
-    def label(self):
-        """NAME@N, as specs and the API name a version."""
-        return f"{self.dataset.name}@{self.number}"
-
-    @property
-    def team_id(self):
-        return self.dataset.team_id
-
-    def add_file(self, path, size, sha256, key):
-        """Add (or replace) a file of a version being filled (uploads) or scanned (a bucket)."""
-        with transaction.atomic():
-            version = DatasetVersion.objects.select_for_update().get(pk=self.pk)
-            if version.state not in (self.OPEN, self.SCANNING):
-                raise ValueError(f"version {version.number} of {version.dataset.name} is {version.state}: it cannot change")
-            DatasetFile.objects.update_or_create(version=version, path=path, defaults={"size": size, "sha256": sha256, "key": key})
-
-    def seal(self, at=None):
-        """Open (or scanned) to ready: from now on the version never changes."""
-        with transaction.atomic():
-            version = DatasetVersion.objects.select_for_update().get(pk=self.pk)
-            if version.state not in (self.OPEN, self.SCANNING):
-                raise ValueError(f"version {version.number} is {version.state}")
-            totals = version.files.aggregate(n=models.Count("id"), b=models.Sum("size"))
-            DatasetVersion.objects.filter(pk=self.pk).update(
-                state=self.READY, sealed_at=at or timezone.now(), file_count=totals["n"], total_bytes=totals["b"] or 0
-            )
-        self.refresh_from_db()
-        return self
-
-    def fail(self, error):
-        DatasetVersion.objects.filter(pk=self.pk).update(state=self.FAILED, error=error[:2000])
-        self.refresh_from_db()
-
-
-class DatasetFile(models.Model):
-    """One file of a version. key: the blob in our storage (uploaded datasets), or the object's
-    key in the team's bucket (registered S3 datasets)."""
-
-    version = models.ForeignKey(DatasetVersion, on_delete=models.CASCADE, related_name="files")
-    path = models.CharField(max_length=500)
-    key = models.CharField(max_length=1100)
-    size = models.PositiveBigIntegerField()
-    sha256 = models.CharField(max_length=64)
-
-    class Meta:
-        ordering = ["path"]
-        constraints = [models.UniqueConstraint(fields=["version", "path"], name="dataset_version_file_path_unique")]
-
-    def __str__(self):
-        return f"{self.version_id}: {self.path}"
-
-
 class Job(models.Model):
     KIND_TRAIN = "train"
     KIND_FINETUNE = "finetune"
@@ -181,8 +49,8 @@ class Job(models.Model):
 
     # Data: dataset versions are pinned when the job is submitted.
     # The labels ("digits@2") stay when the dataset is deleted later (the version becomes None).
-    train_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    heldout_version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    train_version = models.ForeignKey("catalog.DatasetVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    heldout_version = models.ForeignKey("catalog.DatasetVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     train_label = models.CharField(max_length=300, blank=True, help_text="the training dataset version, as NAME@N")
     heldout_label = models.CharField(max_length=300, blank=True, help_text="the held-out dataset version, as NAME@N")
 
@@ -612,7 +480,7 @@ class JobInput(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="inputs")
     name = models.CharField(max_length=64)
-    version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    version = models.ForeignKey("catalog.DatasetVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     label = models.CharField(max_length=300)
 
     class Meta:
@@ -621,6 +489,15 @@ class JobInput(models.Model):
 
     def __str__(self):
         return f"{self.name}: {self.label}"
+
+
+def unfinished_users(version_ids):
+    """The unfinished jobs pinning any of these dataset versions (as a set, a held-out set or a
+    named input), as (name, short id, state), oldest first: what deleting a dataset asks
+    (catalog.usage; registered in jobs.apps)."""
+    pinned = models.Q(train_version__in=version_ids) | models.Q(heldout_version__in=version_ids) | models.Q(inputs__version__in=version_ids)
+    pinning = Job.objects.filter(state__in=states.ACTIVE).filter(pinned).distinct().order_by("created_at")
+    return [(job.name, job.short_id, job.state) for job in pinning]
 
 
 class JobModel(models.Model):
@@ -676,11 +553,12 @@ class Checkpoint(models.Model):
 class FolderUpload(models.Model):
     """A folder on its way from the browser to be a job's code (static/js/folder.js), sent so
     that a dropped connection or a reload continues where it stopped: its files are
-    DatasetUploads (folder set, no version), each sent in chunks as a dataset's files are, and
-    the job form refers to the folder by id. Once every byte has arrived the form packs it into
-    a zip kept as the job's code (an Upload, `packed`), and its files' storage is freed
-    (jobs/folder_uploads.py). The sweep of abandoned uploads gives up a folder no chunk reached
-    for too long, its clock being the folder's updated_at (jobs.datasets.purge_stale_uploads)."""
+    catalog.DatasetUploads (folder set, no version; related name `files`), each sent in chunks
+    as a dataset's files are, and the job form refers to the folder by id. Once every byte has
+    arrived the form packs it into a zip kept as the job's code (an Upload, `packed`), and its
+    files' storage is freed (jobs/folder_uploads.py). The sweep of abandoned uploads gives up a
+    folder no chunk reached for too long, its clock being the folder's updated_at
+    (jobs.folder_uploads.purge_stale_uploads)."""
 
     OPEN = "open"
     PACKED = "packed"
@@ -705,61 +583,3 @@ class FolderUpload(models.Model):
 
     def __str__(self):
         return f"folder {self.top or str(self.pk)[:8]} ({self.file_count} files)"
-
-
-class DatasetUpload(models.Model):
-    """One file on its way into an open dataset version (or into a FolderUpload: a job's code),
-    sent in chunks of chunk_size bytes.
-
-    Each chunk is a part of a multipart upload in storage (part n holds the bytes from
-    (n - 1) * chunk_size). Chunks arrive in order, but any chunk already received may be sent
-    again and replaces its part, so a client that lost an answer just sends it again; received
-    is how far the file has arrived, where a resumed upload continues. On completion the parts
-    are joined, hashed, kept as a blob under their SHA-256 and added to the version."""
-
-    OPEN = "open"
-    COMPLETING = "completing"
-    COMPLETE = "complete"
-    FAILED = "failed"
-    ABORTED = "aborted"
-    STATES = [(OPEN, "Open"), (COMPLETING, "Completing"), (COMPLETE, "Complete"), (FAILED, "Failed"), (ABORTED, "Aborted")]
-    # What stops a version from being sealed.
-    UNFINISHED = (OPEN, COMPLETING)
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    version = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="uploads")
-    folder = models.ForeignKey(FolderUpload, null=True, blank=True, on_delete=models.CASCADE, related_name="files")
-    path = models.CharField(max_length=1024, help_text="in a version, as jobs.datasets.clean_path makes it; in a folder, as sent")
-    size = models.PositiveBigIntegerField()
-    sha256 = models.CharField(max_length=64, blank=True, help_text="the client's digest to check, then the file's")
-    chunk_size = models.PositiveIntegerField()
-    received = models.PositiveBigIntegerField(default=0)
-    key = models.CharField(max_length=200, help_text="the incoming object in storage, until it becomes a blob")
-    multipart_id = models.CharField(max_length=1024, blank=True, help_text="the storage's multipart upload id")
-    parts = models.JSONField(default=list, blank=True, help_text="[[part number, etag], ...] in order")
-    state = models.CharField(max_length=10, choices=STATES, default=OPEN)
-    claimed_at = models.DateTimeField(null=True, blank=True, help_text="when a worker took up its completion")
-    error = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["created_at"]
-        indexes = [models.Index(fields=["state", "updated_at"])]
-        constraints = [
-            models.CheckConstraint(
-                condition=models.Q(version__isnull=False, folder__isnull=True) | models.Q(version__isnull=True, folder__isnull=False),
-                name="dataset_upload_into_a_version_or_a_folder",
-            )
-        ]
-
-    def __str__(self):
-        return f"{self.path} into {self.version or self.folder}"
-
-    def chunk_length(self, offset):
-        """How many bytes the chunk at offset must hold: chunk_size, less for the last."""
-        return min(self.chunk_size, self.size - offset)
-
-    def part_number(self, offset):
-        return offset // self.chunk_size + 1

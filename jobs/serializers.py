@@ -1,10 +1,10 @@
-"""The API's shapes of jobs, datasets, dataset versions and uploads: DRF serializers, the one
-source of both the JSON the views answer and the OpenAPI schema (the views carry
-@extend_schema with these classes; e31web/api_schema.py describes the API's other shapes).
+"""The API's shapes of jobs: DRF serializers, the one source of both the JSON the views answer
+and the OpenAPI schema (the views carry @extend_schema with these classes; catalog.serializers
+holds the datasets' shapes, e31web/api_schema.py describes the API's other shapes).
 
-A serializer reads an object through its Facts: the model's own fields, and what the API shows
-beyond them (a job's meter, ceiling and latest allocations, a dataset's summary, URLs), worked
-out once per object. The fields' classes type the schema; their values are the model's, as they
+A serializer reads an object through its Facts (core.serializers): the model's own fields, and
+what the API shows beyond them (a job's meter, ceiling and latest allocations, URLs), worked out
+once per object. The fields' classes type the schema; their values are the model's, as they
 are (a string, a number, a list), except that times go out as stored (UTC) and the JSON renderer
 writes them ("2026-11-03T10:30:00Z"), whatever time zone the request activated (Moment).
 
@@ -12,8 +12,7 @@ Lists: JobSerializer.prefetch(queryset) fetches what a page of jobs shows in a f
 queries, however many jobs it holds (tests/test_api_shapes.py counts them); one job alone is
 completed the same way when it is shown.
 
-Also here: the request bodies of the views that answer these shapes, and the page helpers
-(page_params, paged) the schema of every list uses.
+Also here: the request bodies of the views that answer these shapes.
 """
 
 from decimal import Decimal
@@ -21,73 +20,14 @@ from decimal import Decimal
 from django.conf import settings
 from django.db.models import OuterRef, Prefetch, Subquery, Sum, prefetch_related_objects
 from django.urls import reverse
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema_serializer, inline_serializer
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
 from billing.models import Credit
+from core.serializers import Facts, FactsSerializer, Moment, nullable_str
 from e31.recipes.precision import PRECISIONS
-from jobs import datasets
 from jobs.ceiling import job_ceiling
-from jobs.models import Dataset, DatasetUpload, DatasetVersion, Job, JobEvent, Upload
-
-# Building blocks ------------------------------------------------------------------------------
-
-
-class Moment(s.DateTimeField):
-    """A time as stored (UTC), written by the JSON renderer; DRF's DateTimeField would move it
-    into the request's time zone (a token's user's own, jobs.api activates it)."""
-
-    def to_representation(self, value):
-        return value
-
-
-def nullable_str(**kwargs):
-    return s.CharField(allow_null=True, allow_blank=True, **kwargs)
-
-
-class Facts:
-    """An object as a serializer reads it: its own attributes, and the API's figures about it
-    (set in a subclass's __init__), which take precedence."""
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __getattr__(self, name):  # only for what the facts do not have themselves
-        if name == "obj":
-            raise AttributeError(name)
-        return getattr(self.obj, name)
-
-
-class FactsSerializer(s.Serializer):
-    """A serializer of an object's Facts (facts_class), made once per object shown."""
-
-    facts_class = Facts
-
-    def to_representation(self, instance):
-        facts = instance if isinstance(instance, Facts) else self.facts_class(instance, self.context["request"])
-        return super().to_representation(facts)
-
-
-def page_params():
-    return [
-        OpenApiParameter("page", OpenApiTypes.INT, description="Page number, from 1 (a page past the last one is a 404)."),
-        OpenApiParameter("page_size", OpenApiTypes.INT, description="Items per page."),
-    ]
-
-
-def paged(name, item):
-    """The schema of a page of items (core.api.page_of)."""
-    return inline_serializer(
-        name=name,
-        fields={
-            "count": s.IntegerField(help_text="How many items there are in all."),
-            "next": s.URLField(allow_null=True, help_text="The next page's URL; null on the last page."),
-            "previous": s.URLField(allow_null=True, help_text="The previous page's URL; null on the first page."),
-            "results": item(many=True),
-        },
-    )
-
+from jobs.models import Job, JobEvent, Upload
 
 # Jobs -----------------------------------------------------------------------------------------
 
@@ -280,138 +220,6 @@ class JobSerializer(FactsSerializer):
         )
 
 
-# Datasets -------------------------------------------------------------------------------------
-
-
-class UploadFacts(Facts):
-    def __init__(self, upload, request):
-        super().__init__(upload)
-        self.sha256 = upload.sha256 or None
-        self.url = request.build_absolute_uri(reverse("api:dataset-upload", args=[upload.pk]))
-        self.complete_url = request.build_absolute_uri(reverse("api:dataset-upload-complete", args=[upload.pk]))
-
-
-@extend_schema_serializer(component_name="Upload")
-class DatasetUploadSerializer(FactsSerializer):
-    facts_class = UploadFacts
-
-    id = s.UUIDField()
-    path = s.CharField()
-    size = s.IntegerField()
-    sha256 = s.CharField(allow_null=True)
-    chunk_size = s.IntegerField()
-    received = s.IntegerField(help_text="Bytes arrived so far: send the next chunk at this offset.")
-    state = s.CharField()
-    error = s.CharField(allow_blank=True, allow_null=True)
-    url = s.URLField()
-    complete_url = s.URLField()
-
-
-class DatasetFileSerializer(s.Serializer):
-    path = s.CharField()
-    size = s.IntegerField()
-    sha256 = s.CharField()
-
-
-class VersionFacts(Facts):
-    def __init__(self, version, request):
-        super().__init__(version)
-        dataset_id, number = version.dataset_id, version.number
-        self.open_files = None
-        if version.state == DatasetVersion.OPEN:  # its counts are kept once it is sealed
-            self.open_files = list(version.files.all())
-            self.files, self.bytes = len(self.open_files), sum(f.size for f in self.open_files)
-            self.uploads_url = request.build_absolute_uri(reverse("api:dataset-uploads", args=[dataset_id, number]))
-            self.seal_url = request.build_absolute_uri(reverse("api:dataset-seal", args=[dataset_id, number]))
-            self.upload_page = request.build_absolute_uri(reverse("datasets:upload", args=[dataset_id, number]))
-        else:
-            self.files, self.bytes = version.file_count, version.total_bytes
-        self.parent = version.parent.number if version.parent_id else None
-        self.url = request.build_absolute_uri(reverse("api:dataset-version", args=[dataset_id, number]))
-
-    # Read only where the manifest is shown (DatasetVersionManifestSerializer).
-
-    @property
-    def manifest(self):
-        return self.open_files if self.open_files is not None else self.obj.files.all()
-
-    @property
-    def uploads(self):
-        return self.obj.uploads.filter(state__in=DatasetUpload.UNFINISHED)
-
-
-class DatasetVersionSerializer(FactsSerializer):
-    facts_class = VersionFacts
-
-    number = s.IntegerField()
-    state = s.CharField()
-    error = s.CharField(allow_blank=True, allow_null=True)
-    files = s.IntegerField()
-    bytes = s.IntegerField()
-    parent = s.IntegerField(allow_null=True)
-    created_at = Moment()
-    sealed_at = Moment(allow_null=True)
-    url = s.URLField()
-    uploads_url = s.URLField(required=False, help_text="Open versions only.")
-    seal_url = s.URLField(required=False, help_text="Open versions only.")
-    upload_page = s.URLField(required=False, help_text="Open versions only: the page to upload files from a browser.")
-
-
-class DatasetVersionManifestSerializer(DatasetVersionSerializer):
-    manifest = DatasetFileSerializer(many=True)
-    uploads = DatasetUploadSerializer(many=True, help_text="The version's unfinished uploads.")
-
-
-class DatasetFacts(Facts):
-    def __init__(self, dataset, request):
-        super().__init__(dataset)
-        summary = datasets.summarize(dataset)
-        latest, open_version = summary["latest"], summary["open"]
-        self.state = summary["state"]
-        self.latest_version = latest.number if latest else None
-        self.files = latest.file_count if latest else 0
-        self.bytes = latest.total_bytes if latest else 0
-        self.open_version = open_version.number if open_version else None
-        self.url = request.build_absolute_uri(reverse("api:dataset", args=[dataset.pk]))
-        self.page = request.build_absolute_uri(reverse("datasets:detail", args=[dataset.pk]))
-        if dataset.source == Dataset.S3:  # else no s3 at all: the field is left out
-            # The credentials are stored encrypted and never shown back, here or anywhere.
-            self.s3 = {"uri": dataset.s3_uri, "endpoint_url": dataset.s3_endpoint_url, "region": dataset.s3_region, "credentials": "stored"}
-        self.versions = summary["versions"]
-
-
-class DatasetSerializer(FactsSerializer):
-    facts_class = DatasetFacts
-
-    id = s.UUIDField()
-    name = s.CharField()
-    description = s.CharField(allow_blank=True)
-    source = s.CharField()
-    created_at = Moment()
-    state = s.CharField()
-    latest_version = s.IntegerField(allow_null=True)
-    files = s.IntegerField()
-    bytes = s.IntegerField()
-    open_version = s.IntegerField(allow_null=True)
-    url = s.URLField()
-    page = s.URLField()
-    s3 = inline_serializer(
-        name="DatasetS3",
-        required=False,
-        help_text="A registered bucket's only.",
-        fields={"uri": s.CharField(), "endpoint_url": nullable_str(), "region": nullable_str(), "credentials": s.CharField()},
-    )
-
-    @staticmethod
-    def prefetch(queryset):
-        """A queryset of datasets with the versions the summary reads, newest first."""
-        return queryset.prefetch_related(Prefetch("versions", DatasetVersion.objects.order_by("-number")))
-
-
-class DatasetDetailSerializer(DatasetSerializer):
-    versions = DatasetVersionSerializer(many=True)
-
-
 # Request bodies -------------------------------------------------------------------------------
 
 SPEC_HELP = (
@@ -458,42 +266,3 @@ RetrainOverridesForm = inline_serializer(
     },
 )
 RetrainOverridesJson = inline_serializer(name="RetrainJson", fields={"spec": s.DictField(required=False)})
-
-DatasetCreate = inline_serializer(
-    name="DatasetCreate",
-    fields={
-        "name": s.CharField(max_length=200, help_text="Jobs name it: name, or name@2 for version 2."),
-        "description": s.CharField(required=False, allow_blank=True),
-    },
-)
-DatasetS3Create = inline_serializer(
-    name="DatasetS3Create",
-    fields={
-        "name": s.CharField(max_length=200),
-        "description": s.CharField(required=False, allow_blank=True),
-        "uri": s.CharField(help_text="s3://bucket/prefix"),
-        "endpoint_url": s.URLField(required=False, help_text="Blank: AWS."),
-        "region": s.CharField(required=False, allow_blank=True),
-        "access_key_id": s.CharField(),
-        "secret_access_key": s.CharField(help_text="Stored encrypted, never shown back."),
-    },
-)
-DatasetCredentials = inline_serializer(
-    name="DatasetCredentials",
-    fields={
-        "access_key_id": s.CharField(),
-        "secret_access_key": s.CharField(help_text="Stored encrypted, never shown back."),
-        "endpoint_url": s.URLField(required=False, allow_blank=True, help_text="Blank: AWS. Left out: unchanged."),
-        "region": s.CharField(required=False, allow_blank=True, help_text="Left out: unchanged."),
-        "rescan": s.BooleanField(required=False, help_text="Scan the bucket again with the new credentials (a new version)."),
-    },
-)
-UploadStart = inline_serializer(
-    name="UploadStart",
-    fields={
-        "path": s.CharField(help_text="The file's path in the dataset."),
-        "size": s.IntegerField(min_value=0, help_text="In bytes."),
-        "sha256": s.CharField(required=False, allow_blank=True, help_text="Checked on completion if given."),
-    },
-)
-UploadComplete = inline_serializer(name="UploadComplete", fields={"sha256": s.CharField(required=False, allow_blank=True)})

@@ -7,8 +7,9 @@ import shlex
 
 from rest_framework.exceptions import ValidationError
 
+from catalog import datasets
 from e31.recipes import RECIPES
-from jobs import datasets, specfile, states
+from jobs import specfile, states
 from jobs.forms import form_params, is_uuid, recipe_field_name
 from jobs.models import Job
 from jobs.spec_text import format_env

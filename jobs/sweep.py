@@ -6,7 +6,7 @@ The sweep lists the blobs, gathers every key a row refers to, and deletes the bl
 refers to that are older than a grace period.
 
 Why the order and the grace period make it safe: a blob is written (or, when it was kept
-already, touched: Storage.save_blob and jobs.datasets._assemble) a moment BEFORE the row that
+already, touched: Storage.save_blob and catalog.datasets._assemble) a moment BEFORE the row that
 refers to it is committed. The blobs are listed first and the rows read after, so a row
 committed before the reading protects its blob, and a blob whose row came later was written or
 touched recently: it is young, and kept. Each blob's age is read once more just before it is
@@ -21,16 +21,9 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from catalog.models import Dataset, DatasetFile, DatasetUpload
 from core.storage import NotFound, blob_key, get_storage
-from jobs.models import (
-    Artifact,
-    Checkpoint,
-    Dataset,
-    DatasetFile,
-    DatasetUpload,
-    JobModel,
-    Upload,
-)
+from jobs.models import Artifact, Checkpoint, JobModel, Upload
 
 log = logging.getLogger(__name__)
 

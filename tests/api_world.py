@@ -9,9 +9,10 @@ from decimal import Decimal
 
 from billing import invoice_service, meter
 from billing.models import UsageRecord
+from catalog import datasets
 from core.storage import get_storage
 from e31web.demo import add_dataset
-from jobs import datasets, folder_uploads
+from jobs import folder_uploads
 from jobs.models import Artifact, JobEvent
 from scheduler.models import Allocation, Node
 from sweeps.models import Sweep, Trial

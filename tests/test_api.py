@@ -57,7 +57,7 @@ def test_datasets_are_named_by_name_or_id(api, dataset):
 
 
 def test_a_dataset_version_can_be_pinned(api, dataset):
-    from jobs.datasets import add_files
+    from catalog.datasets import add_files
 
     add_files(dataset, {"more.csv": b"3\n"})
     body = submit(api, {"gpus": 1, "span_hours": 1, "train_dataset": "numbers@1"}, data=False).json()

@@ -7,9 +7,9 @@ from django.urls import path, reverse
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view
 
+from catalog.models import Dataset
 from core import api
 from core.env import parse_rate
-from jobs.models import Dataset
 from tests.conftest import make_user
 
 

@@ -49,9 +49,10 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from billing.models import Credit, UsageRecord
+from catalog import datasets
+from catalog.models import Dataset, DatasetUpload, DatasetVersion
 from core.storage import get_storage
-from jobs import datasets
-from jobs.models import Artifact, Dataset, DatasetUpload, DatasetVersion, Job, JobEvent, JobInput, JobModel, Upload
+from jobs.models import Artifact, Job, JobEvent, JobInput, JobModel, Upload
 from scheduler.models import Allocation, Node, Staging
 
 GOLDEN = Path(__file__).parent / "api_shapes"

@@ -13,8 +13,9 @@ from rest_framework.authtoken.models import Token
 
 from accounts import audit
 from accounts.models import AuditEvent, AuditImmutable
+from catalog import datasets
 from core.storage import get_storage
-from jobs import datasets, lineage
+from jobs import lineage
 from jobs.models import Checkpoint
 from jobs.retrain_form import RetrainForm
 from tests.api_world import make_world

@@ -513,8 +513,9 @@ def test_a_recipe_stopped_early_on_its_metric_returns_the_best_step_s_weights_an
     patience off): stopped early, it returns the best step's weights, as its usual output
     (recipe.json beside them), the last ones under last/. A LoRA retraining of them starts from
     them, and stopped early in turn returns its best step's weights with the adapters merged."""
+    from catalog import datasets
     from e31.recipes import classifier, common
-    from jobs import datasets, lineage
+    from jobs import lineage
     from tests.test_recipe_e2e import metric_points, recipe_job
     from tests.test_staging import run
 

@@ -15,11 +15,13 @@ from rest_framework.authtoken.models import Token
 
 from accounts.models import AuditEvent
 from agent.staging import StagingError, team_bucket_client
+from catalog import datasets
+from catalog.models import Dataset, DatasetFile, DatasetUpload, DatasetVersion
 from core import endpoints
 from core.secrets_box import unseal
 from core.storage import blob_key, get_storage
-from jobs import datasets, lineage
-from jobs.models import Artifact, Dataset, DatasetFile, DatasetUpload, DatasetVersion, Job
+from jobs import lineage
+from jobs.models import Artifact, Job
 from tests.conftest import make_job
 from tests.test_datasets import Api as DatasetsApi
 from tests.test_datasets import payload, sha

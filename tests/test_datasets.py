@@ -15,10 +15,10 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
+from catalog import datasets
+from catalog.models import Dataset, DatasetFile, DatasetUpload, DatasetVersion
 from core.secrets_box import unseal
 from core.storage import blob_key, get_storage
-from jobs import datasets
-from jobs.models import Dataset, DatasetFile, DatasetUpload, DatasetVersion
 
 CHUNK = 5 * 1024 * 1024  # S3's smallest part (but the last)
 SECRET = "s3cr3t-Never-Shown-0123456789abcdef"

@@ -12,9 +12,9 @@ import pytest
 from django.contrib.auth import authenticate
 
 from billing.models import Rate
+from catalog.models import Dataset
 from core.storage import get_storage
 from e31web import demo
-from jobs.models import Dataset
 from tests.system import ROOT, free_port
 
 

@@ -20,9 +20,10 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from accounts.models import AuditEvent
+from catalog.models import DatasetUpload
 from core.storage import get_storage
-from jobs import datasets, folder_uploads, folders
-from jobs.models import DatasetUpload, FolderUpload, Job, Upload
+from jobs import folder_uploads, folders
+from jobs.models import FolderUpload, Job, Upload
 
 CHUNK = 5 * 1024 * 1024  # S3's smallest part (but the last)
 FORM = reverse("jobs:new")
@@ -392,7 +393,7 @@ def test_a_folder_no_chunk_reached_for_too_long_is_given_up_by_the_sweep(api, st
     DatasetUpload.objects.filter(folder_id=busy["id"]).update(updated_at=long_ago)
     keys = list(DatasetUpload.objects.filter(folder_id=stale["id"]).values_list("key", "multipart_id"))
 
-    assert datasets.purge_stale_uploads(timezone.now() - timezone.timedelta(days=2)) == 4
+    assert folder_uploads.purge_stale_uploads(timezone.now() - timezone.timedelta(days=2)) == 4
     assert not FolderUpload.objects.filter(pk=stale["id"]).exists()
     assert not DatasetUpload.objects.filter(folder_id=stale["id"]).exists()
     storage = get_storage()

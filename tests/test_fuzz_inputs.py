@@ -8,7 +8,8 @@ from django.urls import reverse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs import datasets, specfile
+from catalog import datasets
+from jobs import specfile
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
@@ -76,7 +77,7 @@ def test_the_jobs_api_answers_any_spec_with_a_4xx(client, token, rate, spec, nam
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(path=JSONISH, size=JSONISH, sha256=JSONISH)
 def test_the_upload_api_answers_any_start_with_a_4xx(client, token, dataset, path, size, sha256):
-    from jobs.datasets import open_version
+    from catalog.datasets import open_version
 
     version, _ = open_version(dataset)
     client.defaults["HTTP_AUTHORIZATION"] = f"Token {token}"

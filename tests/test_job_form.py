@@ -63,7 +63,7 @@ def test_a_valid_form_queues_a_job(client_a, alice):
 
 
 def test_a_dataset_s_latest_version_is_pinned_for_the_job(client_a, dataset):
-    from jobs.datasets import add_files
+    from catalog.datasets import add_files
 
     second = add_files(dataset, {"more.csv": b"3,4\n"})
     post(client_a, code=script(), train_dataset=str(dataset.pk))

@@ -9,8 +9,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from catalog import datasets
 from core.storage import get_storage
-from jobs import datasets, evaluation, lineage
+from jobs import evaluation, lineage
 from jobs.manifest import job_manifest
 from jobs.models import Job, JobModel, Upload
 from tests.conftest import make_job, upload

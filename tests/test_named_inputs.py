@@ -9,7 +9,8 @@ import json
 import pytest
 from django.urls import reverse
 
-from jobs import datasets, launch, spec_text
+from catalog import datasets
+from jobs import launch, spec_text
 from jobs.manifest import job_manifest
 from jobs.models import Job, JobInput, Upload
 from tests.conftest import add_dataset, upload

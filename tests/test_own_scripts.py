@@ -11,8 +11,9 @@ import zipfile
 import pytest
 from django.urls import reverse
 
+from catalog import datasets
 from core.storage import get_storage
-from jobs import datasets, launch, spec_text
+from jobs import launch, spec_text
 from jobs.models import Job, Upload
 from tests.conftest import upload
 from tests.test_staging import run

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from jobs import datasets, lineage
+from catalog import datasets
+from jobs import lineage
 from jobs.models import Job, Upload
 from tests.conftest import make_job, upload
 from tests.test_staging import run

@@ -187,8 +187,8 @@ def test_the_scheduler_cycle_purges_unclaimed_uploads(alice, storage_dir):
 
 
 def test_the_scheduler_gives_up_dataset_uploads_left_for_days(alice):
-    from jobs import datasets
-    from jobs.models import DatasetUpload
+    from catalog import datasets
+    from catalog.models import DatasetUpload
 
     dataset = datasets.create_upload_dataset(alice.membership.team, "half")
     version, _ = datasets.open_version(dataset)

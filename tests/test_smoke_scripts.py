@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import smoke
-from jobs import datasets, lineage
+from catalog import datasets
+from jobs import lineage
 from jobs.models import Job
 from scheduler.models import Allocation
 from tests.conftest import make_job

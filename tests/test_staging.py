@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from agent.cache import BlobCache
 from billing.models import UsageRecord
-from jobs import datasets
+from catalog import datasets
 from jobs.models import Job
 from scheduler import allocations, policy, services
 from scheduler.models import Allocation, CachedBlob, Node, Staging

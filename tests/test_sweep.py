@@ -15,9 +15,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from catalog import datasets
+from catalog.models import DatasetUpload
 from core.storage import NotFound, blob_key, get_storage
-from jobs import datasets
-from jobs.models import Artifact, DatasetUpload, JobModel, Upload
+from jobs.models import Artifact, JobModel, Upload
 from jobs.sweep import decide, sweep
 from tests.conftest import make_job, upload
 

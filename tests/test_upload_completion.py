@@ -23,9 +23,9 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from catalog import datasets
+from catalog.models import DatasetUpload
 from core.storage import NotFound, blob_key, get_storage
-from jobs import datasets
-from jobs.models import DatasetUpload
 from tests.test_datasets import CHUNK, Api, make_dataset, payload, sha
 
 BIG = CHUNK + 1234  # over the lowered inline limit: completed by the worker

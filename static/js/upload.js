@@ -1,4 +1,4 @@
-// Uploads files into a dataset version in chunks, through the chunk API (jobs/dataset_api.py).
+// Uploads files into a dataset version in chunks, through the chunk API (catalog/api.py).
 //
 // Each file is started (POST .../uploads/ -> id, chunk_size, received), sent a chunk at a time
 // (PUT ?offset=N), and completed; when every file is done the version is sealed. A large file

@@ -10,8 +10,9 @@ from django.db import connection
 from django.utils import timezone
 
 from billing import budget_service
+from catalog import datasets
 from core.signals import stop_on_signals
-from jobs import datasets, sweep
+from jobs import folder_uploads, sweep
 from jobs.models import Upload
 from notifications import delivery
 from scheduler import allocations, predictions, services
@@ -127,7 +128,7 @@ class Command(BaseCommand):
                 purged = Upload.purge_unclaimed(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
                 if purged:
                     log.info("deleted %d uploads kept for refused forms and never claimed", purged)
-                abandoned = datasets.purge_stale_uploads(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
+                abandoned = folder_uploads.purge_stale_uploads(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
                 if abandoned:
                     log.info("gave up %d dataset uploads no chunk reached for two days", abandoned)
                 # After the purges, so the blobs of the rows they removed go too (once old).

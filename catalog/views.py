@@ -1,8 +1,8 @@
 """The dataset pages: the team's datasets, one dataset with its versions and manifest, a new
 dataset (files uploaded in the browser, or a bucket registered by URI) and adding files.
 
-Uploading is done in the browser by static/js/upload.js through the chunk API (dataset_api);
-the pages say so when JavaScript is off. Registering a bucket is a plain form (jobs.dataset_forms).
+Uploading is done in the browser by static/js/upload.js through the chunk API (catalog.api);
+the pages say so when JavaScript is off. Registering a bucket is a plain form (catalog.forms).
 """
 
 from django.conf import settings
@@ -16,10 +16,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts import audit
 from accounts.access import is_owner, require_team
-from jobs import datasets
-from jobs.access import OWNERS_ONLY, get_dataset, get_upload, get_version
-from jobs.dataset_forms import CredentialsForm, DatasetForm, S3DatasetForm, sentence
-from jobs.models import Dataset, DatasetUpload, DatasetVersion
+from catalog import datasets
+from catalog.access import OWNERS_ONLY, get_dataset, get_upload, get_version
+from catalog.forms import CredentialsForm, DatasetForm, S3DatasetForm, sentence
+from catalog.models import Dataset, DatasetUpload, DatasetVersion
 
 MANIFEST_ROWS_ON_PAGE = 1000
 

@@ -25,14 +25,12 @@ from rest_framework.response import Response
 
 from accounts import audit
 from accounts.access import is_owner, require_team
-from core.api import fields, form_errors_response, paginate
-from core.parsers import BoundedJSONParser
-from jobs import datasets
-from jobs.access import OWNERS_ONLY, get_dataset, get_upload, get_version
-from jobs.api_common import refused, storage_failed
-from jobs.dataset_forms import CredentialsForm, DatasetForm, S3DatasetForm
-from jobs.models import Dataset, DatasetUpload
-from jobs.serializers import (
+from catalog import datasets
+from catalog.access import OWNERS_ONLY, get_dataset, get_upload, get_version
+from catalog.api_common import refused, storage_failed
+from catalog.forms import CredentialsForm, DatasetForm, S3DatasetForm
+from catalog.models import Dataset, DatasetUpload
+from catalog.serializers import (
     DatasetCreate,
     DatasetCredentials,
     DatasetDetailSerializer,
@@ -43,9 +41,10 @@ from jobs.serializers import (
     DatasetVersionSerializer,
     UploadComplete,
     UploadStart,
-    page_params,
-    paged,
 )
+from core.api import fields, form_errors_response, paginate
+from core.parsers import BoundedJSONParser
+from core.serializers import page_params, paged
 
 PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
 TAG = "datasets"

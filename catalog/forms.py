@@ -5,8 +5,8 @@ from urllib.parse import urlparse
 
 from django import forms
 
+from catalog import datasets
 from core.endpoints import check_endpoint
-from jobs import datasets
 
 
 def sentence(error):

@@ -3,6 +3,9 @@
 Uploaded files are kept as content-addressed blobs, so versions share unchanged files for free.
 A registered bucket is scanned once per version: every object's size and SHA-256 go into the
 manifest, which staging later checks the bytes against.
+
+Past 500 lines because the chunked uploads live here with the versions they fill: they share the
+version's lock (taken first, then the upload's) and the errors the API answers with.
 """
 
 import contextlib
@@ -20,6 +23,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from catalog import usage
+from catalog.models import Dataset, DatasetUpload, DatasetVersion
 from core import buckets
 from core.buffers import read_buffer
 from core.endpoints import check_endpoint
@@ -32,8 +37,6 @@ from core.storage import (
     get_storage,
     s3_open_range,
 )
-from jobs import states
-from jobs.models import Dataset, DatasetUpload, DatasetVersion, Job
 
 log = logging.getLogger(__name__)
 
@@ -582,10 +585,9 @@ def purge_stale_uploads(older_than, claims_older_than=None):
 
     A folder's files (a job's code sent ahead of its form, jobs/folder_uploads.py) are judged by
     their folder's clock, which any chunk of any of its files sets: a file waiting its turn in a
-    folder still being sent is not abandoned. Folders older than that go too, with their rows."""
+    folder still being sent is not abandoned. The folders' rows are jobs' to delete
+    (jobs.folder_uploads.purge_stale_uploads calls this, then does)."""
     from django.db.models import Q
-
-    from jobs.folder_uploads import purge_stale_folders  # here: folder_uploads imports this module (its upload helpers)
 
     released = release_stale_claims(claims_older_than or timezone.now() - COMPLETION_CLAIM_TIMEOUT)
     if released:
@@ -596,9 +598,6 @@ def purge_stale_uploads(older_than, claims_older_than=None):
         with contextlib.suppress(UploadConflict):
             abort_upload(upload, "abandoned: no chunk arrived for too long")
             count += 1
-    gone = purge_stale_folders(older_than)
-    if gone:
-        log.info("deleted %d folder upload(s) untouched since %s", gone, older_than)
     return count
 
 
@@ -653,16 +652,12 @@ def delete_dataset(dataset):
     jobs keep the name of what they used (Job.train_label) and lose the link to it. Blobs stay
     (other datasets and jobs share them: the blob sweep frees those nothing refers to), and a
     registered bucket's objects are the team's: never touched. Returns how many versions went."""
-    from django.db.models import Q
-
     with transaction.atomic():
         if not Dataset.objects.select_for_update().filter(pk=dataset.pk).exists():
             raise DatasetError(f"{dataset.name} is already deleted")
         # The versions locked first: a job pinning one of them now waits for this to end.
         version_ids = list(DatasetVersion.objects.select_for_update().filter(dataset=dataset).values_list("pk", flat=True))
-        pinned = Q(train_version__in=version_ids) | Q(heldout_version__in=version_ids) | Q(inputs__version__in=version_ids)
-        pinning = Job.objects.filter(state__in=states.ACTIVE).filter(pinned).distinct()
-        reason = in_use_refusal(dataset.name, [(job.name, job.short_id, job.state) for job in pinning.order_by("created_at")])
+        reason = in_use_refusal(dataset.name, usage.unfinished_users(version_ids))
         if reason:
             raise DatasetInUse(reason)
         unfinished = list(DatasetUpload.objects.select_for_update().filter(version__in=version_ids, state__in=DatasetUpload.UNFINISHED))

@@ -1,0 +1,66 @@
+"""The building blocks of the API's serializers (jobs.serializers, catalog.serializers): an
+object read through its Facts, times as stored, and the schema of a page of a list.
+
+A serializer reads an object through its Facts: the model's own fields, and what the API shows
+beyond them, worked out once per object. Times go out as stored (UTC) and the JSON renderer
+writes them ("2026-11-03T10:30:00Z"), whatever time zone the request activated (Moment).
+"""
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, inline_serializer
+from rest_framework import serializers as s
+
+
+class Moment(s.DateTimeField):
+    """A time as stored (UTC), written by the JSON renderer; DRF's DateTimeField would move it
+    into the request's time zone (a token's user's own, jobs.api activates it)."""
+
+    def to_representation(self, value):
+        return value
+
+
+def nullable_str(**kwargs):
+    return s.CharField(allow_null=True, allow_blank=True, **kwargs)
+
+
+class Facts:
+    """An object as a serializer reads it: its own attributes, and the API's figures about it
+    (set in a subclass's __init__), which take precedence."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __getattr__(self, name):  # only for what the facts do not have themselves
+        if name == "obj":
+            raise AttributeError(name)
+        return getattr(self.obj, name)
+
+
+class FactsSerializer(s.Serializer):
+    """A serializer of an object's Facts (facts_class), made once per object shown."""
+
+    facts_class = Facts
+
+    def to_representation(self, instance):
+        facts = instance if isinstance(instance, Facts) else self.facts_class(instance, self.context["request"])
+        return super().to_representation(facts)
+
+
+def page_params():
+    return [
+        OpenApiParameter("page", OpenApiTypes.INT, description="Page number, from 1 (a page past the last one is a 404)."),
+        OpenApiParameter("page_size", OpenApiTypes.INT, description="Items per page."),
+    ]
+
+
+def paged(name, item):
+    """The schema of a page of items (core.api.page_of)."""
+    return inline_serializer(
+        name=name,
+        fields={
+            "count": s.IntegerField(help_text="How many items there are in all."),
+            "next": s.URLField(allow_null=True, help_text="The next page's URL; null on the last page."),
+            "previous": s.URLField(allow_null=True, help_text="The previous page's URL; null on the first page."),
+            "results": item(many=True),
+        },
+    )
