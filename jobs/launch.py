@@ -262,6 +262,7 @@ def build_environment(
     precision="",
     inputs=(),
     early_stop=None,
+    node_library_path=None,
 ):
     """The job's whole environment: PATH, HOME, the E31_ variables, SageMaker's names for the
     same places, and what the job declares (its values may name the others: $E31_DATA_DIR).
@@ -303,6 +304,11 @@ def build_environment(
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        # Where the node finds its CUDA driver library when its loader's cache does not say (a
+        # GPU image's /usr/local/nvidia/lib64, say): the operator's setting, not the job's.
+        library_path = os.environ.get("LD_LIBRARY_PATH", "") if node_library_path is None else node_library_path
+        if library_path:
+            env["LD_LIBRARY_PATH"] = library_path
     return env
 
 

@@ -30,6 +30,19 @@ def test_gpu_nodes_show_the_job_only_its_devices(tmp_path):
     assert "OMP_NUM_THREADS" not in env
 
 
+def test_a_gpu_job_finds_the_node_s_cuda_libraries_where_the_node_does_and_a_cpu_job_is_not_told(tmp_path, monkeypatch):
+    """A GPU image may find libcuda through LD_LIBRARY_PATH alone (its loader cache not naming
+    /usr/local/nvidia/lib64): a GPU job's environment, built afresh, carries the node's value, or
+    CUDA would not start in it. A job cannot point it elsewhere."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/nvidia/lib64")
+    gpu = build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="NVIDIA H200", declared={"LD_LIBRARY_PATH": "/evil"})
+    assert gpu["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
+    cpu = build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="cpu", declared={})
+    assert "LD_LIBRARY_PATH" not in cpu
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert "LD_LIBRARY_PATH" not in build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="NVIDIA H200", declared={})
+
+
 def test_declared_env_cannot_replace_the_network_s_variables(tmp_path):
     env = build_environment(job_id="j", dirs=JobDirs(tmp_path), devices=[0], device_type="cpu", declared={"E31_JOB_ID": "x", "PATH": "/evil"})
     assert env["E31_JOB_ID"] == "j" and "/evil" not in env["PATH"]
