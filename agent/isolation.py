@@ -689,6 +689,15 @@ class Sandbox:
                 files = ((resolv, "/etc/resolv.conf"),) if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf") else ()
                 passed = [info_w, block_r, resolv]
                 spec.update(netns=True, deny=iso.denied(), pass_fds=passed)
+            if self.uid is not None:
+                # The job's user, named: libraries ask who runs them (getpass.getuser(), as
+                # torch's compile caches do, or pwd.getpwuid()) and fail on a uid the node's
+                # /etc/passwd lacks. It reads the node's lines and one for itself.
+                env = {**env, "USER": JOB_USER, "LOGNAME": JOB_USER}
+                if os.path.isfile("/etc/passwd") and not os.path.islink("/etc/passwd"):
+                    passwd = memory_file(job_passwd(Path("/etc/passwd").read_text(errors="replace"), self.uid, env.get("HOME", "/")))
+                    files, passed = (*files, (passwd, "/etc/passwd")), [*passed, passwd]
+                    spec["pass_fds"] = passed
             view = iso.view(dirs, network=self.network, devices=self.devices, env=env, extra=self.runtime, args=extra, files=files, cwd=cwd)
             fd = args_file(sandbox_args(view))
             spec.update(bwrap=iso.bwrap, args_fd=fd)
@@ -800,6 +809,24 @@ class Sandbox:
         if self.slot is not None:
             self.isolation.slots.pop(self.name, None)
             self.isolation.claims.release(self.uid)
+
+
+JOB_USER = "e31-job"
+
+
+def job_passwd(host, uid, home):
+    """The /etc/passwd a job sees: the node's lines, less any for the job's uid or name, and its
+    own user's (no password, no login shell)."""
+    kept = [line for line in host.splitlines() if line and line.split(":")[0] != JOB_USER and line.split(":")[2:3] != [str(uid)]]
+    return "\n".join([*kept, f"{JOB_USER}:x:{uid}:{uid}:E31 Network job:{home}:/usr/sbin/nologin"]) + "\n"
+
+
+def memory_file(text):
+    """A memory file holding text, read from the start (bwrap --ro-bind-data FD PATH)."""
+    fd = os.memfd_create("e31-sandbox", 0)
+    os.write(fd, text.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def args_file(args):

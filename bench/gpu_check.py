@@ -147,7 +147,7 @@ def held_seconds(system, job_id):
     return sum((parse_time(r["ended_at"]) - parse_time(r["started_at"])).total_seconds() for r in records)
 
 
-def log_tail(system, job_id, n=5):
+def log_tail(system, job_id, n=15):
     return " | ".join(system.log_lines(job_id)[-n:])
 
 

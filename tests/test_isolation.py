@@ -324,6 +324,33 @@ def alive(pid):
 
 @pytest.mark.django_db(transaction=True)
 @needs_root
+def test_a_job_s_user_has_a_name_as_libraries_that_ask_who_runs_them_expect(node, alice, rate, team_a):
+    """torch's compile caches call getpass.getuser(): on a GPU node a job's own uid, unknown to
+    the node's /etc/passwd, failed every bf16 recipe there with KeyError: getpwuid(): uid not
+    found. The job is told its user's name and finds its line; the node's lines are still there,
+    and the job cannot change the file."""
+    from tests.conftest import make_job
+
+    script = b"""
+import getpass, json, os, pwd
+os.environ.pop("USER"); os.environ.pop("LOGNAME")  # pwd's answer, not the variables'
+entry = pwd.getpwuid(os.getuid())
+try:
+    open("/etc/passwd", "a").write("x"); wrote = True
+except OSError:
+    wrote = False
+print(json.dumps({"user": getpass.getuser(), "name": entry.pw_name, "home": entry.pw_dir, "uid": os.getuid(), "root": pwd.getpwuid(0).pw_name, "wrote": wrote}))
+"""
+    job = run(node, make_job(alice, script=script))
+    assert job.state == "succeeded", (job.reason, lines(job))
+    seen = json.loads(lines(job)[-1])
+    assert seen["user"] == seen["name"] == "e31-job" and seen["uid"] >= 200000
+    assert seen["root"] == "root" and seen["wrote"] is False
+    assert seen["home"].endswith(str(job.pk) + "-" + str(job.allocations.get().pk)[:8])
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_root
 def test_each_job_runs_as_a_user_of_its_own_in_a_private_folder(node, alice, rate, team_a):
     from e31web.demo import add_dataset
     from tests.conftest import make_job
