@@ -6,6 +6,9 @@ paths below the storage's root or prefix.
 
 Dataset files are content-addressed blobs (blob_key(sha256)): the same bytes are kept once,
 however many datasets, versions or jobs use them.
+
+Over 500 lines because the two backends (a local folder, an S3 bucket) implement one interface and
+are read side by side: a behaviour one has the other must have too.
 """
 
 import hashlib

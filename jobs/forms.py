@@ -2,6 +2,10 @@
 
 Files are saved as Upload rows before the form is validated (see keep_uploads), so a refused
 form keeps what the user uploaded: the page lists the kept files and sends their ids back.
+
+Over 500 lines because it is one form: each field's check and the cross-field rules (the work, the
+data, the request, the ceiling) read one another's cleaned values, and the browser and the API must
+keep calling exactly this code.
 """
 
 import logging

@@ -1,3 +1,11 @@
+"""The jobs' records: a job (the work, its data, its request and ceiling), its events (states,
+log lines, metrics), uploads, artifacts, named inputs, base models, checkpoints, folder uploads
+and utilization.
+
+Over 500 lines because a job's record is one table read by every part of the network: its fields
+and the few methods over them (the meter's view, the states' checks) stay together.
+"""
+
 import uuid
 from decimal import Decimal
 

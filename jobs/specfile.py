@@ -14,6 +14,9 @@ submitter's machine: `e31 submit` sends them with the spec (as the files code, d
 base_model), the browser's form asks for them. Everything else is what the API's flat spec
 (SPEC_FIELDS) holds, under the part of the form it belongs to. The schema, with
 examples, is in examples/specs/.
+
+Over 500 lines because reading a spec file and writing one back (a job's spec, for 'run again') are
+two directions of one mapping, kept side by side so that neither drifts from the other.
 """
 
 import difflib

@@ -29,6 +29,8 @@ To write the goldens from the code as it is (SQLite: all of them; another databa
 differ), run this file with E31_UPDATE_API_SHAPES=1, e.g.
     E31_UPDATE_API_SHAPES=1 pytest tests/test_api_shapes.py
     E31_UPDATE_API_SHAPES=1 DATABASE_URL=postgres://... pytest tests/test_api_shapes.py
+
+Over 500 lines: the whole API's shapes, one world and one request per endpoint.
 """
 
 import hashlib

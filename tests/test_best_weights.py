@@ -3,7 +3,9 @@ weights of its best step (the checkpoint taken at it, or the latest kept before 
 the log and in metrics.json, with its own output beside them under last/.
 
 The decisions are pure functions over plain data (tested first, without a database); then real
-script jobs on a real runner, and a recipe run as a job runs it."""
+script jobs on a real runner, and a recipe run as a job runs it.
+
+Over 500 lines: the pure decisions, then the same cases through real jobs."""
 
 import hashlib
 import json

@@ -1,5 +1,7 @@
 """The e31 command-line client: unit tests against fake servers (no database), then the real
-command against a whole system (web server, scheduler, runner) as processes."""
+command against a whole system (web server, scheduler, runner) as processes.
+
+Over 500 lines: one or more cases per command, then the whole system."""
 
 import hashlib
 import io

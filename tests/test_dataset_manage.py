@@ -3,7 +3,9 @@ registered bucket's credentials, the allow-list that keeps teams' endpoints off 
 addresses, and scans that hash several objects at once.
 
 The endpoint decision is a pure function, tested here without network or database; the rest
-runs against a real S3 server (SeaweedFS, tests/seaweed.py), no mocks of boto3."""
+runs against a real S3 server (SeaweedFS, tests/seaweed.py), no mocks of boto3.
+
+Over 500 lines: every management operation against a real S3 server."""
 
 import io
 import threading

@@ -5,6 +5,8 @@ registering a team's bucket and scanning it. Versions are immutable and share un
 Every endpoint is scoped to the team (the owner alice and the member bob get in; the outsider
 charlie gets a 404), and what a user can get wrong is a 4xx with a reason. The chunked uploads
 run on both storage backends: the local folder and S3 (a real SeaweedFS).
+
+Over 500 lines: the datasets' API and pages, case by case, on both storage backends.
 """
 
 import hashlib

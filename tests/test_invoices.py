@@ -1,3 +1,10 @@
+"""Invoices: lines rounded once and totalled, issued once per team and month and never changed,
+numbered without gaps (also by four issuers at once), credit notes, the command, the pages, the
+API, the CSV and the PDF, and who may see them.
+
+Over 500 lines: each rule of the invoice, case by case, then the command and the pages.
+"""
+
 import csv
 import io
 import shutil

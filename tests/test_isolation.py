@@ -3,6 +3,8 @@
 The pure decisions run everywhere; the rest needs a runner that is root on Linux with cgroups and
 namespaces (as CI is) and is skipped elsewhere. One test runs the whole system as processes and
 submits a job that hunts for the network's secrets.
+
+Over 500 lines: one attack or limit per test, side by side as the security model lists them.
 """
 
 import json
