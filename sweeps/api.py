@@ -7,7 +7,6 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.urls import reverse
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers as s
 from rest_framework import status
@@ -18,7 +17,7 @@ from rest_framework.response import Response
 from accounts.access import get_for_team, require_team
 from core.api import fields, page_of, sentence
 from jobs.models import Job
-from sweeps import ceiling, search
+from sweeps import search
 from sweeps import services as sweeps
 from sweeps.models import Sweep
 
@@ -72,22 +71,12 @@ class SweepRequest(s.Serializer):
 
 
 def sweep_json(sweep, request, with_trials):
-    now = timezone.now()
-    trials = list(sweep.trials.select_related("job").prefetch_related("job__allocations"))
-    costs = sweeps.costs(trials, now)
-    rows = []
-    for trial, trial_cost in zip(trials, costs, strict=True):
-        held = trial.job.held(now)[0]
-        rows.append(
-            {
-                **{f: getattr(trial, f) for f in ("number", "params", "state", "value", "job_id")},
-                "job": trial.job,
-                "held_seconds": held,
-                "cost": f"{trial_cost.spent:f}",
-            }
-        )
-    done = [r for r in rows if r["state"] == "complete" and r["value"] is not None]
-    best = (min if sweep.direction == "min" else max)(done, key=lambda r: r["value"]) if done else None
+    seen = sweeps.summary(sweep)
+
+    def row(r):
+        fields = {f: getattr(r.trial, f) for f in ("number", "params", "state", "value", "job_id")}
+        return {**fields, "job": r.trial.job, "held_seconds": r.held_seconds, "cost": f"{r.cost:f}"}
+
     data = {
         **{
             f: getattr(sweep, f)
@@ -110,12 +99,12 @@ def sweep_json(sweep, request, with_trials):
         },
         "ceiling_amount": f"{sweep.ceiling_amount:f}",
         "currency": settings.E31_CURRENCY,
-        "spent": f"{ceiling.spent(costs):f}",
-        "committed": f"{ceiling.committed(costs):f}",
-        "best": best,
+        "spent": f"{seen.spent:f}",
+        "committed": f"{seen.committed:f}",
+        "best": row(seen.best) if seen.best else None,
     }
     if with_trials:
-        data["trials"] = rows
+        data["trials"] = [row(r) for r in seen.rows]
     return SweepSerializer(data).data
 
 
@@ -138,7 +127,7 @@ def sweep_json(sweep, request, with_trials):
 def sweep_list(request):
     team = require_team(request.user)
     if request.method == "GET":
-        return Response(page_of(request, Sweep.objects.filter(team=team), lambda sweep: sweep_json(sweep, request, False)))
+        return Response(page_of(request, sweeps.with_trials(Sweep.objects.filter(team=team)), lambda sweep: sweep_json(sweep, request, False)))
     body = SweepRequest(data=fields(request))
     body.is_valid(raise_exception=True)
     data = body.validated_data
@@ -171,7 +160,7 @@ def sweep_list(request):
 )
 @api_view(["GET"])
 def sweep_detail(request, sweep_id):
-    sweep = get_for_team(Sweep.objects.all(), request.user, pk=sweep_id)
+    sweep = get_for_team(sweeps.with_trials(Sweep.objects.all()), request.user, pk=sweep_id)
     return Response(sweep_json(sweep, request, True))
 
 

@@ -6,9 +6,11 @@ the template (jobs.lineage), queued, held, run and billed like any other."""
 
 import logging
 import math
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
+from django.db.models import Prefetch
 from django.utils import timezone
 
 from billing import budgets, meter
@@ -227,6 +229,43 @@ def advance_all(now=None):
         except Exception:  # noqa: BLE001 - one sweep's trouble never stops the others or the scheduler
             log.exception("sweep %s could not advance", sweep.pk)
     return started
+
+
+def with_trials(sweeps):
+    """The sweeps with their trials, the trials' jobs and the jobs' allocations, in a number of
+    queries that does not grow with the sweeps or their trials (summary() reads all of them)."""
+    trials = Trial.objects.select_related("job").prefetch_related("job__allocations")
+    return sweeps.prefetch_related(Prefetch("trials", queryset=trials))
+
+
+@dataclass(frozen=True)
+class Row:
+    """A trial as the pages and the API show it: held seconds and cost so far."""
+
+    trial: Trial
+    held_seconds: int
+    cost: Decimal
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A sweep's trials, what they spent and may still spend, and the best complete one."""
+
+    rows: list
+    spent: Decimal
+    committed: Decimal
+    best: Row | None
+
+
+def summary(sweep, now=None):
+    """What the sweep's page and the API show of it (load it through with_trials)."""
+    now = now or timezone.now()
+    trials = list(sweep.trials.all())
+    trial_costs = costs(trials, now)
+    rows = [Row(t, t.job.held(now)[0], c.spent) for t, c in zip(trials, trial_costs, strict=True)]
+    done = [r for r in rows if r.trial.state == Trial.COMPLETE and r.trial.value is not None]  # a pruned trial never ran its course
+    top = (min if sweep.direction == "min" else max)(done, key=lambda r: r.trial.value) if done else None
+    return Summary(rows, ceiling.spent(trial_costs), ceiling.committed(trial_costs), top)
 
 
 def best(sweep):

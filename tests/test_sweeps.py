@@ -271,6 +271,42 @@ def test_the_api_starts_a_sweep_follows_its_trials_and_keeps_it_to_the_team(clie
     assert [s["name"] for s in client.get(reverse("api:sweeps"), **as_alice).json()["results"]] == ["lr"]
 
 
+def make_sweep(user, template, name="lr", choices=(0.1, 0.2), **changes):
+    """A grid sweep over the template's lr (one trial per choice, all at once) under 1.00."""
+    fields = {
+        "name": name, "template": template, "space": {"lr": {"type": "choice", "choices": list(choices)}}, "method": "grid",
+        "objective": "loss", "direction": "min", "max_trials": len(choices), "parallel": len(choices), "ceiling_amount": Decimal("1.00"),
+    }  # fmt: skip
+    return sweeps.create(user.membership.team, user, **{**fields, **changes})
+
+
+@pytestmark_db
+def test_the_sweep_list_and_a_sweep_cost_the_same_queries_however_many_sweeps_and_trials(client, alice, rate):
+    """The list reads every sweep's trials, their jobs and allocations (for spend and the best):
+    loaded together, not once per sweep or per trial."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.urls import reverse
+
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    client.force_login(alice)
+
+    def queries(path):
+        with CaptureQueriesContext(connection) as seen:
+            assert client.get(path).status_code == 200
+        return len(seen)
+
+    first = make_sweep(alice, template, name="one")
+    sweeps.advance(first)
+    few = queries(reverse("api:sweeps")), queries(reverse("api:sweep", args=[first.pk])), queries(reverse("sweeps:detail", args=[first.pk]))
+    for n in range(4):
+        more = make_sweep(alice, template, name=f"more-{n}", choices=(0.1, 0.2, 0.3, 0.4))
+        sweeps.advance(more)
+    assert Trial.objects.count() == 2 + 4 * 4
+    many = queries(reverse("api:sweeps")), queries(reverse("api:sweep", args=[more.pk])), queries(reverse("sweeps:detail", args=[more.pk]))
+    assert many == few
+
+
 PRUNABLE = b"""
 import json, os, time
 import e31
