@@ -9,12 +9,12 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from e31.cli import config, ui
+from e31.cli import config, sweeps, ui
 from e31.cli.client import Client
 from e31.cli.datasets import sha256_of
 from e31.cli.errors import AUTH, INTERRUPTED, JOB_FAILED, OK, SERVER, USAGE, CliError
@@ -33,6 +33,16 @@ def say(text: str) -> None:
 def connect(args: argparse.Namespace) -> Client:
     settings = config.require(getattr(args, "server", None))
     return Client(settings["server"], settings["token"])
+
+
+def with_client(command: Callable[[argparse.Namespace, Client], int]) -> Callable[[argparse.Namespace], int]:
+    """A command that takes a connected client, as the parser calls commands."""
+
+    def run(args: argparse.Namespace) -> int:
+        with connect(args) as client:
+            return command(args, client)
+
+    return run
 
 
 def read_spec(path_text: str) -> tuple[Path, str]:
@@ -535,6 +545,8 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_datasets_upload)
     p = sub.add_parser("list", parents=[common], help="your team's datasets")
     p.set_defaults(func=cmd_datasets_list)
+
+    sweeps.add_commands(commands, common, Parser, with_client)
 
     p = commands.add_parser("invoices", parents=[common], help="your team's invoices")
     p.add_argument("--pdf", action="store_true", help="download each invoice's PDF")
