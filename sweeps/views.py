@@ -3,12 +3,14 @@ the best so far, its spend against its ceiling, and its objective against each p
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.access import get_for_team, require_team
 from sweeps import chart
 from sweeps import services as sweeps
+from sweeps.forms import EXAMPLE_SPACE, SweepForm
 from sweeps.models import Sweep
 
 
@@ -31,7 +33,34 @@ def sweep_context(sweep):
 @require_GET
 def sweep_list(request):
     team = require_team(request.user)
-    return render(request, "sweeps/list.html", {"sweeps": Sweep.objects.filter(team=team).select_related("template")})
+    found = Sweep.objects.filter(team=team).select_related("template").annotate(trial_count=Count("trials"))
+    return render(request, "sweeps/list.html", {"sweeps": found})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def sweep_new(request):
+    """The form; a job's page links here with ?template=<its id>. A refused form keeps what was
+    written and says why, beside the field."""
+    team = require_team(request.user)
+    if request.method == "GET":
+        form = SweepForm(team, initial={"template": request.GET.get("template"), "space": EXAMPLE_SPACE})
+        return render(request, "sweeps/new.html", {"form": form})
+    form = SweepForm(team, request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            sweep = sweeps.create(
+                team, request.user, name=data["name"], template=data["template"], space=data["space"], method=data["method"],
+                objective=data["objective"], direction=data["direction"], max_trials=data["max_trials"], parallel=data["parallel"],
+                ceiling_amount=data["ceiling"], prune=data["prune"],
+            )  # fmt: skip
+        except sweeps.SweepError as error:
+            form.add_error(None, str(error))
+        else:
+            messages.success(request, f"Sweep {sweep.name} started: its first trials queue at the scheduler's next turn.")
+            return redirect("sweeps:detail", sweep.pk)
+    return render(request, "sweeps/new.html", {"form": form}, status=400)
 
 
 @login_required

@@ -128,6 +128,7 @@ ACCESS = {
     "api:sweep": TEAM,
     "api:sweep-rerun": TEAM,
     "sweeps:list": TEAM,
+    "sweeps:new": TEAM,
     "sweeps:detail": TEAM,
     "sweeps:rerun": TEAM,
 }

@@ -440,3 +440,34 @@ def test_the_scheduler_advances_sweeps_on_its_turn(alice, rate):
     )  # fmt: skip
     call_command("scheduler", "--once")
     assert sweep.trials.count() == 2 and Job.objects.filter(trial__sweep=sweep, state="queued").count() == 2
+
+
+@pytestmark_db
+def test_the_form_starts_a_sweep_from_a_job_and_a_refused_one_keeps_what_was_written(client, alice, charlie, rate):
+    from django.urls import reverse
+
+    template = make_job(alice, script=TRIAL, name="mlp", span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    client.force_login(alice)
+    # The job's page offers it; the form comes with the job chosen and an example space.
+    assert f"{reverse('sweeps:new')}?template={template.pk}" in client.get(reverse("jobs:detail", args=[template.pk])).content.decode()
+    page = client.get(reverse("sweeps:new"), {"template": template.pk}).content.decode()
+    assert f'<option value="{template.pk}" selected>' in page and "lr: {type: float" in page
+    fields = {
+        "name": "lr-form", "template": template.pk, "space": "lr: {type: float, low: 0.001, high: 0.1, log: true}\nwidth: {type: choice, choices: [32, 64]}",
+        "method": "tpe", "objective": "loss", "direction": "min", "max_trials": 8, "parallel": 2, "ceiling": "1.00", "prune": "on",
+    }  # fmt: skip
+    refused = client.post(reverse("sweeps:new"), {**fields, "space": "lr: {type: float, low: 1, high: 0}"})
+    text = refused.content.decode()
+    assert refused.status_code == 400 and "The sweep was not started" in text and "low must be below high" in text and "lr-form" in text
+    assert "not YAML or JSON" in client.post(reverse("sweeps:new"), {**fields, "space": "lr: [1,"}).content.decode()
+    dear = client.post(reverse("sweeps:new"), {**fields, "ceiling": "0.10"})  # one trial's worst case is 0.24
+    assert dear.status_code == 400 and "ceiling" in dear.content.decode() and not Sweep.objects.exists()
+    started = client.post(reverse("sweeps:new"), fields)
+    sweep = Sweep.objects.get()
+    assert started.status_code == 302 and started["Location"] == reverse("sweeps:detail", args=[sweep.pk])
+    assert (sweep.name, sweep.method, sweep.max_trials, sweep.prune, sweep.ceiling_amount) == ("lr-form", "tpe", 8, True, Decimal("1.00"))
+    assert sweep.space["width"] == {"type": "choice", "choices": [32, 64]}
+    # Another team's job is no choice at all.
+    client.force_login(charlie)
+    foreign = client.post(reverse("sweeps:new"), {**fields, "name": "theirs"})
+    assert foreign.status_code == 400 and "Select a valid choice" in foreign.content.decode() and Sweep.objects.count() == 1
