@@ -56,7 +56,7 @@ def copy_job(job, user, **changes):
     """A new queued job with the work and request of `job` (its script and data uploads are
     shared, not copied: the same blobs), with `changes` applied."""
     fields = {name: getattr(job, name) for name in ("team_id", *JOB_WORK_FIELDS, "train_version", "heldout_version", "ceiling_amount", "ceiling_gpu_hours")}
-    fields.update(name=job.name, kind=job.kind, parent=job, created_by=user)
+    fields.update(name=job.name, experiment=job.experiment, kind=job.kind, parent=job, created_by=user)
     fields.update(changes)
     new = Job.objects.create(**fields)
     JobInput.objects.bulk_create([JobInput(job=new, name=i.name, version=i.version, label=i.label) for i in job.inputs.all()])

@@ -31,6 +31,12 @@ class Job(models.Model):
     team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="jobs")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     name = models.CharField(max_length=200)
+    experiment = models.CharField(
+        max_length=200,
+        blank=True,
+        db_index=True,
+        help_text="the experiment it belongs to: by default its name; a sweep's trials, the sweep's; a copy, its source's",
+    )
     kind = models.CharField(max_length=20, choices=KINDS, default=KIND_TRAIN)
     state = models.CharField(max_length=20, choices=states.CHOICES, default=states.QUEUED)
     created_at = models.DateTimeField(default=timezone.now)
@@ -121,6 +127,8 @@ class Job(models.Model):
         return f"{self.name} ({self.short_id})"
 
     def save(self, *args, **kwargs):
+        if not self.experiment:
+            self.experiment = self.name[: self._meta.get_field("experiment").max_length]
         # The pinned versions' names are kept as text, so the job still says what it trained on
         # after the dataset is deleted.
         for role in ("train", "heldout"):

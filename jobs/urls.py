@@ -1,10 +1,12 @@
 from django.urls import path
 
-from jobs import lineage_views, views
+from jobs import experiment_views, lineage_views, views
 
 app_name = "jobs"
 urlpatterns = [
     path("", views.job_list, name="list"),
+    path("experiments/", experiment_views.experiment_list, name="experiments"),
+    path("<uuid:job_id>/experiment/", experiment_views.experiment_detail, name="experiment"),
     path("new/", views.job_new, name="new"),
     path("estimate/", views.job_estimate, name="estimate"),
     path("<uuid:job_id>/", views.job_detail, name="detail"),

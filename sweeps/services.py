@@ -113,13 +113,14 @@ def prune(sweep, trials, now):
     return pruned
 
 
-def copy_of(source, template, user, *, name, config, hyperparameters, ceiling_amount, ceiling_gpu_hours):
+def copy_of(source, template, user, *, name, experiment, config, hyperparameters, ceiling_amount, ceiling_gpu_hours):
     """A queued job doing the template's work with these config and hyperparameters (a trial, or
     the best trial run again): its code, data and starting weights shared, not copied."""
     job = lineage.copy_job(
         source,
         user,
         name=name,
+        experiment=experiment,
         config=config,
         hyperparameters=hyperparameters,
         ceiling_amount=ceiling_amount,
@@ -144,6 +145,7 @@ def run_best_again(sweep, user, *, name="", config=None, hyperparameters=None):
         template,
         user,
         name=name or f"{sweep.name} best (trial {best_trial.number})",
+        experiment=sweep.name,
         config={**(best_trial.job.config or {}), **(config or {})},
         hyperparameters={**(best_trial.job.hyperparameters or {}), **(hyperparameters or {})},
         ceiling_amount=template.ceiling_amount,
@@ -166,6 +168,7 @@ def start_trial(sweep, number, past, worst):
         template,
         sweep.created_by or template.created_by,
         name=f"{sweep.name} #{number}",
+        experiment=sweep.name,
         config={**(template.config or {}), **config},
         hyperparameters={**(template.hyperparameters or {}), **hyperparameters},
         ceiling_amount=worst,

@@ -48,6 +48,8 @@ ACCESS = {
     "jobs:detail": TEAM,
     "jobs:cancel": TEAM,
     "jobs:retrain": TEAM,
+    "jobs:experiments": TEAM,
+    "jobs:experiment": TEAM,
     "jobs:compare": TEAM,
     "jobs:comparison": TEAM,
     "jobs:log": TEAM,

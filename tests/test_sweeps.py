@@ -440,6 +440,7 @@ def test_the_scheduler_advances_sweeps_on_its_turn(alice, rate):
     )  # fmt: skip
     call_command("scheduler", "--once")
     assert sweep.trials.count() == 2 and Job.objects.filter(trial__sweep=sweep, state="queued").count() == 2
+    assert set(Job.objects.filter(trial__sweep=sweep).values_list("experiment", flat=True)) == {"turn"}  # the sweep is the experiment
 
 
 @pytestmark_db

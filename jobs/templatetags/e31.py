@@ -4,6 +4,7 @@ from django import template
 from django.conf import settings
 
 from core.text import format_duration
+from jobs.metrics import format_value
 
 register = template.Library()
 
@@ -54,3 +55,9 @@ def get(mapping, key):
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+@register.filter
+def metric(value):
+    """A metric's value as text: 6 significant digits ("" for none)."""
+    return "" if value is None else format_value(value)
