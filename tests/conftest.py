@@ -66,7 +66,11 @@ django_settings.E31_S3_ENDPOINT_ALLOW = [TEST_ENDPOINT_ALLOW]
 
 def pytest_configure(config):
     # The benchmarks' marker (tests/test_bench_quick.py); the others are in pyproject.toml.
-    config.addinivalue_line("markers", "bench: runs a benchmark (bench/*.py) in its --quick mode (bin/test: in the PostgreSQL lane once that pass is done)")
+    config.addinivalue_line(
+        "markers",
+        "bench: runs a benchmark (bench/*.py) in its --quick mode, or a long round trip of the scripts around it (a wheelhouse installed offline; "
+        "bench/gpu_check.py on the CPU): once, in bin/test's PostgreSQL lane once that pass is done, beside the longer SQLite pass",
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -60,3 +60,55 @@ def test_the_sweep_page_shows_its_trials_the_best_and_the_charts(page, system):
     expect(page.locator(".sweep-chart")).to_have_count(2)
     expect(page.locator(".sweep-point.best")).to_have_count(2)  # one per chart
     shot(page, "sweep.png")
+
+
+# Three runs of one experiment, as they are once they ended: their learning rates, their last
+# heldout_loss and an hour's worth of allocations (written directly, as above).
+EXPERIMENT = """
+    from datetime import timedelta
+    from decimal import Decimal
+    from django.utils import timezone
+    from accounts.models import Team
+    from jobs.models import Job, JobEvent
+    from scheduler.models import Allocation, Node
+
+    team = Team.objects.get(memberships__user__username="demo")
+    user = team.memberships.first().user
+    node, _ = Node.objects.get_or_create(name="browser-node", defaults={"device_type": "cpu", "devices": 4})
+    started = timezone.now() - timedelta(days=1)
+    for lr, minutes, losses in [(0.1, 60, [0.9, 0.52]), (0.01, 45, [0.8, 0.31]), (1.0, 20, [1.1, 0.97])]:
+        job = Job.objects.create(team=team, created_by=user, name="digits-mlp", entrypoint="train.py", gpus=1, span_hours=Decimal("1"),
+                                 hyperparameters={"lr": lr, "epochs": 10}, state="succeeded")
+        Allocation.objects.create(job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=started,
+                                  ended_at=started + timedelta(minutes=minutes), end_reason="exited")
+        JobEvent.append(job.pk, [JobEvent(kind="metric", at=started, data={"step": i, "values": {"heldout_loss": v, "accuracy": 1 - v / 2}})
+                                 for i, v in enumerate(losses)])
+"""
+
+
+def test_a_sweep_is_started_from_a_job_s_page_and_an_experiment_compares_its_runs(page, system):
+    system.manage("shell", "-c", textwrap.dedent(EXPERIMENT))
+    log_in(page)
+    page.get_by_role("link", name="Experiments").click()
+    page.get_by_role("link", name="digits-mlp").click()
+    expect(page.locator("h1")).to_contain_text("digits-mlp")
+    expect(page.locator("#experiment-runs tbody tr")).to_have_count(3)
+    expect(page.locator("#experiment-runs tbody tr").nth(0)).to_contain_text("the baseline")
+    expect(page.locator("#experiment-runs tbody tr").nth(1)).to_contain_text("0.21")  # 0.52 - 0.31
+    expect(page.locator("#experiment-runs tbody tr").nth(2)).to_contain_text("no improvement")
+    shot(page, "experiment.png")
+
+    # From the better run's page, a sweep over its learning rate; a space that is not one first.
+    page.locator("#experiment-runs tbody tr").nth(1).get_by_role("link", name="digits-mlp").click()
+    page.locator("#sweep-link").click()
+    page.fill("#id_name", "digits-lr")
+    page.fill("#id_space", "lr: {type: float, low: 1, high: 0.001}")
+    page.fill("#id_objective", "heldout_loss")
+    page.fill("#id_ceiling", "20")
+    page.get_by_role("button", name="Start the sweep").click()
+    expect(page.locator("#form-errors")).to_contain_text("low must be below high")
+    expect(page.locator("#id_name")).to_have_value("digits-lr")  # what was written is kept
+    shot(page, "sweep-form.png")
+    page.fill("#id_space", "lr: {type: float, low: 0.001, high: 1, log: true}")
+    page.get_by_role("button", name="Start the sweep").click()
+    expect(page.locator("h1")).to_contain_text("Sweep digits-lr")

@@ -26,6 +26,7 @@ def test_without_a_gpu_it_says_so_and_exits_0():
 
 
 @pytest.mark.e2e
+@pytest.mark.bench  # a minute of a live system: once, in bin/test's lane beside the SQLite pass
 @pytest.mark.timeout(600)
 def test_on_the_cpu_every_check_runs_to_a_verdict(tmp_path):
     """Each check reaches a verdict through a live system: the sandbox starts jobs, a CPU job sees

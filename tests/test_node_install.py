@@ -20,7 +20,8 @@ import pytest
 
 from tests.system import ROOT, LiveSystem
 
-pytestmark = [pytest.mark.timeout(900)]
+# Minutes of downloads and installs: run once, in bin/test's lane beside the SQLite pass (see the bench marker).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.bench]
 
 PLATFORM = "manylinux_2_28_x86_64"
 BWRAP = shutil.which("bwrap")
