@@ -32,9 +32,8 @@ def experiment_detail(request, job_id):
     metric = request.GET.get("metric")
     if metric not in metrics:
         metric = experiments.default_metric(runs)
-    direction = request.GET.get("direction")
-    if direction not in ("min", "max"):
-        direction = (best_mode(metric) if metric else None) or "min"
+    chosen = request.GET.get("direction") if request.GET.get("direction") in ("min", "max") else ""
+    direction = chosen or (best_mode(metric) if metric else None) or "min"
     rows = experiments.compare(runs, metric, direction) if metric else [experiments.Row(run, None, None, None) for run in runs]
     return render(
         request,
@@ -46,6 +45,7 @@ def experiment_detail(request, job_id):
             "metrics": metrics,
             "metric": metric,
             "direction": direction,
+            "chosen_direction": chosen,
             "currency": settings.E31_CURRENCY,
         },
     )

@@ -94,7 +94,11 @@ def test_a_sweep_is_started_from_a_job_s_page_and_an_experiment_compares_its_run
     expect(page.locator("h1")).to_contain_text("digits-mlp")
     expect(page.locator("#experiment-runs tbody tr")).to_have_count(3)
     expect(page.locator("#experiment-runs tbody tr").nth(0)).to_contain_text("the baseline")
-    expect(page.locator("#experiment-runs tbody tr").nth(1)).to_contain_text("0.21")  # 0.52 - 0.31
+    expect(page.locator("#experiment-runs tbody tr").nth(1)).to_contain_text("0.105")  # accuracy, first by name: 0.845 - 0.74
+    page.select_option("#experiment-metric select[name=metric]", "heldout_loss")
+    page.get_by_role("button", name="Compare").click()
+    expect(page.locator("#experiment-runs tbody tr").nth(1)).to_contain_text("0.21")  # 0.52 - 0.31, lower better by its name
+    expect(page.locator("#experiment-runs tbody tr").nth(1)).to_contain_text("USD 8.5714")  # 1.80 for 0.21
     expect(page.locator("#experiment-runs tbody tr").nth(2)).to_contain_text("no improvement")
     shot(page, "experiment.png")
 
