@@ -129,7 +129,8 @@ def test_the_page_costs_the_same_queries_however_many_runs(client, alice, rate):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_jobs_made_before_experiments_are_in_their_name_s_and_trials_in_their_sweep_s():
-    """jobs 0020 fills the new field: a database at jobs 0019, filled, then migrated forward."""
+    """jobs 0020 adds the field and 0021 fills it: a database at jobs 0019, filled, then migrated forward
+    (on PostgreSQL too, where one migration doing both could not create the index)."""
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 

@@ -1,21 +1,14 @@
 # Every job belongs to an experiment: by default its name (Job.save), a sweep's trials the sweep's.
-# The jobs made before keep theirs as their name, and a sweep's trials take their sweep's.
+# The jobs made before are given theirs by the next migration: not in this one, where PostgreSQL
+# creates the column's index at the end, and cannot while the updates' deferred foreign-key
+# checks are pending ("cannot CREATE INDEX ... because it has pending trigger events").
 
 from django.db import migrations, models
-
-
-def fill(apps, schema_editor):
-    Job = apps.get_model("jobs", "Job")
-    Job.objects.filter(experiment="").update(experiment=models.F("name"))
-    Trial = apps.get_model("sweeps", "Trial")
-    for job_id, sweep_name in Trial.objects.values_list("job_id", "sweep__name"):
-        Job.objects.filter(pk=job_id).update(experiment=sweep_name)
 
 
 class Migration(migrations.Migration):
     dependencies = [
         ("jobs", "0019_datasets_to_catalog"),
-        ("sweeps", "0001_initial"),
     ]
 
     operations = [
@@ -29,5 +22,4 @@ class Migration(migrations.Migration):
                 max_length=200,
             ),
         ),
-        migrations.RunPython(fill, migrations.RunPython.noop),
     ]
