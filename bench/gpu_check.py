@@ -249,8 +249,6 @@ def check_recipes(system, work, args, device_type):
 def check_fencing(system, work, gpus, sandboxed, cpu):
     check = Check("fencing: the job sees only its own GPU")
     try:
-        code = work / "sees.py"
-        code.write_bytes(SEES)
         job_id = submit(
             system, {"name": "gpu-sees", "entrypoint": "sees.py", "gpus": 1, "span_hours": 1, "train_dataset": "digits"}, [("code", ("sees.py", SEES))]
         )

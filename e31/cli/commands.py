@@ -19,7 +19,7 @@ from e31.cli.client import Client
 from e31.cli.datasets import sha256_of
 from e31.cli.errors import AUTH, INTERRUPTED, JOB_FAILED, OK, SERVER, USAGE, CliError
 from e31.cli.follow import Follower, Printer, print_logs
-from e31.cli.spec import check_exist, files_of, local_refs, size_of, upload_files
+from e31.cli.spec import assignments, check_exist, files_of, local_refs, size_of, upload_files
 
 RETRAIN_OPTIONS = ["name", "gpus", "gpu_type", "mode", "span_hours", "ceiling_kind", "ceiling", "not_before", "by", "deadline"]
 
@@ -245,20 +245,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 # retrain -------------------------------------------------------------------------------------
-
-
-def assignments(items: Sequence[str] | None, option: str) -> dict[str, Any]:
-    """NAME=VALUE pairs as a mapping; a value that reads as JSON (3, 0.1, true) is that value."""
-    found: dict[str, Any] = {}
-    for item in items or []:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise CliError(f"{option} takes NAME=VALUE, not {item!r}.", USAGE)
-        try:
-            found[name] = json.loads(text)
-        except ValueError:
-            found[name] = text
-    return found
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:

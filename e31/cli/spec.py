@@ -7,13 +7,14 @@ file's folder.
 """
 
 import io
+import json
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
@@ -164,3 +165,17 @@ def size_of(fileobj: IO[bytes]) -> int:
     size = fileobj.tell()
     fileobj.seek(position)
     return size
+
+
+def assignments(items: Sequence[str] | None, option: str) -> dict[str, Any]:
+    """NAME=VALUE pairs as a mapping; a value that reads as JSON (3, 0.1, true) is that value."""
+    found: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"{option} takes NAME=VALUE, not {item!r}.", USAGE)
+        try:
+            found[name] = json.loads(text)
+        except ValueError:
+            found[name] = text
+    return found

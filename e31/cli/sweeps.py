@@ -28,6 +28,7 @@ import yaml
 from e31.cli import ui
 from e31.cli.client import FULL_ID, Client
 from e31.cli.errors import NOT_FOUND, OK, USAGE, CliError
+from e31.cli.spec import assignments
 
 FIELDS = ("name", "template", "space", "method", "objective", "direction", "max_trials", "parallel", "ceiling", "seed", "prune")
 REQUIRED = ("name", "template", "space", "method", "objective", "max_trials", "ceiling")
@@ -134,17 +135,6 @@ def cmd_sweep_show(args: argparse.Namespace, client: Client) -> int:
     else:
         show_sweep(sweep)
     return OK
-
-
-def assignments(items: list[str] | None, option: str) -> dict[str, Any]:
-    """{key: value} from NAME=VALUE options, each value read as YAML (numbers stay numbers)."""
-    found: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"{option} {item!r}: write it as NAME=VALUE.", USAGE)
-        found[key] = yaml.safe_load(text)
-    return found
 
 
 def cmd_sweep_rerun(args: argparse.Namespace, client: Client) -> int:
