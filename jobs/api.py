@@ -286,6 +286,7 @@ def job_artifact(request, job_id, name):
 
 RETRAIN_FIELDS = {
     "name",
+    "experiment",
     "gpus",
     "gpu_type",
     "mode",
@@ -329,6 +330,9 @@ def job_retrain(request, job_id):
     unknown = sorted(set(raw) - RETRAIN_FIELDS)
     if unknown:
         raise ValidationError({"spec": [f"Unknown field(s): {', '.join(unknown)}. Known: {', '.join(sorted(RETRAIN_FIELDS))}."]})
+    for field in ("name", "experiment"):  # as a submitted spec's (jobs.spec_form)
+        if raw.get(field) is not None and (not isinstance(raw[field], (str, int, float)) or isinstance(raw[field], bool)):
+            raise ValidationError({field: [f"{field} must be a string or a number, not {type(raw[field]).__name__}."]})
     try:
         lineage.weights_of(job)
     except lineage.LineageError as error:
@@ -353,6 +357,7 @@ def job_retrain(request, job_id):
             request.user,
             new_data=form.cleaned_data.get("kept_data") or [],
             name=form.cleaned_data.get("name") or "",
+            experiment=form.cleaned_data.get("experiment") or "",
             request=form.request_fields(),
             work=form.work_changes(),
             inputs=form.cleaned_data.get("inputs"),

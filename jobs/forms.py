@@ -366,8 +366,28 @@ class WorkTextFields:
         return versions
 
 
+def experiment_field(help_text):
+    """The experiment a job joins, as the job form and a retraining ask for it (Job.experiment's limit)."""
+    limit = Job._meta.get_field("experiment").max_length
+    return forms.CharField(
+        max_length=limit,
+        required=False,
+        label="Experiment",
+        help_text=help_text,
+        error_messages={"max_length": "An experiment's name is at most %(limit_value)d characters (it has %(show_value)d)."},
+    )
+
+
+def one_line(value, what):
+    """A name as typed, stripped; a control character (a line break, a tab) refused, naming what."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise forms.ValidationError(f"{what} cannot contain control characters (such as line breaks).")
+    return value.strip()
+
+
 class JobForm(WorkTextFields, RequestForm):
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the entrypoint's name.")
+    experiment = experiment_field("Blank: the job's name. Runs of one experiment are compared side by side on the experiment page.")
 
     # Work
     kind = forms.ChoiceField(
@@ -578,10 +598,10 @@ class JobForm(WorkTextFields, RequestForm):
         return list(self.fields[field].queryset.filter(pk__in=[i for i in ids if is_uuid(i)]))
 
     def clean_name(self):
-        name = self.cleaned_data["name"]
-        if any(ord(c) < 32 or ord(c) == 127 for c in name):
-            raise forms.ValidationError("The name cannot contain control characters (such as line breaks).")
-        return name.strip()
+        return one_line(self.cleaned_data["name"], "The name")
+
+    def clean_experiment(self):
+        return one_line(self.cleaned_data["experiment"], "The experiment")
 
     def clean_command(self):
         command = self.cleaned_data["command"].strip()
@@ -840,6 +860,7 @@ class JobForm(WorkTextFields, RequestForm):
             team=self.team,
             created_by=user,
             name=cleaned["name"],
+            experiment=cleaned.get("experiment") or "",  # blank: the name's (Job.save)
             kind=cleaned["kind"],
             entrypoint=cleaned["entrypoint"],
             command=cleaned.get("command") or "",

@@ -105,11 +105,12 @@ def deleted_data(job):
 
 
 @transaction.atomic
-def retrain(job, user, *, new_data=(), name="", request=None, work=None, inputs=None):
+def retrain(job, user, *, new_data=(), name="", experiment="", request=None, work=None, inputs=None):
     """A fine-tuning of `job`'s weights with its work and request, on its old training data
-    plus `new_data` (kept uploads). request: overrides of the request fields (gpus, span_hours,
-    ceiling_*, not_before, deadline, ...); work: of the work's (args, hyperparameters, config);
-    inputs: {name: dataset version} read instead of the job's (train and heldout: its sets)."""
+    plus `new_data` (kept uploads), in `experiment` (blank: the job's). request: overrides of the
+    request fields (gpus, span_hours, ceiling_*, not_before, deadline, ...); work: of the work's
+    (args, hyperparameters, config); inputs: {name: dataset version} read instead of the job's
+    (train and heldout: its sets)."""
     weights = weights_of(job)
     gone = deleted_data(job)
     if gone:
@@ -118,7 +119,7 @@ def retrain(job, user, *, new_data=(), name="", request=None, work=None, inputs=
             "Submit a fine-tuning of its weights on data that exists."
         )
     changes = {**(work or {}), **(request or {})}
-    changes.update(name=name or f"{job.name} (retrained)", kind=Job.KIND_FINETUNE)
+    changes.update(name=name or f"{job.name} (retrained)", experiment=experiment or job.experiment, kind=Job.KIND_FINETUNE)
     inputs = dict(inputs or {})
     for input_name, field in (("train", "train_version"), ("heldout", "heldout_version")):
         if input_name in inputs:

@@ -38,6 +38,7 @@ def job_retrain(request, job_id):
                     request.user,
                     new_data=form.cleaned_data.get("kept_data") or [],
                     name=form.cleaned_data.get("name") or "",
+                    experiment=form.cleaned_data.get("experiment") or "",
                     request=form.request_fields(),
                     work=form.work_changes(),
                     inputs=form.cleaned_data.get("inputs"),

@@ -8,7 +8,7 @@ from django import forms
 
 from e31.recipes import validate
 from jobs import launch, spec_text
-from jobs.forms import MultipleFileInput, RequestForm, WorkTextFields
+from jobs.forms import MultipleFileInput, RequestForm, WorkTextFields, experiment_field, one_line
 from jobs.models import Upload
 
 
@@ -25,6 +25,7 @@ class RetrainForm(WorkTextFields, RequestForm):
     training data plus new files, and a request (prefilled from the job)."""
 
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the job's name, retrained.")
+    experiment = experiment_field("Blank: the job's experiment. Runs of one experiment are compared side by side on the experiment page.")
     data = forms.FileField(
         required=False,
         widget=MultipleFileInput,
@@ -55,6 +56,9 @@ class RetrainForm(WorkTextFields, RequestForm):
         self.job, self.team = job, team
         self.upload_errors = upload_errors or {}
         self.fields["kept_data"].queryset = Upload.objects.filter(team=team, job__isnull=True, role=Upload.TRAIN)
+
+    def clean_experiment(self):
+        return one_line(self.cleaned_data["experiment"], "The experiment")
 
     def work_changes(self):
         """The work as the retraining runs it: the job's arguments, hyperparameters and config,
@@ -95,6 +99,7 @@ class RetrainForm(WorkTextFields, RequestForm):
             "span_hours": plain(job.span_hours),
             "preemptible": job.preemptible,
             "name": f"{job.name} (retrained)",
+            "experiment": job.experiment,
             "args": shlex.join(str(a) for a in job.args or []),
             "hyperparameters": json.dumps(job.hyperparameters) if job.hyperparameters else "",
             "config": json.dumps({k: v for k, v in (job.config or {}).items() if not (job.recipe and k == "mode")}) if job.config else "",

@@ -132,6 +132,9 @@ class JobSerializer(FactsSerializer):
 
     id = s.UUIDField()
     name = s.CharField(allow_blank=True)
+    experiment = s.CharField(
+        help_text="The experiment it belongs to, its runs compared side by side: by default its name; a sweep's trials, the sweep's; a copy, its source's."
+    )
     kind = s.CharField()
     recipe = s.CharField(allow_blank=True, allow_null=True)
     parent = s.UUIDField(source="parent_id", allow_null=True, help_text="The job it was made from: a retraining's previous job, a comparison's fine-tuning.")
@@ -224,7 +227,7 @@ class JobSerializer(FactsSerializer):
 
 SPEC_HELP = (
     "The job's spec: a spec file's text (YAML or JSON), or (JSON body) an object of the API's fields: "
-    "name, kind, recipe, entrypoint, command, args, hyperparameters, config, env, workdir, processes, precision (fp32, bf16 or fp16), "
+    "name, experiment (blank: the name), kind, recipe, entrypoint, command, args, hyperparameters, config, env, workdir, processes, precision (fp32, bf16 or fp16), "
     "packages (a list of requirements, or text with one a line), "
     "train_dataset, heldout_dataset, gpus, gpu_type, mode, span_hours, ceiling_kind, ceiling, not_before, deadline, by, "
     "preemptible, keep_checkpoints, max_restarts, early_stop_metric, early_stop_mode, early_stop_patience, stop_on_nan, network, idle_minutes, stop_if_idle."
@@ -259,8 +262,8 @@ RetrainOverridesForm = inline_serializer(
     fields={
         "spec": s.CharField(
             required=False,
-            help_text="A JSON object overriding the job's request: name, gpus, gpu_type, mode, span_hours, ceiling_kind, "
-            "ceiling, not_before, by, deadline, preemptible.",
+            help_text="A JSON object overriding the job's: name, experiment (blank: the job's), gpus, gpu_type, mode, span_hours, "
+            "ceiling_kind, ceiling, not_before, by, deadline, preemptible, args, hyperparameters, config, inputs.",
         ),
         "data": s.ListField(child=s.FileField(), required=False, help_text="More training data files."),
     },

@@ -2,6 +2,7 @@
 with the line of every field, so a refusal names the line to fix. Pure functions, no database.
 
     name: digits-mlp
+    experiment: digits              # blank: the name; runs of one experiment are compared side by side
     kind: train                     # train | finetune | evaluate
     work:     {code: train.py, entrypoint, args, config, env, packages: [numpy>=1.26], recipe, precision: bf16, smoke_first}
     data:     {train: digits@2, heldout, train_files, heldout_files, start_job, base_model, evaluate_jobs}
@@ -32,7 +33,7 @@ from jobs.models import Upload
 
 # The spec fields that are the job's own fields under the same names and describe its work, the
 # compute it asks for and what it keeps: what a job made from a job (a retraining, a comparison, a
-# smoke run: jobs.lineage.copy_job) carries over as they are. Not among them: the name and kind,
+# smoke run: jobs.lineage.copy_job) carries over as they are. Not among them: the name, experiment and kind,
 # the data (carried as dataset versions and inputs), the ceiling (as the amount or GPU hours it
 # became), how and when it is scheduled (mode, not_before, deadline, by), idle_minutes and stop_if_idle.
 JOB_WORK_FIELDS = (
@@ -64,6 +65,7 @@ JOB_WORK_FIELDS = (
 SPEC_FIELDS = {
     *JOB_WORK_FIELDS,
     "name",
+    "experiment",
     "kind",
     "recipe",
     "start_job",
@@ -129,7 +131,7 @@ PARTS = {
     },
     "output": {"keep_checkpoints": "keep_checkpoints", "max_restarts": "max_restarts", "early_stop": None, "stop_on_nan": "stop_on_nan"},
 }
-TOP = {"name": "name", "kind": "kind"}
+TOP = {"name": "name", "experiment": "experiment", "kind": "kind"}
 EARLY_STOP = {"metric": "early_stop_metric", "mode": "early_stop_mode", "patience": "early_stop_patience"}
 # The local files a spec names: (part, field) -> the file field they are sent as.
 FILE_FIELDS = {("work", "code"): "code", ("data", "train_files"): "data", ("data", "heldout_files"): "heldout", ("data", "base_model"): "base_model"}
@@ -509,7 +511,8 @@ def job_spec(job, now=None):
     now = now or timezone.now()
     uploads = list(job.uploads.all())
     named = lambda role: [u.name for u in uploads if u.role == role]  # noqa: E731
-    spec = {"name": job.name, "kind": job.kind}
+    # Its experiment always: a run again joins it, whatever the new run is named.
+    spec = {"name": job.name, "experiment": job.experiment, "kind": job.kind}
 
     work = {}
     if job.recipe:
