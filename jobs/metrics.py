@@ -68,13 +68,15 @@ def add_point(points, x, value, at, label=None, step=True):
     points.append([x, value, at] if label is None else [x, None, at, label])
 
 
-def series_from_events(events, names=None, offset=0):
+def series_from_events(events, names=None, offset=0, into=None):
     """{name: [[x, value_or_None, at_iso(, label)], ...]} from metric events in order.
 
     names: only these series (an iterable of names; None for all). offset: how many of the job's
-    metric events came before these (the x of step-less points continues from there)."""
+    metric events came before these (the x of step-less points continues from there). into: the
+    series read from those earlier events, which these continue (and may rewind); extended in
+    place."""
     wanted = set(names) if names is not None else None
-    series = {}
+    series = {} if into is None else into
     ordinal = offset
     for event in events:
         event = _payload(event)

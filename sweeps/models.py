@@ -51,6 +51,12 @@ class Trial(models.Model):
     job = models.OneToOneField("jobs.Job", on_delete=models.PROTECT, related_name="trial")
     state = models.CharField(max_length=10, default=RUNNING)
     value = models.FloatField(null=True, blank=True)
+    # The objective as its job logged it so far, read a few events at a time (sweeps.services.
+    # catch_up): {step: value}, the last metric event read, and how many were read (the x of a
+    # point logged without a step).
+    intermediate = models.JSONField(default=dict)
+    seen_seq = models.BigIntegerField(default=0)
+    seen_points = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["number"]

@@ -47,7 +47,10 @@ def trial_worst_case(template, now=None):
 def objective_points(job, name):
     """[(step, value)] of the job's objective metric, finite values only, in step order."""
     events = job.events.filter(kind="metric").order_by("seq").values("data", "at", "seq")
-    points = series_from_events(events, names=[name]).get(name) or []
+    return _finite(series_from_events(events, names=[name]).get(name) or [])
+
+
+def _finite(points):
     return [(int(x), float(v)) for x, v, *_ in points if isinstance(v, int | float) and math.isfinite(v)]
 
 
@@ -57,18 +60,43 @@ def objective_of(job, name):
     return points[-1][1] if points else None
 
 
+def catch_up(trial, name):
+    """Carry trial.intermediate on with the objective points its job logged since the last look,
+    reading only the metric events after the last one read: a look costs what the trial logged
+    since, not all it ever logged, and gives the series a whole read gives (a resumed run's
+    repeated steps rewind it; a non-finite point is kept as None, a gap). Returns whether there
+    were any new events; the caller saves CAUGHT_UP."""
+    events = list(trial.job.events.filter(kind="metric", seq__gt=trial.seen_seq).order_by("seq").values("data", "at", "seq"))
+    if not events:
+        return False
+    prior = [[x, v, None] for x, v in sorted((int(k), v) for k, v in trial.intermediate.items())]
+    series = series_from_events(events, names=[name], offset=trial.seen_points, into={name: prior})[name]
+    trial.intermediate = {str(x): (float(v) if isinstance(v, int | float) and math.isfinite(v) else None) for x, v, *_ in series}
+    trial.seen_seq, trial.seen_points = events[-1]["seq"], trial.seen_points + len(events)
+    return True
+
+
+def finite(intermediate):
+    """{step: value} of a trial's finite objective points (what the pruner compares)."""
+    return {int(k): v for k, v in intermediate.items() if v is not None}
+
+
+CAUGHT_UP = ["intermediate", "seen_seq", "seen_points"]
+
+
 def settle(trial):
     """A trial whose job ended: complete with its objective, or failed (a pruned one keeps its
     state, and the last objective its job logged)."""
     job = trial.job
     if trial.state not in (Trial.RUNNING, Trial.PRUNED) or job.state not in states.TERMINAL or trial.value is not None:
         return
+    catch_up(trial, trial.sweep.objective)  # its last points, which the pruner compares against
     value = objective_of(job, trial.sweep.objective) if job.state in (states.SUCCEEDED, states.STOPPED) else None
     if trial.state == Trial.PRUNED:
         trial.value = value
     else:
         trial.value, trial.state = value, Trial.COMPLETE if value is not None else Trial.FAILED
-    trial.save(update_fields=["value", "state"])
+    trial.save(update_fields=["value", "state", *CAUGHT_UP])
 
 
 def holding(trial):
@@ -80,35 +108,33 @@ def costs(trials, now):
     return [ceiling.TrialCost(spent=t.job.held(now)[1], worst=Decimal(t.job.ceiling_amount or 0), running=holding(t)) for t in trials]
 
 
-def past_of(trials, intermediate=None):
-    intermediate = intermediate or {}
-    return [search.Past(t.params, t.system_attrs, t.state, t.value, intermediate.get(t.pk)) for t in trials]
+def past_of(trials):
+    return [search.Past(t.params, t.system_attrs, t.state, t.value, finite(t.intermediate)) for t in trials]
 
 
 def prune(sweep, trials, now):
     """Stop the running trials that fall behind (search.should_prune): their jobs are stopped as
     early stopping stops a job (SIGTERM, the grace period, weights kept), billed only for the
-    seconds held. Returns the trials pruned."""
-    running = [t for t in trials if t.state == Trial.RUNNING and t.job.state == states.RUNNING]
-    if not running:
-        return []
-    intermediate = {t.pk: dict(objective_points(t.job, sweep.objective)) for t in trials if t.state in (Trial.RUNNING, Trial.COMPLETE, Trial.PRUNED)}
+    seconds held. A trial is looked at when it has logged since the last look (each turn of the
+    scheduler: a pruned trial stops within a turn of the point that condemned it). Returns the
+    trials pruned."""
     pruned = []
-    for trial in running:
-        if not intermediate.get(trial.pk):
+    for trial in trials:
+        if trial.state != Trial.RUNNING or trial.job.state != states.RUNNING or not catch_up(trial, sweep.objective):
             continue
-        index = trials.index(trial)
-        stop, attrs = search.should_prune(sweep.space, sweep.method, sweep.direction, sweep.seed, past_of(trials, intermediate), index)
-        trial.system_attrs = attrs  # the rungs it passed: the next look is on a rebuilt study
-        fields = ["system_attrs"]
-        if stop:
-            step, value = max(intermediate[trial.pk].items())
-            reason = f"pruned by its sweep: {sweep.objective} {value:g} at step {step} is behind the other trials there"
-            Job.objects.filter(pk=trial.job_id, stop_requested_at__isnull=True).update(stop_requested_at=now, stop_reason=reason)
-            trial.job.record("notice", data={"text": reason})
-            trial.state = Trial.PRUNED
-            fields.append("state")
-            pruned.append(trial)
+        fields = list(CAUGHT_UP)
+        if points := finite(trial.intermediate):
+            stop, attrs = search.should_prune(sweep.space, sweep.method, sweep.direction, sweep.seed, past_of(trials), trials.index(trial))
+            trial.system_attrs = attrs  # the rungs it passed: the next look is on a rebuilt study
+            fields.append("system_attrs")
+            if stop:
+                step, value = max(points.items())
+                reason = f"pruned by its sweep: {sweep.objective} {value:g} at step {step} is behind the other trials there"
+                Job.objects.filter(pk=trial.job_id, stop_requested_at__isnull=True).update(stop_requested_at=now, stop_reason=reason)
+                trial.job.record("notice", data={"text": reason})
+                trial.state = Trial.PRUNED
+                fields.append("state")
+                pruned.append(trial)
         trial.save(update_fields=fields)
     return pruned
 

@@ -126,7 +126,11 @@ def run_sweep(runner, sweep, timeout=180):
         if sweep.state != Sweep.RUNNING:
             return sweep
         time.sleep(0.05)
-    raise TimeoutError(f"the sweep did not end: {list(sweep.trials.values_list('number', 'state', 'job__state'))}")
+    from scheduler.models import Allocation
+
+    held = list(Allocation.objects.filter(ended_at__isnull=True).values_list("job__name", "devices"))
+    trials = list(sweep.trials.values_list("number", "state", "job__state", "job__reason"))
+    raise TimeoutError(f"the sweep did not end ({sweep.reason}): {trials}; allocations held: {held}")
 
 
 @pytestmark_db
@@ -305,6 +309,43 @@ def test_the_sweep_list_and_a_sweep_cost_the_same_queries_however_many_sweeps_an
     assert Trial.objects.count() == 2 + 4 * 4
     many = queries(reverse("api:sweeps")), queries(reverse("api:sweep", args=[more.pk])), queries(reverse("sweeps:detail", args=[more.pk]))
     assert many == few
+
+
+@pytestmark_db
+def test_a_look_reads_only_what_a_trial_logged_since_the_last_and_judges_it_only_then(alice, rate, monkeypatch):
+    """The scheduler looks at a sweep every cycle: a running trial's objective is read a few
+    events at a time (the step-less point's x carrying on from those before), the same series a
+    whole read gives, and the pruner is asked only when the trial logged something new."""
+    from jobs.models import JobEvent
+
+    template = make_job(alice, script=TRIAL, span_hours=Decimal("0.1"), hyperparameters={"lr": 0.5, "width": 64})
+    sweep = make_sweep(alice, template, choices=(0.1,))
+    (trial,) = sweeps.advance(sweep)
+    Job.objects.filter(pk=trial.job_id).update(state="running")
+    asked = []
+    real = search.should_prune
+    monkeypatch.setattr(search, "should_prune", lambda *a: asked.append(a[-1]) or real(*a))
+
+    def log(*points):
+        JobEvent.append(trial.job_id, [JobEvent(kind="metric", at=timezone.now(), data={"step": s, "values": v}) for s, v in points])
+
+    def look():
+        sweep.refresh_from_db()
+        trials = list(sweep.trials.select_related("job"))
+        sweeps.prune(sweep, trials, timezone.now())
+        return trials[0]
+
+    log((1, {"loss": 0.9}), (None, {"acc": 0.1}), (3, {"loss": 0.7}))
+    seen = look()
+    assert sweeps.finite(seen.intermediate) == {1: 0.9, 3: 0.7} and asked == [0]
+    assert look().seen_seq == seen.seen_seq and asked == [0]  # nothing new: no rebuilt search
+    log((None, {"loss": 0.6}), (9, {"loss": "nan"}), (9, {"loss": 0.5}))
+    seen = look()
+    whole = dict(sweeps.objective_points(seen.job, "loss"))
+    assert sweeps.finite(seen.intermediate) == whole == {1: 0.9, 3: 0.7, 4: 0.6, 9: 0.5}  # a step-less point goes after the last
+    assert asked == [0, 0] and seen.seen_points == 6
+    log((2, {"loss": 0.8}))  # resumed from its checkpoint at step 2: what came after is redone
+    assert sweeps.finite(look().intermediate) == dict(sweeps.objective_points(seen.job, "loss")) == {1: 0.9, 2: 0.8}
 
 
 PRUNABLE = b"""

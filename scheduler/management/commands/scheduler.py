@@ -17,12 +17,14 @@ from jobs.models import Upload
 from notifications import delivery
 from scheduler import allocations, predictions, services
 from sweeps import services as sweep_steps
+from tracking import worker as tracking
 
 log = logging.getLogger("scheduler")
 HOUSEKEEPING_SECONDS = 600
-# Sweeps are advanced this often, not every placing turn: each look reads the running trials'
-# metrics and rebuilds their searches, and a trial's objective moves on the scale of its steps.
-SWEEP_SECONDS = 2.0
+# Sweeps are advanced at most this often (every cycle at the default interval): a look reads only
+# the metric events the running trials logged since the last one, and rebuilds a trial's search
+# only when it logged; a pruned trial is told to stop within a cycle of the point that condemned it.
+SWEEP_SECONDS = 0.5
 UNCLAIMED_UPLOADS_KEPT = timedelta(days=2)  # a refused form's files wait this long for the user to come back
 COMPLETION_WORKERS = 2  # dataset uploads completed at once
 
@@ -60,6 +62,9 @@ class Command(BaseCommand):
         # a receiver that hangs or fails holds up that thread only, never a cycle.
         self.notify_stop = threading.Event()
         delivery.start_thread(self.notify_stop)
+        # So do the jobs' runs in the teams' MLflow trackers: a tracker down or slow holds up
+        # that thread only, and its deliveries wait in their outbox.
+        tracking.start_thread(self.notify_stop)
         with stop_on_signals(self.stop):
             while not self.shutdown:
                 self.handle_one_cycle()
