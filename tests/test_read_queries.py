@@ -1,0 +1,84 @@
+"""The reads a CLI polls and a browser opens cost a fixed number of SQL queries, however many jobs
+the team has and however much each logged (issue 24): the job list (API and page), a job's detail
+(API and page), its log from a point (?after=), its metrics, and the team's usage. Counted with
+CaptureQueriesContext on a small team and on a team with four times the jobs, each with four
+times the events, allocations and outputs."""
+
+import io
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from billing import meter
+from billing.models import UsageRecord
+from core.storage import get_storage
+from jobs.models import Artifact, Job, JobEvent
+from scheduler.models import Allocation, Node
+from tests.conftest import make_job
+
+pytestmark = pytest.mark.django_db
+
+STARTED = datetime(2026, 11, 3, tzinfo=UTC)
+
+
+def busy_job(user, node, n, scale):
+    """A job that ran `scale` times (an allocation and a usage record each), printed and logged
+    metrics, kept outputs, and runs again now (an open allocation)."""
+    job = make_job(user, name=f"job-{n}", hyperparameters={"lr": 0.1}, config={"epochs": 3})
+    at = datetime.now(UTC)
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=at, stream="stdout", text=f"line {i}") for i in range(20 * scale)])
+    JobEvent.append(job.pk, [JobEvent(kind="metric", at=at, data={"step": i, "values": {"loss": 1 / (i + 1), "acc": i / 100}}) for i in range(10 * scale)])
+    for i in range(scale):
+        started = STARTED + timedelta(hours=2 * i)
+        allocation = Allocation.objects.create(
+            job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=started,
+            ended_at=started + timedelta(hours=1), end_reason=Allocation.PREEMPTED,
+        )  # fmt: skip
+        UsageRecord.objects.create(
+            team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=started, ended_at=started + timedelta(hours=1),
+            held_seconds=3600, rate=Decimal("2.40"), amount=meter.charge(1, 3600, Decimal("2.40")),
+        )  # fmt: skip
+        key, size, sha256 = get_storage().save_blob(io.BytesIO(b"weights %d" % i))
+        Artifact.objects.create(job=job, name=f"out/model-{i}.pt", key=key, size=size, sha256=sha256)
+    Allocation.objects.create(job=job, node=node, devices=[1], device_type="cpu", rate=Decimal("2.40"), started_at=datetime.now(UTC))
+    Job.objects.filter(pk=job.pk).update(state="running")
+    return job
+
+
+def team_of(user, jobs, scale):
+    node, _ = Node.objects.get_or_create(name="node", defaults={"device_type": "cpu", "devices": 64})
+    return [busy_job(user, node, n, scale) for n in range(jobs)]
+
+
+def reads(job):
+    return {
+        "job list (API)": "/api/jobs/",
+        "job list (page)": "/jobs/",
+        "job (API)": f"/api/jobs/{job.pk}/",
+        "job (page)": f"/jobs/{job.pk}/",
+        "log after a point (API)": f"/api/jobs/{job.pk}/logs/?after=5",
+        "metrics (API)": f"/api/jobs/{job.pk}/metrics/",
+        "usage (API)": "/api/usage/",
+    }
+
+
+def counts(client, job):
+    seen = {}
+    for what, path in reads(job).items():
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(path)
+        assert response.status_code == 200, (what, response.status_code)
+        seen[what] = len(queries)
+    return seen
+
+
+def test_a_read_costs_the_same_queries_for_a_small_team_and_a_large_one(client, alice, rate):
+    client.force_login(alice)
+    small = team_of(alice, 2, 1)
+    few = counts(client, small[0])
+    large = team_of(alice, 6, 4)  # 8 jobs now, the new ones with four times everything
+    many = counts(client, large[-1])
+    assert many == few
