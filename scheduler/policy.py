@@ -656,21 +656,27 @@ def _short_of(job: QueuedJob, pool: _Pool) -> str:
 
 def _reserve(job: QueuedJob, pool: _Pool, releases: Iterable[_Release]) -> tuple[float, dict[str, set[int]] | None]:
     """The earliest time the job fits, with the devices released at their expected ends, and
-    the devices it would take then."""
+    the devices it would take then: on each node it takes, those released last first, so the
+    devices free now stay out of the reservation where they can, for jobs to backfill (taking
+    the lowest-numbered could take every device free now and hold back jobs that harm no one)."""
     types = pool.types(job)
     largest, _ = pool.capacity(job)
     candidates = None if job.staged_on is None else [i for i in job.staged_on if i in pool.nodes]
     future = {i: set(devs) for i, devs in pool.free.items()}
+    freed_at: dict[str, dict[int, float]] = {i: {} for i in future}  # devices released later than now, and when
     ordered = sorted((r for r in releases if r[0] < INF and r[1] in future), key=lambda r: r[0])
     k = 0
     while k < len(ordered):
         at = ordered[k][0]
         while k < len(ordered) and ordered[k][0] == at:
-            future[ordered[k][1]].update(ordered[k][2])
+            _, node_id, devices, *_ = ordered[k]
+            future[node_id].update(devices)
+            freed_at[node_id].update(dict.fromkeys(devices, at))
             k += 1
         parts = _find_scan(job.gpus, largest, pool.nodes, future, candidates, types, {})
         if parts is not None:
-            return at, {node_id: set(devices) for node_id, devices in parts}
+            latest_first = lambda i: sorted(future[i], key=lambda d: (-freed_at[i].get(d, -INF), d))  # noqa: E731
+            return at, {node_id: set(latest_first(node_id)[: len(devices)]) for node_id, devices in parts}
     return INF, None
 
 

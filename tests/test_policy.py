@@ -192,6 +192,20 @@ def test_a_blocked_job_gets_a_reservation_and_only_harmless_jobs_backfill():
         assert result.wake_at == NOW + HOUR
 
 
+def test_a_reservation_takes_the_devices_released_last_so_what_is_free_now_can_backfill():
+    # n1: 8 devices; 0-3 free now, 4-7 held until NOW + 1 h. "big" needs 6: from NOW + 1 h it
+    # must take 4-7 and two of 0-3, leaving two free now for a long job beside it. Taking the
+    # lowest-numbered devices (0-5) would leave none and hold "long" back for nothing.
+    nodes = [node("n1", 8, free=(0, 1, 2, 3))]
+    held = [running("r", "n1", [4, 5, 6, 7], 30, preemptible=False, expected_end=NOW + HOUR)]
+    queue = [job("big", 6, 10, expected_seconds=HOUR), job("long", 2, 5, expected_seconds=5 * HOUR)]
+    for name in ("ours", "easy", "edf"):
+        result = plan(queue, nodes, held, NOW, policy=name)
+        assert result.reservations == {"big": NOW + HOUR}, name
+        assert ids(result) == ["long"], (name, result.waiting)
+        assert len(result.placements[0].parts[0][1]) == 2
+
+
 def test_fifo_does_not_backfill_and_sjf_does_not_reserve():
     nodes = [node("n1", 4, free=(2, 3))]
     held = [running("r", "n1", [0, 1], 30, preemptible=False, expected_end=NOW + HOUR)]
