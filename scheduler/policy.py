@@ -30,7 +30,9 @@ Rules every policy keeps:
   backfill (its first blocked job holds back the rest) and `sjf` does not reserve.
 
 Policies (`POLICIES`): `fifo` (submission order), `sjf` (shortest expected job first), `easy`
-(FIFO with EASY backfill), `edf` (earliest deadline first, with backfill), and `ours`:
+(FIFO with EASY backfill), `sjf-easy` (shortest first, with EASY's reservation and backfill: given
+true durations, the simulator's `oracle` reference), `edf` (earliest deadline first, with
+backfill), and `ours`:
 
     ours first takes the jobs (not preemptible) that have waited STARVE_AFTER (3 days) or more, oldest first,
     until one cannot start: that one holds the reservation, so a large job is never overtaken
@@ -60,8 +62,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypedDict, cast, overload
 
-POLICIES = {"fifo", "sjf", "easy", "edf", "ours"}
-POLICY_ORDER = ("fifo", "sjf", "easy", "edf", "ours")  # for tables
+POLICIES = {"fifo", "sjf", "easy", "sjf-easy", "edf", "ours"}
+POLICY_ORDER = ("fifo", "sjf", "easy", "sjf-easy", "edf", "ours")  # for tables
 
 DEFAULT_HALF_LIFE = 7 * 86400.0  # Slurm's default PriorityDecayHalfLife
 PREEMPT_AT_MOST_EVERY = 3600.0  # a job is preempted at most once an hour
@@ -428,7 +430,7 @@ def _order_key(
 ) -> Callable[[QueuedJob], tuple[float | str, ...]]:
     if policy in ("fifo", "easy"):
         return queue_order
-    if policy == "sjf":
+    if policy in ("sjf", "sjf-easy"):
         return lambda j: (j.preemptible, j.expected_seconds, j.submitted_at, j.id)
     if policy == "edf":
         return lambda j: (j.preemptible, INF if j.deadline is None else j.deadline, j.submitted_at, j.id)
@@ -527,7 +529,7 @@ def plan(
     release_of = {r[3]: r for r in releases}
 
     state: _State = {"reservation": None, "blocked": None, "reclaim": None, "room": None}  # reservation: (job, time, {node id: devices})
-    backfill = policy in ("easy", "edf", "ours")
+    backfill = policy in ("easy", "sjf-easy", "edf", "ours")
 
     def consider(job: QueuedJob) -> str:
         """Place the job, have it preempt, reserve for it, or say why it waits. Returns what
@@ -600,6 +602,8 @@ def plan(
                 why = "waiting behind higher-priority jobs (fair share, deadlines)"
             elif policy == "edf":
                 why = "waiting behind jobs with earlier deadlines"
+            elif policy == "sjf-easy":
+                why = "waiting behind shorter jobs"
             else:
                 why = "waiting behind jobs submitted earlier"
             waiting[job.id] = note(job, why)

@@ -110,7 +110,7 @@ def test_the_command_prints_json_and_a_table_of_all_policies(tiny_trace):
     out = StringIO()
     call_command("simulate", trace=str(tiny_trace), gpus=16, policy="all", stdout=out)
     lines = out.getvalue().splitlines()
-    assert [line.split()[0] for line in lines[2:]] == ["fifo", "sjf", "easy", "edf", "ours"]
+    assert [line.split()[0] for line in lines[2:]] == ["fifo", "sjf", "easy", "sjf-easy", "edf", "ours", "oracle"]
 
 
 @pytest.mark.skipif(not (TRACES / "itp_cluster10.csv").exists(), reason="shared/traces is not beside the repository")
@@ -118,11 +118,32 @@ def test_the_small_real_trace_runs_to_the_end_with_every_policy():
     rows = S.read_trace(TRACES / "itp_cluster10.csv")
     assert len(rows) == 260 and rows[0]["job_id"]
     jobs = S.prepare(rows)
-    for name in ("fifo", "sjf", "easy", "edf", "ours"):
+    for name in S.NAMES:
         result = S.simulate(jobs, S.make_nodes(32, 8), name)
         m = S.metrics(result)
         assert result.stuck == [] and m["finished"] == 260, name
         assert 0 < m["utilization"] < 1 and 0 <= m["deadline_satisfaction"] <= 1 and 0 < m["jain_teams"] <= 1
+
+
+def test_the_oracle_is_shortest_first_with_easy_told_the_true_durations():
+    # One GPU; "long" runs 500 s and says 600, "short" runs 100 s and says 1000 (an over-estimate).
+    jobs = [S.TraceJob("long", 0, 1, 500, estimate=600), S.TraceJob("short", 0, 1, 100, estimate=1000)]
+    nodes = S.make_nodes(1, 1)
+    told = S.simulate(jobs, nodes, "sjf-easy").outcomes
+    oracle = S.simulate(jobs, nodes, "oracle").outcomes
+    assert told["long"].first_start == 0 and told["short"].first_start == 500  # the estimates mislead it
+    assert oracle["short"].first_start == 0 and oracle["long"].first_start == 100  # the truth does not
+    assert jobs[1].estimate == 1000  # the caller's jobs are left as they were
+
+
+def test_sjf_easy_reserves_for_the_shortest_blocked_job_where_sjf_does_not():
+    # 2 GPUs, one held until 100 s. "pair" (2 GPUs, shortest) is blocked; "solo" (1 GPU, 1000 s)
+    # would run on the free GPU past 100 s and delay it: sjf lets it, sjf-easy holds it back.
+    jobs = [S.TraceJob("hold", 0, 1, 100), S.TraceJob("pair", 1, 2, 200), S.TraceJob("solo", 2, 1, 1000)]
+    nodes = S.make_nodes(2, 2)
+    assert S.simulate(jobs, nodes, "sjf").outcomes["solo"].first_start == 2
+    easy = S.simulate(jobs, nodes, "sjf-easy").outcomes
+    assert easy["pair"].first_start == 100 and easy["solo"].first_start >= 300
 
 
 def test_a_malformed_trace_is_refused_with_the_column_or_line(tmp_path):

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduler import policy, simulator
+from scheduler import simulator
 
 
 class Command(BaseCommand):
@@ -15,7 +15,7 @@ class Command(BaseCommand):
         parser.add_argument("--trace", required=True, help="the trace CSV file")
         parser.add_argument("--gpus", type=int, default=128, help="GPUs in the simulated pool (default 128)")
         parser.add_argument("--gpus-per-node", type=int, default=8)
-        parser.add_argument("--policy", default="ours", choices=[*policy.POLICY_ORDER, "all"])
+        parser.add_argument("--policy", default="ours", choices=[*simulator.NAMES, "all"])
         parser.add_argument("--seed", type=int, default=0, help="teams, estimate noise and stretched deadlines (default 0)")
         parser.add_argument(
             "--deadlines",
@@ -55,7 +55,7 @@ class Command(BaseCommand):
 
 
 def policy_names(name):
-    return policy.POLICY_ORDER if name == "all" else (name,)
+    return simulator.NAMES if name == "all" else (name,)
 
 
 def dumps(value):
