@@ -6,7 +6,8 @@
    stretched ones (submit + duration x U(1.5, 3), all feasible); then the same on 192 GPUs.
    Teams, estimate noise and stretched deadlines follow scheduler.simulator's docstring (seed 0
    unless --seed): the policy sees estimates (true duration x max(1, lognormal, median 1.5)), the
-   true duration decides when a job ends. Jain's index is over the 8 teams' mean bounded slowdown.
+   true duration decides when a job ends. Jain's index is over the 8 teams' mean bounded slowdown,
+   teams drawn with real clusters' skew (scheduler.simulator: the largest submits about half).
 2. One scheduling pass (policy.plan, texts included) with 10,000 queued jobs over 1,000 GPUs
    (125 nodes x 8, about half busy, a fifth of the running allocations preemptible), timed
    (median of --repeat; target: under 100 ms); and the whole cluster02 trace simulated with ours
@@ -14,7 +15,7 @@
 3. The targets for ours at 128 GPUs, each marked met or NOT met:
    mean JCT <= 1.05 x the oracle's (issue 25: SJF with EASY's reservation, told the true
    durations), <= 0.25 x FIFO's and <= 0.8 x EASY's; deadline satisfaction >= EDF's; utilization
-   >= EASY's - 0.02; Jain's index over teams >= 0.9; longest wait of a 16+ GPU job <= EASY's.
+   >= EASY's - 0.02; Jain's index over teams >= 0.85 (issue 25: skewed teams); longest wait of a 16+ GPU job <= EASY's.
 
 The last line: our mean JCT / FIFO's, and our deadline satisfaction / EDF's (128 GPUs; trace
 deadlines, then stretched).
@@ -190,7 +191,7 @@ def main():
                 ours["deadline_satisfaction"] >= edf["deadline_satisfaction"],
             ),
             (f"utilization {ours['utilization']:.3f} >= EASY's {easy['utilization']:.3f} - 0.02", ours["utilization"] >= easy["utilization"] - 0.02),
-            (f"Jain's index over teams {ours['jain_teams']:.3f} >= 0.9", ours["jain_teams"] >= 0.9),
+            (f"Jain's index over skewed teams {ours['jain_teams']:.3f} >= 0.85", ours["jain_teams"] >= 0.85),
             (
                 f"longest wait of a 16+ GPU job {ours['longest_wait_16plus'] / 3600:.1f} h <= EASY's {easy['longest_wait_16plus'] / 3600:.1f} h",
                 ours["longest_wait_16plus"] <= easy["longest_wait_16plus"],

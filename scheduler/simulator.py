@@ -10,8 +10,12 @@ SimulationError.
 
 What the policy sees and what decides, for a trace (columns in shared/traces/README.md):
 
-- Teams: the trace has none. Job j belongs to team `team{H(seed:j) mod teams}` (H: the first 8
-  hex digits of SHA-256), 8 teams by default: equal teams in expectation, fixed per seed.
+- Teams: a trace's own `team` column where it has one. Otherwise job j is drawn into one of
+  `teams` (8 by default) with the skew real clusters show, a few heavy teams: team k (0-based)
+  with weight (k + 1)^-SKEW, SKEW 1.5, so on 8 teams the largest submits about half the jobs
+  (as on the one real cluster measured) and the smallest about 2%; the draw is u = H(seed:j) /
+  16^8 (H: the first 8 hex digits of SHA-256) through the weights' cumulative sums, fixed per
+  seed. skew=0 gives equal teams in expectation (the old hashing).
 - Expected duration (what the policy sees): the true duration x f, f = max(1, lognormal with
   median 1.5 and sigma 0.5), drawn per job from Random(seed): users over-estimate (a fifth of
   them exactly right, the median by half, one in twenty by 3x or more). The true duration
@@ -101,6 +105,7 @@ def read_trace(path):
                         "num_gpus": int(r["num_gpus"]),
                         "duration_s": float(r["duration_s"]),
                         "deadline_s": float(r["deadline_s"]) if r.get("deadline_s") else None,
+                        "team": (r.get("team") or "").strip() or None,
                     }
                 )
             except (TypeError, ValueError) as error:
@@ -108,11 +113,22 @@ def read_trace(path):
         return rows
 
 
-def team_of(job_id, seed=0, teams=8):
-    return f"team{int(hashlib.sha256(f'{seed}:{job_id}'.encode()).hexdigest()[:8], 16) % teams}"
+SKEW = 1.5  # team k's weight (k + 1)^-SKEW when a trace names no teams
 
 
-def prepare(rows, *, seed=0, teams=8, deadlines="trace", noise=True):
+def team_of(job_id, seed=0, teams=8, skew=SKEW):
+    """The team a trace job without one is drawn into (the module's docstring)."""
+    u = int(hashlib.sha256(f"{seed}:{job_id}".encode()).hexdigest()[:8], 16) / 16**8
+    weights = [(k + 1) ** -skew for k in range(teams)]
+    total, acc = sum(weights), 0.0
+    for k, w in enumerate(weights):
+        acc += w / total
+        if u < acc:
+            return f"team{k}"
+    return f"team{teams - 1}"
+
+
+def prepare(rows, *, seed=0, teams=8, deadlines="trace", noise=True, skew=SKEW):
     """TraceJobs from trace rows, with teams, noisy estimates and deadlines as the module says."""
     if deadlines not in ("trace", "stretched", "none"):
         raise ValueError(f"deadlines: trace, stretched or none, not {deadlines!r}")
@@ -131,7 +147,7 @@ def prepare(rows, *, seed=0, teams=8, deadlines="trace", noise=True):
                 duration=d,
                 estimate=d * factor,
                 deadline=deadline,
-                team=team_of(r["job_id"], seed, teams),
+                team=r.get("team") or team_of(r["job_id"], seed, teams, skew),
             )
         )
     return jobs
@@ -428,9 +444,10 @@ def metrics(result):
     first = min(j.submit for j in result.jobs)
     makespan = max(o[j.id].finish for j in done) - first
     with_deadline = [j for j in done if j.deadline is not None]
-    per_team = {}
+    per_team, gpu_seconds = {}, {}
     for j, s in zip(done, slow):
         per_team.setdefault(j.team, []).append(s)
+        gpu_seconds[j.team] = gpu_seconds.get(j.team, 0.0) + j.gpus * j.duration
     big = [w for j, w in zip(done, wait) if j.gpus >= 16]
     out.update(
         mean_jct=statistics.fmean(jct),
@@ -443,6 +460,12 @@ def metrics(result):
         utilization=sum(j.gpus * j.duration for j in done) / (result.gpus * makespan) if makespan > 0 else float("nan"),
         deadline_satisfaction=(sum(1 for j in with_deadline if o[j.id].finish <= j.deadline + 1e-6) / len(with_deadline) if with_deadline else float("nan")),
         jain_teams=jain([statistics.fmean(v) for v in per_team.values()]),
+        # Each team's jobs, mean bounded slowdown and share of the GPU-hours run (its entitlement:
+        # an equal share, 1 / teams), largest first.
+        teams={
+            t: {"jobs": len(v), "mean_bounded_slowdown": statistics.fmean(v), "gpu_hour_share": gpu_seconds[t] / sum(gpu_seconds.values())}
+            for t, v in sorted(per_team.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        },
         longest_wait_16plus=max(big) if big else float("nan"),
         preemptions=sum(o[j.id].preemptions for j in done),
         plans=result.plans,
@@ -482,6 +505,11 @@ def describe(m):
         f"utilization: {m['utilization']:.3f}",
         f"deadline satisfaction: {m['deadline_satisfaction']:.3f}",
         f"Jain's index over teams (x = mean bounded slowdown): {m['jain_teams']:.3f}",
+        *(
+            f"  {t}: {v['jobs']} jobs, mean bounded slowdown {v['mean_bounded_slowdown']:.2f}, "
+            f"{v['gpu_hour_share']:.1%} of the GPU-hours (entitled to {1 / len(m['teams']):.1%})"
+            for t, v in m["teams"].items()
+        ),
         f"longest wait of a job of 16+ GPUs: {m['longest_wait_16plus']:.0f} s ({m['longest_wait_16plus'] / h:.1f} h)",
         f"preemptions: {m['preemptions']}; scheduling passes: {m['plans']}; simulated in {m['wall_seconds']:.1f} s",
     ]

@@ -246,16 +246,32 @@ def test_a_deadline_that_can_no_longer_be_met_is_flagged_and_does_not_jump_the_q
     assert ids(alone) == ["late"] and alone.infeasible == {"late"}
 
 
-def test_a_job_that_waited_for_days_goes_first_and_holds_the_reservation():
+def test_a_job_that_waited_past_its_patience_goes_first_and_holds_the_reservation():
     nodes = [node("n1", 4, free=(1, 2, 3))]
     held = [running("r", "n1", [0], 30, preemptible=False, expected_end=NOW + HOUR)]
-    old = job("old-big", 4, (policy.STARVE_AFTER + HOUR) / MIN, expected_seconds=20 * HOUR)
+    old = job("old-big", 4, 21 * HOUR / MIN, expected_seconds=20 * HOUR)  # its patience: its 20 h
     small = job("small", 1, 1, expected_seconds=2 * HOUR)
     result = plan([old, small], nodes, held, NOW)
     assert ids(result) == [] and result.reservations == {"old-big": NOW + HOUR}
     # Younger, it would be the larger job and the small one would start.
-    young = job("young-big", 4, 60, expected_seconds=20 * HOUR)
+    young = job("young-big", 4, 19 * HOUR / MIN, expected_seconds=20 * HOUR)
     assert ids(plan([young, small], nodes, held, NOW)) == ["small"]
+    # However long a job, three days is the most it waits before it is protected.
+    assert policy.patience(job("x", 1, 0, expected_seconds=30 * 86400)) == policy.STARVE_CAP == 3 * 86400
+    assert policy.patience(job("y", 1, 0, expected_seconds=60)) == policy.STARVE_MIN == 2 * HOUR
+
+
+def test_one_starving_job_is_protected_at_a_time_the_rest_stay_shortest_first():
+    """Where waits run to days most of the queue has waited long: protecting every such job,
+    oldest first, was FIFO. One goes first (the most times past its patience); the rest keep
+    their order, so a short job still passes a long one that waited longer."""
+    nodes = [node("n1", 2)]
+    queue = [
+        job("old-1", 1, 96 * HOUR / MIN, expected_seconds=50 * HOUR),  # 1.92x its patience
+        job("old-2", 1, 84 * HOUR / MIN, expected_seconds=50 * HOUR),  # 1.68x
+        job("short", 1, 10, expected_seconds=HOUR),
+    ]
+    assert sorted(ids(plan(queue, nodes, [], NOW))) == ["old-1", "short"]
 
 
 def test_gangs_go_best_fit_and_keep_whole_nodes_free():

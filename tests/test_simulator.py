@@ -2,6 +2,7 @@
 
 import json
 import math
+from collections import Counter
 from io import StringIO
 from pathlib import Path
 
@@ -74,6 +75,30 @@ def test_prepare_is_seeded_and_documents_its_noise():
     stretched = S.prepare(rows, seed=3, deadlines="stretched")
     assert all(1.5 * 1000 <= j.deadline - j.submit <= 3 * 1000 for j in stretched)
     assert [j.estimate for j in stretched] == [j.estimate for j in a]  # same noise whatever the deadlines
+
+
+def test_teams_come_from_the_trace_or_are_drawn_with_a_few_heavy_ones():
+    rows = [{"job_id": f"j{i}", "submit_time_s": float(i), "num_gpus": 1, "duration_s": 100.0} for i in range(4000)]
+    shares = Counter(j.team for j in S.prepare(rows, seed=1))
+    assert 0.45 < shares["team0"] / 4000 < 0.58  # the largest submits about half
+    assert shares["team0"] > shares["team1"] > shares["team2"] > shares["team7"] > 0.01 * 4000
+    even = Counter(j.team for j in S.prepare(rows, seed=1, skew=0))
+    assert max(even.values()) / min(even.values()) < 1.3  # skew 0: the old equal hashing
+    named = S.prepare([{**rows[0], "team": "vision"}, rows[1]], seed=1)
+    assert named[0].team == "vision" and named[1].team.startswith("team")
+
+
+def test_a_trace_s_team_column_is_read_and_fairness_is_reported_per_team(tmp_path):
+    path = tmp_path / "teams.csv"
+    path.write_text("job_id,submit_time_s,num_gpus,duration_s,team\na,0,2,100,heavy\nb,0,2,100,heavy\nc,0,2,100,light\n")
+    jobs = S.prepare(S.read_trace(path))
+    assert [j.team for j in jobs] == ["heavy", "heavy", "light"]
+    m = S.metrics(S.simulate(jobs, S.make_nodes(2, 2), "fifo"))
+    assert list(m["teams"]) == ["heavy", "light"]  # the largest first
+    assert m["teams"]["heavy"]["jobs"] == 2 and m["teams"]["heavy"]["gpu_hour_share"] == pytest.approx(2 / 3)
+    assert m["teams"]["light"]["mean_bounded_slowdown"] == pytest.approx(3.0)  # waited 200 s for a 100 s job
+    text = "\n".join(S.describe(m))
+    assert "heavy: 2 jobs, mean bounded slowdown 1.50, 66.7% of the GPU-hours (entitled to 50.0%)" in text
 
 
 @pytest.fixture
