@@ -1,14 +1,15 @@
 """The one address policy for every URL the network itself calls: a team's bucket endpoint (the
-scanner and the runners' staging read it) and a team's webhooks (the notification worker POSTs
-to them), and anything added later.
+scanner and the runners' staging read it), a team's webhooks (the notification worker POSTs
+to them) and a team's experiment tracker (tracking.worker sends its jobs' runs there), and
+anything added later.
 
 Left open, a team could point them at internal addresses (the database, the network's own
 metrics, a cloud's metadata service, a runner's neighbours) and learn from the answers, errors
 or delivery log what is there. So such a URL must be at a public address, unless the network's
 operators allow its host or network in the allow-list of its purpose (PURPOSES: a MinIO of
-their own in E31_S3_ENDPOINT_ALLOW, an internal receiver in E31_WEBHOOK_ALLOW). The lists are
-kept apart: allowing the operators' MinIO as a bucket endpoint does not let a team's webhook
-POST to it.
+their own in E31_S3_ENDPOINT_ALLOW, an internal receiver in E31_WEBHOOK_ALLOW, an internal
+MLflow server in E31_TRACKER_ALLOW). The lists are kept apart: allowing the operators' MinIO
+as a bucket endpoint does not let a team's webhook POST to it.
 
 The decision (refusal) is a pure function of the host, the addresses it resolves to and the
 allow-list; check_url resolves the host and applies it. It is asked when a URL is saved and
@@ -33,6 +34,7 @@ class Purpose(NamedTuple):
 PURPOSES = {
     "s3": Purpose("E31_S3_ENDPOINT_ALLOW", "the endpoint", "a bucket's endpoint must be at a public address"),
     "webhook": Purpose("E31_WEBHOOK_ALLOW", "the webhook", "a webhook must be at a public address"),
+    "tracker": Purpose("E31_TRACKER_ALLOW", "the tracker", "an experiment tracker must be at a public address"),
 }
 
 

@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "sweeps",
     "billing",
     "notifications",
+    "tracking",
 ]
 
 MIDDLEWARE = [
@@ -369,6 +370,19 @@ except ValueError as _error:
     raise ImproperlyConfigured(f"E31_WEBHOOK_ALLOW: {_error}") from None
 E31_NOTIFY_RETRY_SECONDS = env_float("E31_NOTIFY_RETRY_SECONDS", 30.0, minimum=0.0)  # doubled after each failure
 E31_NOTIFY_MAX_ATTEMPTS = env_int("E31_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
+# A team's experiment tracker (tracking/): an MLflow tracking server each job is sent to as a
+# run, by a worker thread of the scheduler. Its address passes the same policy as webhooks, with
+# an allow-list of its own (E31_TRACKER_ALLOW, in the form of E31_S3_ENDPOINT_ALLOW). A failed
+# delivery is retried after RETRY seconds, doubled each time up to RETRY_MAX, for as long as it
+# takes: the outbox loses nothing while a tracker is down.
+E31_TRACKER_ALLOW = env_list("E31_TRACKER_ALLOW", [])
+try:
+    _endpoints.parse_allow_list(E31_TRACKER_ALLOW)
+except ValueError as _error:
+    raise ImproperlyConfigured(f"E31_TRACKER_ALLOW: {_error}") from None
+E31_TRACKER_TIMEOUT_SECONDS = env_float("E31_TRACKER_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+E31_TRACKER_RETRY_SECONDS = env_float("E31_TRACKER_RETRY_SECONDS", 5.0, minimum=0.0)
+E31_TRACKER_RETRY_MAX_SECONDS = env_float("E31_TRACKER_RETRY_MAX_SECONDS", 300.0, minimum=0.0)
 DEFAULT_FROM_EMAIL = env_str("E31_EMAIL_FROM", "E31 Network <noreply@localhost>")
 # Email: printed to the console by default; EMAIL_URL (smtp://user:password@host:587, with
 # ?tls=1, or smtps:// for SSL) or EMAIL_HOST (with EMAIL_PORT, EMAIL_HOST_USER,

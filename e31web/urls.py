@@ -16,6 +16,7 @@ urlpatterns = [
     path("billing/", include("billing.urls")),
     path("api/", include("e31web.api_urls")),
     path("notifications/", include("notifications.urls")),
+    path("tracking/", include("tracking.urls")),
     path("ops/", include("scheduler.ops.urls")),
     path("metrics", ops_views.metrics, name="metrics"),
     path("admin/", admin.site.urls),

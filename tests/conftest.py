@@ -69,7 +69,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "bench: runs a benchmark (bench/*.py) in its --quick mode, or a long round trip of the scripts around it (a wheelhouse installed offline; "
-        "bench/gpu_check.py on the CPU): once, in bin/test's PostgreSQL lane once that pass is done, beside the longer SQLite pass",
+        "bench/gpu_check.py on the CPU, a real MLflow server, a sweep of recipe runs): once, in bin/test's PostgreSQL lane once that pass is done, beside the longer SQLite pass",
     )
 
 

@@ -33,6 +33,7 @@ from jobs.models import Artifact, Checkpoint, Job
 from notifications.models import Webhook
 from tests.api_world import make_world
 from tests.conftest import make_job
+from tracking.models import Tracker
 
 TEAM, OWNER, STAFF, PUBLIC = "team", "owner", "staff", "public"
 
@@ -82,6 +83,9 @@ ACCESS = {
     "notifications:webhook_delete": OWNER,
     "notifications:webhook_rotate": OWNER,
     "notifications:webhook_test": OWNER,
+    # The team's experiment tracker: members see it and its deliveries; the owner changes it
+    "tracking:tracker": {"GET": TEAM, "POST": OWNER},
+    "tracking:tracker_remove": OWNER,
     # The network's operators: the pool page, and its Prometheus metrics (a staff token or session)
     "ops:pool": STAFF,
     "metrics": STAFF,
@@ -135,7 +139,7 @@ ACCESS = {
     "sweeps:rerun": TEAM,
 }
 PERSONAS = ["owner", "member", "outsider", "anonymous"]
-LAST = {"notifications:webhook_delete"}  # routes that take away what the others need: called last
+LAST = {"notifications:webhook_delete", "tracking:tracker_remove"}  # routes that take away what the others need: called last
 REFUSED = (401, 403, 404)
 
 
@@ -188,6 +192,9 @@ def world(alice, rate, storage_dir):
     key, size, sha256 = get_storage().save_blob(io.BytesIO(json.dumps(result).encode()))
     Artifact.objects.create(job=world.evaluation, name=EVALUATION_FILE, key=key, size=size, sha256=sha256)
     world.webhook = Webhook.objects.create(team=alice.membership.team, url="https://hooks.example/zanzibar", created_by=alice)
+    world.tracker = Tracker(team=alice.membership.team, url="https://mlflow.example/zanzibar", created_by=alice)
+    world.tracker.set_token("mlflow-token-zanzibar")
+    world.tracker.save()
     return world
 
 
@@ -248,7 +255,7 @@ def expectation(access, persona, name, has_object):
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_every_route_answers_each_persona_as_the_table_says(world, persona_client, persona):
     client, key = persona_client(persona)
-    secrets = [*world.secrets(), world.webhook.url, str(world.webhook.pk)]
+    secrets = [*world.secrets(), world.webhook.url, str(world.webhook.pk), world.tracker.url]
     checked = 0
     # Reads first, then the calls that change things (a cancel, a seal), so each read sees the
     # world as made.
@@ -281,6 +288,7 @@ def test_every_route_answers_each_persona_as_the_table_says(world, persona_clien
                     assert secret not in text, f"{where}: the answer names {secret!r}: {text[:300]}"
             if method == "GET":  # (a rotation shows its new secret once, after the POST)
                 assert world.webhook.secret not in text, f"{where}: a webhook's secret is shown again"
+            assert "mlflow-token-zanzibar" not in text, f"{where}: the tracker's token is shown"
             checked += 1
     assert checked >= 70
 

@@ -21,7 +21,8 @@ from sweeps.models import Sweep, Trial
 from tests.conftest import make_job
 from tests.test_sweeps import run_sweep
 
-pytestmark = [pytest.mark.runs_jobs, pytest.mark.timeout(400), pytest.mark.django_db(transaction=True)]
+# A sweep of real recipe runs (a minute or so): once, in bin/test's lane beside the SQLite pass.
+pytestmark = [pytest.mark.bench, pytest.mark.runs_jobs, pytest.mark.timeout(400), pytest.mark.django_db(transaction=True)]
 
 SPACE = {
     "lr": {"type": "float", "low": 1e-4, "high": 0.5, "log": True},

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TrackingConfig(AppConfig):
+    name = "tracking"
+    default_auto_field = "django.db.models.BigAutoField"
