@@ -90,6 +90,11 @@ class Job(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=300, blank=True)
     wait_reason = models.CharField(max_length=300, blank=True)
+    # How long the scheduler expects it to hold its devices, learned once while it is queued from
+    # the team's earlier runs of the same work (scheduler.durations): the seconds, and how many
+    # runs they were learned from (0: none; null: not looked at yet).
+    learned_seconds = models.FloatField(null=True, blank=True)
+    learned_from = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=500, blank=True, help_text="why the job ended as it did")
     restarts = models.PositiveIntegerField(default=0, help_text="times the job went back to the queue")

@@ -18,9 +18,9 @@ from billing.budget_service import Rates, remaining_allowance
 from billing.models import NoRateInForce, Rate, UsageRecord
 from jobs import lineage, states
 from jobs.manifest import job_manifest, manifest_digests
-from jobs.models import Job
+from jobs.models import Job, Upload
 from jobs.packages import packages_digest, requirements_of
-from scheduler import policy
+from scheduler import durations, policy
 from scheduler.allocations import preempt, running_allocations, stamp
 from scheduler.holds import budget_holds
 from scheduler.models import Allocation, CachedBlob, Node, Staging
@@ -40,6 +40,37 @@ def expected_seconds(request, rate, held_before=0):
     return float(max(60, min(limit, meter.MAX_HELD_SECONDS) - held_before))
 
 
+def learn_durations(jobs):
+    """Learn, once per job, how long these queued jobs will hold their devices from their
+    teams' earlier runs of the same work that succeeded (scheduler.durations); stored on the
+    jobs (learned_seconds, learned_from), so a cycle reads history only for jobs new to it."""
+    jobs = [j for j in jobs if j.learned_from is None]
+    if not jobs:
+        return
+    past = list(
+        Job.objects.filter(state=states.SUCCEEDED, team_id__in={j.team_id for j in jobs}, name__in={j.name for j in jobs})
+        .annotate(held=Sum("usage__held_seconds"))
+        .order_by("-finished_at")
+        .only("pk", "team_id", "name", "entrypoint", "config", "hyperparameters", "args", "gpus")[: durations.KEPT * 50]
+    )
+    code = {}
+    for job_id, sha256 in Upload.objects.filter(job__in=[*jobs, *past], role=Upload.CODE).order_by("sha256").values_list("job_id", "sha256"):
+        code[job_id] = f"{code.get(job_id, '')}{sha256}"
+
+    def key(job):
+        work = code.get(job.pk) or job.entrypoint  # its code, or the recipe it runs
+        return job.team_id, durations.work_key(name=job.name, code=work, config=job.config, hyperparameters=job.hyperparameters, args=job.args, gpus=job.gpus)
+
+    held = {}
+    for run in reversed(past):  # oldest first, as learned_seconds reads them
+        if run.held:
+            held.setdefault(key(run), []).append(float(run.held))
+    for job in jobs:
+        runs = held.get(key(job), [])[-durations.KEPT :]
+        job.learned_seconds, job.learned_from = durations.learned_seconds(runs), len(runs)
+        Job.objects.filter(pk=job.pk).update(learned_seconds=job.learned_seconds, learned_from=job.learned_from)
+
+
 def queued_jobs(now=None, staged=True):
     """The queue as the policy sees it. staged=False: as if every job's data were staged (for
     predictions, which look past the staging)."""
@@ -55,8 +86,11 @@ def queued_jobs(now=None, staged=True):
     # A gang requeued while one of its nodes still holds devices (a lost node not yet declared
     # so) waits until every part is released: a job never holds two gangs.
     holding = Allocation.objects.filter(ended_at__isnull=True).values("job_id")
-    for job in Job.objects.filter(ready, state=states.QUEUED).exclude(pk__in=holding).order_by("created_at"):
+    jobs = list(Job.objects.filter(ready, state=states.QUEUED).exclude(pk__in=holding).order_by("created_at"))
+    learn_durations(jobs)
+    for job in jobs:
         held_before = job.held(now)[0] - job.credited()[0] if job.restarts else 0
+        declared = expected_seconds(job.meter_request(), rates.for_job(job), held_before)
         queue.append(
             policy.QueuedJob(
                 id=str(job.pk),
@@ -65,7 +99,7 @@ def queued_jobs(now=None, staged=True):
                 gpu_type=job.gpu_type,
                 not_before=stamp(job.not_before),
                 deadline=stamp(job.deadline),
-                expected_seconds=expected_seconds(job.meter_request(), rates.for_job(job), held_before),
+                expected_seconds=durations.expected_seconds(declared, job.learned_seconds, held_before),
                 team=str(job.team_id),
                 preemptible=job.preemptible,
                 staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED) if staged else None,

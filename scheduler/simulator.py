@@ -42,6 +42,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 
+from scheduler import durations
 from scheduler import policy as P
 
 INF = math.inf
@@ -467,6 +468,8 @@ def metrics(result):
             for t, v in sorted(per_team.items(), key=lambda kv: (-len(kv[1]), kv[0]))
         },
         longest_wait_16plus=max(big) if big else float("nan"),
+        # How far what the policy was told is from the truth: (median, p90) of estimate / duration.
+        estimate_accuracy=durations.accuracy((j.estimate if j.estimate is not None else j.duration, j.duration) for j in done),
         preemptions=sum(o[j.id].preemptions for j in done),
         plans=result.plans,
         wall_seconds=result.wall_seconds,
@@ -511,6 +514,7 @@ def describe(m):
             for t, v in m["teams"].items()
         ),
         f"longest wait of a job of 16+ GPUs: {m['longest_wait_16plus']:.0f} s ({m['longest_wait_16plus'] / h:.1f} h)",
+        "estimates / true durations: median {:.2f}, p90 {:.2f}".format(*m["estimate_accuracy"]),
         f"preemptions: {m['preemptions']}; scheduling passes: {m['plans']}; simulated in {m['wall_seconds']:.1f} s",
     ]
 

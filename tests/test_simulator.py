@@ -122,6 +122,7 @@ def test_the_command_prints_the_metrics(tiny_trace):
         "deadline satisfaction",
         "Jain's index over teams",
         "longest wait of a job of 16+ GPUs",
+        "estimates / true durations: median",
     ):
         assert words in text
 

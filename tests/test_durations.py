@@ -1,0 +1,66 @@
+"""Learned durations (issue 25): a queued job's expected hold comes from its team's earlier runs
+of the same work, never past its declared limit, learned once per job."""
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from billing import meter
+from billing.models import UsageRecord
+from jobs.models import Job
+from scheduler import durations, services
+from scheduler.models import Allocation, Node
+from tests.conftest import make_job
+
+STARTED = datetime(2026, 11, 3, tzinfo=UTC)
+
+
+@pytest.mark.nodb
+def test_the_learned_duration_is_a_high_quantile_of_the_last_runs_and_never_past_the_limit():
+    assert durations.learned_seconds([600.0]) is None  # one run says too little
+    assert durations.learned_seconds([600.0, 700.0, 800.0]) == pytest.approx(760.0)  # 0.8 quantile
+    many = [10_000.0] * 5 + [100.0] * durations.KEPT  # only the last KEPT count
+    assert durations.learned_seconds(many) == pytest.approx(100.0)
+    assert durations.expected_seconds(3600.0, None) == 3600.0  # nothing learned: the declared limit
+    assert durations.expected_seconds(3600.0, 760.0) == 760.0
+    assert durations.expected_seconds(500.0, 760.0) == 500.0  # never past the limit
+    assert durations.expected_seconds(3600.0, 760.0, held_before=740.0) == 60.0  # requeued: what is left, a minute at least
+    same = {"name": "n", "code": "abc", "config": {"a": 1, "b": 2}, "hyperparameters": {}, "args": [], "gpus": 1}
+    assert durations.work_key(**same) == durations.work_key(**{**same, "config": {"b": 2, "a": 1}})
+    for change in ({"name": "m"}, {"code": "abd"}, {"config": {"a": 2}}, {"args": ["--x"]}, {"gpus": 2}):
+        assert durations.work_key(**same) != durations.work_key(**{**same, **change})
+    assert durations.accuracy([(120.0, 100.0), (100.0, 100.0), (300.0, 100.0)]) == (pytest.approx(1.2), pytest.approx(2.64))
+    assert durations.accuracy([]) is None
+
+
+def ran(user, node, held, **fields):
+    job = make_job(user, name="digits", span_hours=Decimal("10"), **fields)
+    allocation = Allocation.objects.create(
+        job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=STARTED, ended_at=STARTED + timedelta(seconds=held)
+    )
+    UsageRecord.objects.create(
+        team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=STARTED, ended_at=STARTED + timedelta(seconds=held),
+        held_seconds=held, rate=Decimal("2.40"), amount=meter.charge(1, held, Decimal("2.40")),
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(state="succeeded", finished_at=STARTED + timedelta(seconds=held))
+    return job
+
+
+@pytest.mark.django_db
+def test_a_queued_job_is_expected_to_hold_what_the_same_work_held_before(alice, rate, django_assert_max_num_queries):
+    node = Node.objects.create(name="n", device_type="cpu", devices=4)
+    for held in (600, 700, 800):
+        ran(alice, node, held, config={"epochs": 3})
+    ran(alice, node, 5000, config={"epochs": 30})  # other work: not counted
+    again = make_job(alice, name="digits", span_hours=Decimal("10"), config={"epochs": 3})
+    other = make_job(alice, name="digits", span_hours=Decimal("10"), config={"epochs": 300})
+    expected = {q.id: q.expected_seconds for q in services.queued_jobs(staged=False)}
+    assert expected[str(again.pk)] == pytest.approx(760.0)  # learned from 3 runs
+    assert expected[str(other.pk)] == 36000.0  # never ran: its declared span
+    again.refresh_from_db()
+    assert (again.learned_seconds, again.learned_from) == (pytest.approx(760.0), 3)
+    # Learned once: the next cycles read no history.
+    with django_assert_max_num_queries(12) as seen:
+        services.queued_jobs(staged=False)
+    assert not any("usagerecord" in q["sql"].lower() for q in seen.captured_queries)
