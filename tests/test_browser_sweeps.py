@@ -116,3 +116,19 @@ def test_a_sweep_is_started_from_a_job_s_page_and_an_experiment_compares_its_run
     page.fill("#id_space", "lr: {type: float, low: 0.001, high: 1, log: true}")
     page.get_by_role("button", name="Start the sweep").click()
     expect(page.locator("h1")).to_contain_text("Sweep digits-lr")
+
+
+def test_the_team_registers_its_tracker_and_a_refused_address_says_why(page, system):
+    """Settings -> Experiment tracker: an address inside the network is refused beside the field,
+    what was written kept and the token never shown back. Screenshot: tracker.png."""
+    log_in(page)
+    page.locator(".topbar").get_by_role("link", name="Settings").click()
+    page.locator("#tracker").get_by_role("link", name="experiment tracker").click()
+    expect(page.locator("h1")).to_contain_text("Experiment tracker")
+    page.fill("#id_url", "http://127.0.0.1:5000")
+    page.fill("#id_token", "mlflow-secret-token")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator("#tracker-form")).to_contain_text("must be at a public address")
+    expect(page.locator("#id_url")).to_have_value("http://127.0.0.1:5000")
+    expect(page.locator("#id_token")).to_have_value("")  # a secret is never sent back to the page
+    shot(page, "tracker.png")
