@@ -1,20 +1,24 @@
-"""How long issuing a month's invoices takes, and how many SQL queries each invoice costs.
+"""How long issuing a month's invoices takes, and how many SQL queries it costs.
 
 On a fresh PostgreSQL database (CREATE DATABASE e31_bench_..., migrated with manage.py
 migrate, dropped at the end), --teams teams get --records usage records in October 2026 over
 jobs of a random number each (so invoices have from a few lines to many), every job with a
-staging row (bulk_create throughout). Then each team's invoice is issued, as `manage.py
-invoices --month 2026-10` does, one team at a time, timed and with its queries counted
-(django.test.utils.CaptureQueriesContext): the count must not grow with the lines.
+staging row (bulk_create throughout). Then the month is issued as `manage.py invoices --month
+2026-10` does (invoice_service.invoice_month: teams in chunks, each chunk in one transaction and
+a fixed number of queries), timed, its queries counted per chunk: the count must be the same for
+every full chunk, however many records or lines a chunk holds. First, for comparison, the first
+SAMPLED teams are issued one at a time (invoice_team_month, as before the batching), listed by
+django.test.utils.CaptureQueriesContext and timed apart.
 
-The last line is the ratio of the total time to the time of one aggregate SQL query over the
-same records (sums per team and job, the figures an invoice needs). It exits 1 if the queries per
-invoice are not the same for every invoice.
+The last line is the milliseconds per invoice of the month issued in chunks (the issue's budget:
+5 ms for 1,000 teams and 100,000 records). It exits 1 if the queries per chunk are not the same
+for every full chunk, if one team's invoice costs more queries than a chunk does, or if issuing
+the month again issues anything.
 
     .venv/bin/python bench/invoicing.py [--teams 1000] [--records 100000] [--keep] [--quick]
 
---quick (CI: the benchmark still works, in about 6 s): 30 teams, 600 records (the first 20 teams'
-queries listed, the other 10 timed); the figures are meaningless.
+--quick (CI: the benchmark still works, in about 6 s): 30 teams, 600 records, in chunks of 3
+teams (the first 20 teams issued one at a time); the figures are meaningless.
 """
 
 import argparse
@@ -31,7 +35,7 @@ from decimal import Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLED = 20  # teams whose queries CaptureQueriesContext lists (and which are not timed)
+SAMPLED = 20  # teams issued one at a time first (their queries listed by CaptureQueriesContext)
 sys.path.insert(0, str(ROOT))
 ADMIN_URL = os.environ.get("E31_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
 UTC = UTC
@@ -140,7 +144,7 @@ def populate(teams, records, seed=31):
     return team_rows
 
 
-def run(teams, records):
+def run(teams, records, chunk):
     import django
 
     django.setup()
@@ -150,8 +154,9 @@ def run(teams, records):
 
     from accounts.models import Team
     from billing import invoice_service
-    from billing.models import Invoice, UsageRecord
+    from billing.models import Invoice, InvoiceLine, UsageRecord
 
+    chunk = chunk or invoice_service.CHUNK
     t0 = time.perf_counter()
     populate(teams, records)
     with connection.cursor() as cursor:
@@ -159,35 +164,40 @@ def run(teams, records):
     print(f"populated {teams} teams, {UsageRecord.objects.count()} usage records in {time.perf_counter() - t0:.1f} s")
 
     now = datetime(2026, 11, 2, tzinfo=UTC)
-    timings, queries, lines, checked = [], [], [], []
     counted = [0]
 
     def count(execute, sql, params, many, context):
         counted[0] += 1
         return execute(sql, params, many, context)
 
+    # One team at a time, for comparison (the first SAMPLED teams by name).
+    single, single_queries = [], []
+    for team in Team.objects.order_by("name")[:SAMPLED]:
+        connection.queries_log.clear()  # the log keeps 9,000 queries: count from empty
+        with CaptureQueriesContext(connection) as captured:
+            t = time.perf_counter()
+            invoice_service.invoice_team_month(team, 2026, 10, now=now)
+            single.append(time.perf_counter() - t)
+        single_queries.append(len(captured.captured_queries))
+
+    # The month: chunk boundaries are seen from on_invoice, called for each invoice of a chunk
+    # once it has committed.
+    at_chunk_end = []
+
+    def seen(invoice):
+        if not at_chunk_end or at_chunk_end[-1] != counted[0]:
+            at_chunk_end.append(counted[0])
+
+    counted[0] = 0
     started = time.perf_counter()
     with connection.execute_wrapper(count):
-        for i, team in enumerate(Team.objects.order_by("name")):
-            counted[0] = 0
-            if i < SAMPLED:
-                # CaptureQueriesContext turns on the debug cursor, which formats every query's
-                # parameters (slow): it checks the cheap counter on the first teams only.
-                connection.queries_log.clear()  # the log keeps 9,000 queries: count from empty
-                with CaptureQueriesContext(connection) as captured:
-                    invoice = invoice_service.invoice_team_month(team, 2026, 10, now=now)
-                checked.append((len(captured.captured_queries), counted[0]))
-            else:
-                t = time.perf_counter()
-                invoice = invoice_service.invoice_team_month(team, 2026, 10, now=now)
-                timings.append(time.perf_counter() - t)
-            queries.append(counted[0])
-            lines.append(invoice.lines.count())
-            counted[0] = 0
+        made = invoice_service.invoice_month(2026, 10, now=now, on_invoice=seen, chunk=chunk)
     total = time.perf_counter() - started
+    month_queries = counted[0]
     again = time.perf_counter()
-    assert invoice_service.invoice_month(2026, 10, now=now) == []
+    repeated = invoice_service.invoice_month(2026, 10, now=now)
     idempotent = time.perf_counter() - again
+    per_chunk = [b - a for a, b in zip([0, *at_chunk_end], at_chunk_end, strict=False)]
 
     # The figures an invoice needs, for every team at once, in one SQL query (raw: no model
     # instances, no Decimal conversion by the ORM).
@@ -206,28 +216,31 @@ def run(teams, records):
         aggregate_times.append(time.perf_counter() - t)
     aggregate = statistics.median(aggregate_times)
 
-    if not timings:  # a run of SAMPLED teams or fewer: time the sampled ones after all
-        timings = [total / len(queries)]
     issued = Invoice.objects.filter(state=Invoice.ISSUED).count()
-    by_lines = sorted(zip(lines, queries))
-    few, many = by_lines[: len(by_lines) // 10 or 1], by_lines[-(len(by_lines) // 10 or 1) :]
-    print(f"issued {issued} invoices, {sum(lines)} lines ({min(lines)}..{max(lines)} per invoice) in {total:.2f} s")
+    lines = InvoiceLine.objects.filter(invoice__in=made).values("invoice").annotate(n=Count("id")).values_list("n", flat=True)
+    per_invoice = total / max(1, len(made))
+    full = per_chunk[1:-1] if len(made) % chunk else per_chunk[1:]  # the first also counts finding the teams
     print(
-        f"time per invoice: median {statistics.median(timings) * 1000:.1f} ms, "
-        f"p90 {sorted(timings)[int(len(timings) * 0.9)] * 1000:.1f} ms, max {max(timings) * 1000:.1f} ms"
+        f"one team at a time (invoice_team_month), first {len(single)} teams: median {statistics.median(single) * 1000:.1f} ms, queries {sorted(set(single_queries))} per invoice (CaptureQueriesContext, with BEGIN and COMMIT)"
     )
     print(
-        f"SQL queries per invoice: min {min(queries)}, max {max(queries)}; "
-        f"fewest-lines tenth {statistics.mean(q for _, q in few):.1f} (~{statistics.mean(n for n, _ in few):.0f} lines), "
-        f"most-lines tenth {statistics.mean(q for _, q in many):.1f} (~{statistics.mean(n for n, _ in many):.0f} lines)"
+        f"issued {issued} invoices; the month in chunks of {chunk}: {len(made)} invoices, {sum(lines)} lines ({min(lines)}..{max(lines)} per invoice) in {total:.2f} s"
     )
     print(
-        f"CaptureQueriesContext on the first {len(checked)} invoices: {sorted({c for c, _ in checked})} queries (it also lists BEGIN and COMMIT; counter: {sorted({n for _, n in checked})})"
+        f"SQL queries: {month_queries} for the month ({month_queries / max(1, len(made)):.3f} per invoice); per chunk {per_chunk} (the first also finds the teams; the lines go by one COPY each)"
     )
     print(f"re-running the month (idempotent, nothing to issue): {idempotent:.2f} s")
     print(f"one aggregate SQL query over the same records (sums per team and job, {len(rows)} rows): {aggregate * 1000:.1f} ms (median of 5)")
-    print(f"ratio of total invoicing time to the aggregate query: {total / aggregate:.1f}")
-    return max(queries) == min(queries) and all(c == n + 2 for c, n in checked)
+    print(f"ratio of the month's invoicing time to the aggregate query: {total / aggregate:.1f}")
+    print(f"milliseconds per invoice (the month in chunks, {len(made)} invoices): {per_invoice * 1000:.2f}")
+    problems = []
+    if len(set(full)) > 1:
+        problems.append(f"the SQL queries per chunk are not the same for every full chunk: {per_chunk}")
+    if per_chunk and max(single_queries) - 2 > max(per_chunk):
+        problems.append("one team's invoice costs more queries than a chunk of teams")
+    if repeated:
+        problems.append(f"issuing the month again issued {len(repeated)} invoices")
+    return problems
 
 
 def main():
@@ -235,10 +248,12 @@ def main():
     parser.add_argument("--teams", type=int, default=1000)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--keep", action="store_true", help="keep the database")
-    parser.add_argument("--quick", action="store_true", help=f"30 teams, 600 records (CI: the benchmark still works; {SAMPLED} teams sampled)")
+    parser.add_argument("--chunk", type=int, default=None, help="teams per transaction (default: invoice_service.CHUNK; 3 with --quick)")
+    parser.add_argument("--quick", action="store_true", help=f"30 teams, 600 records (CI: the benchmark still works; {SAMPLED} teams one at a time)")
     args = parser.parse_args()
     if args.quick:
         args.teams, args.records = SAMPLED + 10, 600
+        args.chunk = args.chunk or 3
 
     name = f"e31_bench_{secrets.token_hex(4)}"
     admin(f'CREATE DATABASE "{name}"')
@@ -251,15 +266,15 @@ def main():
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
         os.environ.update(env)
-        constant = run(args.teams, args.records)
+        problems = run(args.teams, args.records, args.chunk)
     finally:
         from django.db import connections
 
         connections.close_all()
         if not args.keep:
             admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    if not constant:
-        sys.exit("the SQL queries per invoice are not the same for every invoice (or not as CaptureQueriesContext counts them)")
+    if problems:
+        sys.exit("; ".join(problems))
 
 
 if __name__ == "__main__":
