@@ -14,12 +14,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts import audit
-from accounts.models import AuditEvent, Membership, Team
+from accounts.models import AuditEvent, Team
 from billing import invoices, statements
 from billing.models import Credit, Invoice, InvoiceLine, InvoiceNumber, UsageRecord
 from notifications import events as notify
 from notifications import policy as notify_policy
-from notifications.models import Delivery, EmailPreference, Notification, Webhook
+from notifications.models import Delivery, Notification
 
 # Teams per transaction when a month is issued: large enough that the fixed cost of a chunk's
 # queries is small per invoice, small enough that a chunk's rows (some 100 records and 75 lines a
@@ -286,26 +286,17 @@ def _tell_issued(issued, at):
     it through, as notifications.events.recipients picks them), payload and rows; no row for a
     team nobody is to be told of."""
     kind = notify_policy.INVOICE_ISSUED
-    team_ids = {invoice.team_id for invoice in issued}
-    emails, hooks = {}, {}
-    if kind in notify_policy.EMAIL_KINDS:
-        for member in Membership.objects.filter(team_id__in=team_ids).select_related("user", "user__notification_preference"):
-            user = member.user
-            if user.is_active and user.email and kind in EmailPreference.kinds_for(user):
-                emails.setdefault(member.team_id, []).append(user)
-    for webhook in Webhook.objects.filter(team_id__in=team_ids, active=True):
-        if notify_policy.wants(webhook.kinds, kind):
-            hooks.setdefault(webhook.team_id, []).append(webhook)
+    told = notify.recipients_of_teams({invoice.team_id for invoice in issued}, kind, at)
     notes, deliveries = [], []
     for invoice in issued:
-        users, webhooks = emails.get(invoice.team_id, []), hooks.get(invoice.team_id, [])
-        if not users and not webhooks:
+        rows = told.get(invoice.team_id)
+        if not rows:
             continue
         note = Notification(team_id=invoice.team_id, kind=kind, created_at=at)
         note.payload = notify.payload(note.pk, kind, at, invoice.team, None, _told(invoice))
         notes.append(note)
-        deliveries += [Delivery(notification=note, channel=Delivery.EMAIL, user=u, address=u.email, next_attempt_at=at) for u in users]
-        deliveries += [Delivery(notification=note, channel=Delivery.WEBHOOK, webhook=w, address=w.url, next_attempt_at=at) for w in webhooks]
+        for row in rows:  # fresh rows: a team with two invoices is told of each
+            deliveries.append(Delivery(notification=note, channel=row.channel, user=row.user, webhook=row.webhook, address=row.address, next_attempt_at=at))
     if notes:
         Notification.objects.bulk_create(notes)
         Delivery.objects.bulk_create(deliveries)

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from accounts.models import Membership
 from notifications import policy
-from notifications.models import Delivery, EmailPreference, Notification
+from notifications.models import Delivery, EmailPreference, Notification, Webhook
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +96,21 @@ def emit(kind, *, team, job=None, data=None, once=None, at=None, keep=False):
 def recipients(team, kind, at):
     """Unsaved deliveries: one per team member who wants this kind by email, and one per
     active webhook of the team whose filter lets it through."""
+    return recipients_of_teams([team.pk], kind, at).get(team.pk, [])
 
-    rows = []
+
+def recipients_of_teams(team_ids, kind, at):
+    """{team id: unsaved deliveries} as recipients() picks them, for many teams in two queries
+    (a month's invoices, say); a team nobody is to be told of is left out."""
+    rows = {}
     if kind in policy.EMAIL_KINDS:
-        for member in Membership.objects.filter(team_id=team.pk).select_related("user", "user__notification_preference"):
+        for member in Membership.objects.filter(team_id__in=team_ids).select_related("user", "user__notification_preference"):
             user = member.user
             if user.is_active and user.email and kind in EmailPreference.kinds_for(user):
-                rows.append(Delivery(channel=Delivery.EMAIL, user=user, address=user.email, next_attempt_at=at))
-    for webhook in team.webhooks.filter(active=True):
+                rows.setdefault(member.team_id, []).append(Delivery(channel=Delivery.EMAIL, user=user, address=user.email, next_attempt_at=at))
+    for webhook in Webhook.objects.filter(team_id__in=team_ids, active=True):
         if kind != policy.TEST and policy.wants(webhook.kinds, kind):
-            rows.append(Delivery(channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url, next_attempt_at=at))
+            rows.setdefault(webhook.team_id, []).append(Delivery(channel=Delivery.WEBHOOK, webhook=webhook, address=webhook.url, next_attempt_at=at))
     return rows
 
 
