@@ -77,6 +77,34 @@ def run_all(rows, gpus, deadlines, seed):
     return {name: simulator.metrics(simulator.simulate(jobs, nodes, name)) for name in simulator.NAMES}
 
 
+def size_class_waits(result, easy):
+    """The worst, over the size classes (1, 2-4, 8, 16+ GPUs), of the longest wait in the
+    class / the longest wait in it under EASY (a minute at least); jobs that never started
+    (larger than the pool) left out."""
+    worst = 0.0
+    for low, high in ((1, 1), (2, 4), (8, 8), (16, math.inf)):
+        jobs = [j for j in result.jobs if low <= j.gpus <= high and None not in (result.outcomes[j.id].first_start, easy.outcomes[j.id].first_start)]
+        if jobs:
+            ours = max(result.outcomes[j.id].first_start - j.submit for j in jobs)
+            theirs = max(easy.outcomes[j.id].first_start - j.submit for j in jobs)
+            worst = max(worst, ours / max(theirs, 60.0))
+    return worst
+
+
+def spread(settings, seeds):
+    """ours against the oracle and EASY in every setting and seed, with the same constants:
+    [(setting, seed, mean JCT / oracle's, worst size class's longest wait / EASY's, Jain)]."""
+    rows = []
+    for label, trace_rows, gpus in settings:
+        for seed in seeds:
+            jobs = simulator.prepare(trace_rows, seed=seed)
+            nodes = simulator.make_nodes(gpus, 8)
+            ours, oracle, easy = (simulator.simulate(jobs, nodes, name) for name in ("ours", "oracle", "easy"))
+            m, o = simulator.metrics(ours), simulator.metrics(oracle)
+            rows.append((label, seed, m["mean_jct"] / o["mean_jct"], size_class_waits(ours, easy), m["jain_teams"]))
+    return rows
+
+
 def big_pass(seed=1, jobs=10000, node_count=125):
     """`jobs` queued jobs (10,000) over `node_count` nodes (125) x 8 GPUs, about half busy."""
     rng = random.Random(seed)
@@ -203,6 +231,27 @@ def main():
         f"  {'met    ' if pass_ms < 100 else 'NOT met'} one pass with {len(queue):,} jobs over {sum(n.devices for n in nodes):,} GPUs: {pass_ms:.1f} ms < 100 ms"
     )
     print(f"  {'met    ' if sim_s < 60 else 'NOT met'} whole trace with ours: {sim_s:.1f} s < 60 s")
+
+    # The same constants everywhere: the traces, halves of the long one (subsets by time), a
+    # tighter pool (more load), synthetic traces at two loads; three seeds each (teams, noise).
+    if args.quick:
+        settings = [("synthetic load 0.7", synthetic_trace(200, seed=1), 32)]
+        seeds = (0,)
+    else:
+        settings = [(name, rows, 128), (f"{name} on 96 GPUs", rows, 96)]
+        half = len(rows) // 2
+        settings += [(f"{name} first half", rows[:half], 128), (f"{name} second half", rows[half:], 128)]
+        if (TRACES / "itp_cluster10.csv").is_file():
+            settings.append(("itp_cluster10.csv", simulator.read_trace(TRACES / "itp_cluster10.csv"), 32))
+        settings += [("synthetic load 0.7", synthetic_trace(3000, seed=0), 128), ("synthetic load 0.9", synthetic_trace(3000, seed=1, load=0.9), 128)]
+        seeds = (0, 1, 2)
+    table = spread(settings, seeds)
+    print("\nspread of ours, one set of constants (mean JCT / the oracle's; worst size class's longest wait / EASY's; Jain over skewed teams):")
+    for label, seed, jct, wait, jain in table:
+        print(f"  {label:<32} seed {seed}: {jct:.3f}  {wait:.2f}  {jain:.3f}")
+    for i, what in ((2, "mean JCT / oracle's"), (3, "longest wait / EASY's"), (4, "Jain")):
+        values = [row[i] for row in table]
+        print(f"  {what}: min {min(values):.3f}, median {statistics.median(values):.3f}, max {max(values):.3f}")
 
     t, s = results[128, "trace"], results[128, "stretched"]
     print(
