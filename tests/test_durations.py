@@ -64,3 +64,16 @@ def test_a_queued_job_is_expected_to_hold_what_the_same_work_held_before(alice, 
     with django_assert_max_num_queries(12) as seen:
         services.queued_jobs(staged=False)
     assert not any("usagerecord" in q["sql"].lower() for q in seen.captured_queries)
+
+
+@pytest.mark.django_db
+def test_the_job_page_says_what_was_learned(client, alice, rate):
+    node = Node.objects.create(name="n", device_type="cpu", devices=4)
+    for held in (600, 700, 800):
+        ran(alice, node, held)
+    again = make_job(alice, name="digits", span_hours=Decimal("10"))
+    services.queued_jobs(staged=False)
+    Job.objects.filter(pk=again.pk).update(wait_reason="waiting for 1 device")
+    client.force_login(alice)
+    page = client.get(f"/jobs/{again.pk}/").content.decode()
+    assert 'id="learned-duration"' in page and "learned from 3 earlier runs of the same work" in page
