@@ -91,7 +91,7 @@ class Job(models.Model):
     stop_reason = models.CharField(max_length=300, blank=True)
     wait_reason = models.CharField(max_length=300, blank=True)
     # How long the scheduler expects it to hold its devices, learned once while it is queued from
-    # the team's earlier runs of the same work (scheduler.durations): the seconds, and how many
+    # the team's earlier runs of the same work (jobs.durations): the seconds, and how many
     # runs they were learned from (0: none; null: not looked at yet).
     learned_seconds = models.FloatField(null=True, blank=True)
     learned_from = models.PositiveIntegerField(null=True, blank=True)

@@ -15,7 +15,7 @@ from rest_framework.exceptions import ValidationError
 from accounts import audit
 from accounts.access import require_team, team_of
 from core.downloads import download_response
-from jobs import lineage, metrics, specfile, states, utilization
+from jobs import durations, lineage, metrics, specfile, states, utilization
 from jobs.access import get_artifact, get_job
 from jobs.ceiling import job_ceiling
 from jobs.comparisons import comparison
@@ -85,8 +85,23 @@ def job_list(request):
     else:
         sort = ""
     jobs = jobs.prefetch_related("allocations")[:200]
-    template = "jobs/_job_rows.html" if request.htmx else "jobs/list.html"
-    return render(request, template, {"jobs": jobs, "any_active": any(job.is_active for job in jobs), "sort": sort})
+    if request.htmx:
+        return render(request, "jobs/_job_rows.html", {"jobs": jobs, "any_active": any(job.is_active for job in jobs), "sort": sort})
+    return render(request, "jobs/list.html", {"jobs": jobs, "any_active": any(job.is_active for job in jobs), "sort": sort, "learned": learned_accuracy(team)})
+
+
+def learned_accuracy(team, last=200):
+    """How well the scheduler's learned durations (jobs.durations) foretold the team's last
+    jobs that ran to their end: (median, p90 of expected / held, how many), or None."""
+    done = (
+        Job.objects.filter(team=team, state=states.SUCCEEDED, learned_seconds__isnull=False)
+        .annotate(held=Sum("usage__held_seconds"))
+        .order_by("-finished_at")
+        .values_list("learned_seconds", "held")[:last]
+    )
+    pairs = [(learned, float(held)) for learned, held in done if held]
+    found = durations.accuracy(pairs)
+    return (*found, len(pairs)) if found else None
 
 
 @login_required

@@ -16,11 +16,11 @@ from accounts.models import Team
 from billing import meter
 from billing.budget_service import Rates, remaining_allowance
 from billing.models import NoRateInForce, Rate, UsageRecord
-from jobs import lineage, states
+from jobs import durations, lineage, states
 from jobs.manifest import job_manifest, manifest_digests
 from jobs.models import Job, Upload
 from jobs.packages import packages_digest, requirements_of
-from scheduler import durations, policy
+from scheduler import policy
 from scheduler.allocations import preempt, running_allocations, stamp
 from scheduler.holds import budget_holds
 from scheduler.models import Allocation, CachedBlob, Node, Staging
@@ -42,7 +42,7 @@ def expected_seconds(request, rate, held_before=0):
 
 def learn_durations(jobs):
     """Learn, once per job, how long these queued jobs will hold their devices from their
-    teams' earlier runs of the same work that succeeded (scheduler.durations); stored on the
+    teams' earlier runs of the same work that succeeded (jobs.durations); stored on the
     jobs (learned_seconds, learned_from), so a cycle reads history only for jobs new to it."""
     jobs = [j for j in jobs if j.learned_from is None]
     if not jobs:

@@ -42,7 +42,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 
-from scheduler import durations
+from jobs import durations
 from scheduler import policy as P
 
 INF = math.inf

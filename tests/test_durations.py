@@ -8,8 +8,9 @@ import pytest
 
 from billing import meter
 from billing.models import UsageRecord
+from jobs import durations
 from jobs.models import Job
-from scheduler import durations, services
+from scheduler import services
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job
 
@@ -77,3 +78,15 @@ def test_the_job_page_says_what_was_learned(client, alice, rate):
     client.force_login(alice)
     page = client.get(f"/jobs/{again.pk}/").content.decode()
     assert 'id="learned-duration"' in page and "learned from 3 earlier runs of the same work" in page
+
+
+@pytest.mark.django_db
+def test_the_job_list_says_how_well_the_learned_durations_foretold_the_jobs(client, alice, rate):
+    node = Node.objects.create(name="n", device_type="cpu", devices=4)
+    for held, learned in ((600, 660.0), (1000, 900.0), (500, 1000.0)):
+        job = ran(alice, node, held)
+        Job.objects.filter(pk=job.pk).update(learned_seconds=learned, learned_from=2)
+    client.force_login(alice)
+    page = client.get("/jobs/").content.decode()
+    # Ratios 1.1, 0.9 and 2.0: median 1.10, 90th percentile 1.82.
+    assert "the last 3 such jobs held: median 1.10x, 90th percentile 1.82x" in page
