@@ -278,6 +278,21 @@ E31_SMOKE_MINUTES = env_float("E31_SMOKE_MINUTES", 5.0, minimum=0.1)
 # Fair share: a team's past usage counts half as much after this many hours.
 E31_FAIR_SHARE_HALF_LIFE_HOURS = env_float("E31_FAIR_SHARE_HALF_LIFE_HOURS", 168.0, minimum=0.01)
 E31_SCHEDULER_POLICY = env_str("E31_SCHEDULER_POLICY", "ours")
+# Where compute comes from (scheduler/executors/): "local", our runner on each node (the
+# embedded default), or "slurm", an existing Slurm cluster (in progress: docs/operator-guide.md).
+E31_EXECUTOR = env_str("E31_EXECUTOR", "local")
+if E31_EXECUTOR not in ("local", "slurm"):
+    raise ImproperlyConfigured(f"E31_EXECUTOR={E31_EXECUTOR!r} must be local or slurm")
+# The Slurm cluster's slurm.conf (unset: Slurm's own default), the partitions E31 may place on
+# (none: every partition), and each team's Slurm account ("Team A=acct_a,Team B=acct_b").
+E31_SLURM_CONF = env_str("E31_SLURM_CONF")
+E31_SLURM_PARTITIONS = env_list("E31_SLURM_PARTITIONS", [])
+E31_SLURM_ACCOUNTS = {}
+for _item in env_list("E31_SLURM_ACCOUNTS", []):
+    _team, _sep, _account = (part.strip() for part in _item.partition("="))
+    if not (_team and _sep and _account):
+        raise ImproperlyConfigured(f"E31_SLURM_ACCOUNTS: {_item!r} is not team=account")
+    E31_SLURM_ACCOUNTS[_team] = _account
 # A preemptible job is preempted at most once in this many seconds (it keeps some progress).
 E31_PREEMPT_EVERY_SECONDS = env_float("E31_PREEMPT_EVERY_SECONDS", 3600.0, minimum=0.0)
 # How often the scheduler refreshes the predicted start and finish of queued jobs.

@@ -68,7 +68,7 @@ def pytest_configure(config):
     # The benchmarks' marker (tests/test_bench_quick.py); the others are in pyproject.toml.
     config.addinivalue_line(
         "markers",
-        "bench: runs a benchmark (bench/*.py) in its --quick mode, or a long round trip of the scripts around it (a wheelhouse installed offline; "
+        "bench: runs a benchmark (bench/*.py) in its --quick mode, or a long round trip of the scripts around it (a wheelhouse installed offline; a real Slurm cluster; "
         "bench/gpu_check.py on the CPU, a real MLflow server, a sweep of recipe runs): once, in bin/test's PostgreSQL lane once that pass is done, beside the longer SQLite pass",
     )
 
