@@ -31,28 +31,29 @@ SPACE = {
 
 
 def test_a_classifier_sweep_stops_at_its_ceiling_prunes_and_returns_the_best_weights(make_runner, alice, team_a, client):
-    # A dear rate, so that a trial of a few seconds costs several units: 2.00 a device-second.
-    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("7200.00"), effective_from=timezone.now() - timedelta(hours=1))
+    # A dear rate, so that a trial of a few seconds costs a few units: 1.00 a device-second.
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("3600.00"), effective_from=timezone.now() - timedelta(hours=1))
     (x_train, y_train), (x_held, y_held) = digits_split()
     train = datasets.create_dataset(team_a, "digits", {"digits-train.csv": digits_csv(x_train, y_train)}).latest_version()
     heldout = datasets.create_dataset(team_a, "digits-heldout", {"digits-heldout.csv": digits_csv(x_held, y_held)}).latest_version()
-    template = make_job(alice, name="digits", ceiling_amount=Decimal("20.00"), train_version=train, heldout_version=heldout)
+    template = make_job(alice, name="digits", ceiling_amount=Decimal("60.00"), train_version=train, heldout_version=heldout)
     config = {"max_steps": 120, "eval_every": 20, "batch_size": 64, "seed": 0}
     Job.objects.filter(pk=template.pk).update(entrypoint="recipe:classifier", config=config)
     template.uploads.filter(role=Upload.CODE).delete()
     template.refresh_from_db()
-    # Each trial may cost up to 20.00 (its ceiling): with 50.00, two may be committed at once while
-    # the ended ones spent under 10.00, then one, and the sweep ends once no room is left for one.
+    # Each trial may cost up to 60.00 (its ceiling: a minute held, room for a trial on a busy
+    # machine): with 100.00 one is committed at a time, and the sweep ends once what the ended
+    # ones spent leaves no room for another (a few trials, however slow the machine).
     sweep = sweeps.create(
         alice.membership.team, alice, name="digits-tpe", template=template, space=SPACE, method="tpe",
-        objective="val_loss", direction="min", max_trials=40, parallel=2, ceiling_amount=Decimal("50.00"), seed=3,
+        objective="val_loss", direction="min", max_trials=40, parallel=2, ceiling_amount=Decimal("100.00"), seed=3,
     )  # fmt: skip
     sweep = run_sweep(make_runner(devices=2), sweep, timeout=360)
     trials = list(sweep.trials.select_related("job"))
     billed = sum((t.job.held()[1] for t in trials), Decimal(0))
     assert sweep.state == Sweep.CEILING and "would pass the ceiling" in sweep.reason, sweep.reason
     assert 2 < len(trials) < 40, [(t.number, t.state, t.job.state, t.job.reason) for t in trials]
-    assert billed <= Decimal("50.00") and Decimal("50.00") - billed < Decimal("20.00")  # ended only when another could not fit
+    assert billed <= Decimal("100.00") and Decimal("100.00") - billed < Decimal("60.00")  # ended only when another could not fit
     assert all(t.job.state in ("succeeded", "stopped") for t in trials), [(t.number, t.job.state, t.job.reason) for t in trials]
     assert {t.job.config["hidden"] for t in trials} <= {8, 32, 128} and all(t.job.config["max_steps"] == 120 for t in trials)
     # Pruning on: a trial is judged at each evaluation; those behind stop with their weights.

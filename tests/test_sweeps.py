@@ -115,13 +115,18 @@ print("done", lr, width)
 
 def run_sweep(runner, sweep, timeout=180):
     """Drive the scheduler's cycle (sweeps first, as the scheduler command does) and the runner
-    until the sweep ends."""
+    until the sweep ends; the runner heartbeats as its own loop does, so a sweep longer than
+    the node timeout does not lose its node."""
     deadline = time.monotonic() + timeout
+    beat = time.monotonic()
     while time.monotonic() < deadline:
         sweeps.advance_all()
         services.line_up()
         services.schedule()
         runner.step()
+        if time.monotonic() - beat > 5:
+            runner.heartbeat()
+            beat = time.monotonic()
         sweep.refresh_from_db()
         if sweep.state != Sweep.RUNNING:
             return sweep
