@@ -14,17 +14,15 @@ kept for the team's delivery log.
 
 import json
 import logging
-import threading
 from datetime import timedelta
 
 import httpx
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
-from django.db import close_old_connections, connection
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from core import endpoints
+from core import endpoints, workers
 from notifications import policy, signing
 from notifications.models import Delivery
 
@@ -154,24 +152,11 @@ class Worker:
     def run(self, stop, interval=1.0):
         """Deliver until `stop` (a threading.Event) is set; idle, look again every `interval` s."""
         try:
-            while not stop.is_set():
-                try:
-                    busy = self.handle_one()
-                except Exception:
-                    # The database away, say: the next round retries on a fresh connection.
-                    log.exception("notification delivery failed")
-                    connection.close()
-                    busy = False
-                if not busy:
-                    close_old_connections()
-                    stop.wait(interval)
+            workers.serve(self.handle_one, stop, interval, log, "notification delivery")
         finally:
-            connection.close()
             self.client.close()
 
 
 def start_thread(stop, interval=1.0):
-    """The worker as a daemon thread (its own database connection, as every thread has)."""
-    thread = threading.Thread(target=Worker().run, args=(stop, interval), name="notify", daemon=True)
-    thread.start()
-    return thread
+    """The worker as a daemon thread (core.workers)."""
+    return workers.start_thread(Worker().run, stop, interval, "notify")

@@ -1,8 +1,6 @@
-from urllib.parse import urlparse
-
 from django import forms
 
-from core import endpoints
+from core.url_fields import clean_public_url
 from notifications import policy
 
 
@@ -18,21 +16,8 @@ class EmailPreferencesForm(forms.Form):
 
 def clean_webhook_url(value):
     """An http(s) URL with a host at a public address (or one the operators allow, in
-    E31_WEBHOOK_ALLOW: core.endpoints); anything else is refused with a message saying why.
-    The worker checks the address again at every attempt: DNS may change after this."""
-    value = (value or "").strip()
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https"):
-        raise forms.ValidationError("Enter an http:// or https:// URL: webhooks are POSTed over HTTP.")
-    if not parsed.hostname:
-        raise forms.ValidationError("Enter a URL with a host name, such as https://example.com/e31-hook.")
-    try:
-        _ = parsed.port  # urllib raises ValueError for a port that is not a number
-    except ValueError:
-        raise forms.ValidationError("The URL's port is not a number from 0 to 65535.") from None
-    if reason := endpoints.check_url(value, "webhook"):
-        raise forms.ValidationError(f"{reason[0].upper()}{reason[1:]}.")
-    return value
+    E31_WEBHOOK_ALLOW): core.url_fields."""
+    return clean_public_url(value, "webhook", example="https://example.com/e31-hook", scheme_hint="webhooks are POSTed over HTTP")
 
 
 class WebhookForm(forms.Form):

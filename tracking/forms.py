@@ -2,7 +2,7 @@ from urllib.parse import urlparse
 
 from django import forms
 
-from core import endpoints
+from core.url_fields import clean_public_url
 
 
 class TrackerForm(forms.Form):
@@ -29,18 +29,8 @@ class TrackerForm(forms.Form):
     def clean_url(self):
         """An http(s) URL at a public address (or one the operators allow in E31_TRACKER_ALLOW:
         core.endpoints). The worker checks the address again before every request."""
-        value = (self.cleaned_data.get("url") or "").strip()
+        value = clean_public_url(self.cleaned_data.get("url"), "tracker", example="https://mlflow.example.com")
         parsed = urlparse(value)
-        if parsed.scheme not in ("http", "https"):
-            raise forms.ValidationError("Enter an http:// or https:// URL.")
-        if not parsed.hostname:
-            raise forms.ValidationError("Enter a URL with a host name, such as https://mlflow.example.com.")
         if parsed.query or parsed.fragment:
             raise forms.ValidationError("Give the server's address without a query or fragment.")
-        try:
-            _ = parsed.port  # urllib raises ValueError for a port that is not a number
-        except ValueError:
-            raise forms.ValidationError("The URL's port is not a number from 0 to 65535.") from None
-        if reason := endpoints.check_url(value, "tracker"):
-            raise forms.ValidationError(f"{reason[0].upper()}{reason[1:]}.")
         return value.rstrip("/")
