@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path, PurePosixPath
@@ -63,7 +64,7 @@ from jobs.logs import log_key, stream_log
 from jobs.manifest import job_manifest, manifest_digests
 from jobs.models import Job, input_names
 from jobs.packages import requirements_of
-from scheduler.allocations import end_allocation, release_node
+from scheduler.allocations import end_allocation, gang_broken, release_node
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 
 log = logging.getLogger(__name__)
@@ -707,10 +708,12 @@ class Runner:
         )
         rows = list(rows)
         gangs = [row[4] for row in rows if row[4]]
-        broken = set(Allocation.objects.filter(gang__in=gangs, ended_at__isnull=False).values_list("gang", flat=True)) if gangs else set()
+        ended = defaultdict(list)  # gang: the end reasons of its parts that ended
+        for gang, reason in Allocation.objects.filter(gang__in=gangs, ended_at__isnull=False).values_list("gang", "end_reason") if gangs else ():
+            ended[gang].append(reason)
         for pk, ended_at, cancel_requested_at, preempt_requested_at, gang, job_state, stop_requested_at, stop_reason in rows:
             running = self.running[pk]
-            if ended_at is None and gang in broken and job_state != states.SUCCEEDED:
+            if ended_at is None and gang and gang_broken(job_state, ended.get(gang, ())):
                 # Another node of the gang ended (failed, lost, stopped): the gang lives and dies
                 # as one, so this part stops too (its job was already requeued or ended there).
                 running.request_stop(Allocation.GANG_STOPPED, states.QUEUED, "another node of its gang stopped: stopping this one too")

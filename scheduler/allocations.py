@@ -64,9 +64,32 @@ def end_allocation(allocation, at, reason, state, message="", exit_code=None):
         if job.state in states.HOLDING:
             if state == states.QUEUED:
                 job.requeue(message, at=at, preempted=reason == Allocation.PREEMPTED)
+            elif waits_for_node_zero(allocation, state):
+                pass  # its part is done; the job ends with node 0, once its outputs are kept
             else:
                 job.finish(state, reason=message, exit_code=exit_code, at=at)
     return True
+
+
+def waits_for_node_zero(allocation, state):
+    """Whether a gang's part that succeeded leaves the job running: a node other than node 0
+    whose processes exited 0 before node 0's did. Node 0 keeps the job's outputs (rank 0 writes
+    them), so the job succeeds only when node 0 ends; had the first node to finish ended it, a
+    client that saw it succeed could find its weights not there yet."""
+    if state != states.SUCCEEDED or not allocation.gang or allocation.node_rank == 0:
+        return False
+    return Allocation.objects.filter(gang=allocation.gang, node_rank=0, ended_at__isnull=True).exists()
+
+
+def gang_broken(job_state, ended_reasons):
+    """Whether the parts of a gang still running must stop, given the job's state and the end
+    reasons of its parts that ended: a gang lives and dies as one, so yes when a part ended and
+    the job left its compute (requeued, failed, stopped) or a part ended otherwise than by its
+    processes exiting. Not when the job succeeded (the other nodes finish on their own), nor
+    when the parts that ended only finished their share before node 0 (waits_for_node_zero)."""
+    if not ended_reasons or job_state == states.SUCCEEDED:
+        return False
+    return job_state not in states.HOLDING or any(reason != Allocation.EXITED for reason in ended_reasons)
 
 
 def running_allocations(nodes, now=None):

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.models import Job
 from scheduler import allocations as ending
 from scheduler import services
 from scheduler.models import Allocation, Node
@@ -103,6 +104,32 @@ def test_a_requeued_gang_waits_until_every_part_is_released(alice, rate, nodes):
     assert str(job.pk) not in {q.id for q in services.queued_jobs(staged=False)}  # node 2 still holds its part
     second.release(timezone.now(), Allocation.GANG_STOPPED)
     assert str(job.pk) in {q.id for q in services.queued_jobs(staged=False)}
+
+
+def test_a_gang_succeeds_when_node_0_ends_not_when_another_node_finishes_first(alice, rate, nodes):
+    # Rank 0 writes the outputs, kept by node 0's runner: a job seen succeeded must have them.
+    job = make_job(alice, name="wide", gpus=2)
+    schedule_now()
+    Job.objects.filter(pk=job.pk).update(state="running")  # both runners launched their ranks
+    first, second = job.allocations.order_by("node_rank")
+    assert ending.end_allocation(second, timezone.now(), Allocation.EXITED, "succeeded", "the process exited with code 0")
+    job.refresh_from_db()
+    second.refresh_from_db()
+    assert second.ended_at is not None and job.state == "running", "node 1's part is done; the job waits for node 0"
+    assert not ending.gang_broken(job.state, [second.end_reason]), "node 0 is not told to stop"
+    assert ending.end_allocation(first, timezone.now(), Allocation.EXITED, "succeeded", "the process exited with code 0")
+    job.refresh_from_db()
+    assert job.state == "succeeded" and job.finished_at is not None
+
+
+def test_a_gang_breaks_when_a_part_ends_and_the_job_left_its_compute():
+    assert ending.gang_broken("queued", [Allocation.EXITED])  # a rank failed: requeued
+    assert ending.gang_broken("failed", [Allocation.EXITED])
+    assert ending.gang_broken("running", [Allocation.NODE_LOST])
+    assert ending.gang_broken("running", [Allocation.EXITED, Allocation.GANG_STOPPED])
+    assert not ending.gang_broken("succeeded", [Allocation.EXITED])  # the others finish on their own
+    assert not ending.gang_broken("running", [Allocation.EXITED])  # a part finished before node 0
+    assert not ending.gang_broken("running", [])
 
 
 # Real runs -----------------------------------------------------------------------------------------
@@ -231,9 +258,9 @@ def test_two_ranks_on_one_runner_and_two_nodes_end_with_the_weights_of_one_proce
         assert len({a["started_at"] for a in job["allocations"]}) == 1
         assert_close(job_weights(system, two_nodes), reference.weights())
         assert log_ranks(system, two_nodes) == {0, 1}
-        # Its meter: both nodes' held time, one usage record each. The job ends with its first
-        # node's release; the other node's record is final a moment later, when its own runner
-        # sees its processes gone.
+        # Its meter: both nodes' held time, one usage record each. The job ends with node 0's
+        # release; node 1's record is final when its own runner sees its processes gone, a moment
+        # before or after.
         deadline = time.monotonic() + 30
         while True:
             records = [r for r in system.api("GET", "/api/usage/").json()["records"] if r["job_id"] == two_nodes]
