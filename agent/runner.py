@@ -65,6 +65,7 @@ from jobs.manifest import job_manifest, manifest_digests
 from jobs.models import Job, input_names
 from jobs.packages import requirements_of
 from scheduler.allocations import end_allocation, gang_broken, release_node
+from scheduler.engine import held as engine_held
 from scheduler.models import Allocation, CachedBlob, Node, Staging
 
 log = logging.getLogger(__name__)
@@ -814,3 +815,89 @@ class Runner:
         finally:
             self.stop_all()
             self.stop_heartbeats()
+
+
+class AllocationAgent(Runner):
+    """Our agent for one allocation a cluster engine started on this node (E31_EXECUTOR=slurm,
+    scheduler/engine.py): it runs the job exactly as a runner would (sandbox, environment,
+    staging, logs, metrics, checkpoints, outputs), then exits. The engine owns the node: no
+    registration, no heartbeats (the scheduler reads the node from the engine), a cgroup folder
+    and a cache of its own (other allocations may run on the node beside it), and the meter runs
+    until the agent is done, for that long the engine holds the compute."""
+
+    def __init__(self, allocation_id, work_dir, node_name=None):
+        allocation = Allocation.objects.select_related("node").get(pk=allocation_id)
+        if allocation.gang:
+            # One engine job over a gang's nodes: each node's agent takes its own part.
+            name = node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+            allocation = Allocation.objects.select_related("node").get(gang=allocation.gang, node__name=name)
+        self.allocation_id = allocation.pk
+        folder = Path(work_dir) / str(allocation.pk)
+        super().__init__(
+            name=allocation.node.name,
+            devices=allocation.node.devices,
+            work_dir=folder / "runs",
+            device_type=allocation.node.device_type,
+            cache_dir=folder / "cache",
+            address=None,
+        )
+        self.node = allocation.node
+        self.done = False
+
+    def attach(self, started_at=None):
+        """Take the allocation over: the meter from when the engine started it (started_at, or
+        now), unless the scheduler has already read that from the engine."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.isolation.probe(self.allocation_id)  # cgroups under the allocation's own folder
+        engine_held(Allocation.objects.get(pk=self.allocation_id), started_at or timezone.now())
+
+    def start_heartbeats(self):
+        pass  # the scheduler reads the node from the engine
+
+    def stop_heartbeats(self):
+        pass
+
+    # The node's cache and stagings are not this agent's: it stages what its job needs into a
+    # cache of its own (while the meter runs) and tells the scheduler nothing of it.
+    def claim_stagings(self):
+        pass
+
+    def publish_cache(self, known_before):
+        pass
+
+    def publish_environments(self):
+        pass
+
+    def launch_new(self):
+        if self.done or self.allocation_id in self.running:
+            return
+        allocation = Allocation.objects.select_related("job", "node").get(pk=self.allocation_id)
+        if allocation.ended_at is not None:
+            self.done = True  # ended while the engine started it (cancelled, requeued)
+            return
+        if allocation.gang and allocation.node_rank > 0 and not allocation.rendezvous:
+            return  # node 0's agent has not opened the gang's rendezvous yet
+        try:
+            running = self.launch(allocation)
+        except Exception as error:  # noqa: BLE001 - whatever it was, the compute goes back
+            log.exception("job %s could not start", allocation.job_id)
+            end_allocation(allocation, timezone.now(), Allocation.START_FAILED, states.FAILED, f"could not start: {error}")
+            running = None
+        if running is None:
+            self.done = True
+        else:
+            running.held_until_done = True
+
+    def step(self):
+        busy = super().step()
+        if self.allocation_id not in self.running and (self.done or Allocation.objects.filter(pk=self.allocation_id, ended_at__isnull=False).exists()):
+            self.done = self.shutdown = True
+        return busy
+
+    def stop_all(self, reason=Allocation.RUNNER_STOPPED):
+        node, self.node = self.node, None  # the node is the engine's: not stopped with this agent
+        try:
+            super().stop_all(reason)
+        finally:
+            self.node = node
+            shutil.rmtree(self.work_dir.parent, ignore_errors=True)  # its runs, its cache

@@ -169,6 +169,8 @@ def parse_metric_line(raw, now):
 
 
 class RunningJob:
+    held_until_done = False  # on a cluster engine: the meter stops when the agent is done (finish)
+
     def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
         self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.group = None  # the process group of the job inside its sandbox (found when first signalled)
@@ -693,8 +695,10 @@ class RunningJob:
             log.exception("could not keep the outputs of job %s", self.job.pk)
             state, message = states.FAILED, f"its output files could not be kept: {error}"
         # The meter stops when the process ended (not after the outputs were copied), and never
-        # later than the job's limit.
-        release_at = self.exited_at
+        # later than the job's limit. On a cluster engine the compute is the engine's to hold
+        # until our agent ends, and what it holds is what is billed (and reconciled with its
+        # accounting): then the meter stops now.
+        release_at = timezone.now() if self.held_until_done else self.exited_at
         if self.limit_at is not None:
             release_at = min(release_at, self.limit_at)
         self.end_utilization()

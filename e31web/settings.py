@@ -293,6 +293,18 @@ for _item in env_list("E31_SLURM_ACCOUNTS", []):
     if not (_team and _sep and _account):
         raise ImproperlyConfigured(f"E31_SLURM_ACCOUNTS: {_item!r} is not team=account")
     E31_SLURM_ACCOUNTS[_team] = _account
+# On an engine (scheduler/engine.py): how often its nodes and jobs are read; how long a job it
+# leaves pending goes on before E31 takes it back (nothing is billed while it waits); the time
+# limit of a job with no span or ceiling; the seconds after the job's own grace for our agent to
+# keep its outputs; the memory asked for per device; where the agent's jobs keep Slurm's files
+# (a path every node reaches); the Python that runs the agent on the nodes (blank: this one).
+E31_ENGINE_SECONDS = env_float("E31_ENGINE_SECONDS", 3.0, minimum=0.1)
+E31_ENGINE_PENDING_SECONDS = env_float("E31_ENGINE_PENDING_SECONDS", 60.0, minimum=1.0)
+E31_ENGINE_MAX_SECONDS = env_int("E31_ENGINE_MAX_SECONDS", 7 * 86400, minimum=60)
+E31_ENGINE_GRACE_SECONDS = env_int("E31_ENGINE_GRACE_SECONDS", 120, minimum=0)
+E31_ENGINE_MEMORY_MB_PER_DEVICE = env_int("E31_ENGINE_MEMORY_MB_PER_DEVICE", 4096, minimum=0)
+E31_ENGINE_WORK_DIR = Path(env_str("E31_ENGINE_WORK_DIR", str(VAR_DIR / "engine"))).resolve()
+E31_ENGINE_PYTHON = env_str("E31_ENGINE_PYTHON")
 # A preemptible job is preempted at most once in this many seconds (it keeps some progress).
 E31_PREEMPT_EVERY_SECONDS = env_float("E31_PREEMPT_EVERY_SECONDS", 3600.0, minimum=0.0)
 # How often the scheduler refreshes the predicted start and finish of queued jobs.

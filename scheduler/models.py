@@ -29,6 +29,13 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(default=timezone.now)
     lost_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # A node of a cluster engine (E31_EXECUTOR=slurm) rather than one our runner registered: the
+    # engine reports it (scheduler/executors/bridge.py), its devices held by the engine's other
+    # work are not free, and a drained or down one offers nothing.
+    executor = models.CharField(max_length=20, blank=True, help_text="the engine that reports this node; blank: our own runner")
+    busy_elsewhere = models.PositiveIntegerField(default=0, help_text="devices held by the engine's other users' jobs")
+    engine_state = models.CharField(max_length=20, blank=True, help_text="up, drained or down, as the engine reports it")
+    engine_reason = models.CharField(max_length=300, blank=True)
 
     objects = NodeQuerySet.as_manager()
 
@@ -44,9 +51,19 @@ class Node(models.Model):
             used.update(devices)
         return used
 
+    @property
+    def offered(self):
+        """Whether work may be placed here: an engine's node must be up (not drained or down)."""
+        return not self.executor or self.engine_state == "up"
+
     def free_devices(self):
+        if not self.offered:
+            return ()
         used = self.used_devices()
-        return tuple(d for d in range(self.devices) if d not in used)
+        free = tuple(d for d in range(self.devices) if d not in used)
+        # The engine's other users hold some: which ones is the engine's business (Slurm binds
+        # the GPUs it grants), so the last of the free indices stand for them.
+        return free[: max(0, len(free) - self.busy_elsewhere)]
 
 
 class Allocation(models.Model):
@@ -97,6 +114,10 @@ class Allocation(models.Model):
     node_rank = models.PositiveSmallIntegerField(default=0)
     gang_size = models.PositiveSmallIntegerField(default=1)
     rendezvous = models.CharField(max_length=300, blank=True, help_text="host:port of torchrun's c10d rendezvous, set by node 0's runner")
+    # On a cluster engine: the engine's handle (Slurm's job id) and, once it ended, the time the
+    # engine says it held the compute (accounting), to reconcile the meter with.
+    engine_handle = models.CharField(max_length=100, blank=True, db_index=True)
+    engine_seconds = models.FloatField(null=True, blank=True, help_text="held time as the engine's accounting reports it")
 
     class Meta:
         ordering = ["started_at"]

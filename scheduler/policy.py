@@ -109,6 +109,7 @@ class NodeState:
     device_type: str
     devices: int  # how many the node has
     free: tuple[int, ...]  # indices of its free devices
+    held_elsewhere: int = 0  # devices a cluster engine's other users hold (never released to us in a plan)
 
 
 @dataclass(frozen=True)
@@ -660,11 +661,13 @@ def _short_of(job: QueuedJob, pool: _Pool) -> str:
     largest, _ = pool.capacity(job)
     types = pool.types(job)
     ids = [i for i, n in pool.nodes.items() if n.device_type in types and (job.staged_on is None or i in job.staged_on)]
+    elsewhere = sum(pool.nodes[i].held_elsewhere for i in ids)
+    others = f"; {elsewhere} held by other users' jobs on the cluster" if elsewhere else ""
     if job.gpus <= largest:
         most = max((len(pool.free[i]) for i in ids), default=0)
-        return f"waiting for {_devices(job.gpus)} on one node; at most {most} free"
+        return f"waiting for {_devices(job.gpus)} on one node; at most {most} free{others}"
     whole = sum(1 for i in ids if len(pool.free[i]) >= pool.nodes[i].devices)
-    return f"waiting for {_devices(job.gpus)} on whole nodes; {sum(len(pool.free[i]) for i in ids)} free, {whole} whole node{'s' if whole != 1 else ''}"
+    return f"waiting for {_devices(job.gpus)} on whole nodes; {sum(len(pool.free[i]) for i in ids)} free, {whole} whole node{'s' if whole != 1 else ''}{others}"
 
 
 def _reserve(job: QueuedJob, pool: _Pool, releases: Iterable[_Release]) -> tuple[float, dict[str, set[int]] | None]:

@@ -76,6 +76,9 @@ def queued_jobs(now=None, staged=True):
     predictions, which look past the staging)."""
     now = now or timezone.now()
     live_nodes = Node.objects.live(now)
+    # A cluster engine's nodes are never staged on beforehand: our agent stages a job's data when
+    # the engine starts it there (scheduler/engine.py), so every job may go to them.
+    anywhere = frozenset(str(pk) for pk in live_nodes.exclude(executor="").values_list("pk", flat=True))
     stagings = {}
     if staged:
         for row in Staging.objects.filter(job__state=states.QUEUED, state__in=Staging.LIVE, node__in=live_nodes).select_related("node"):
@@ -102,7 +105,7 @@ def queued_jobs(now=None, staged=True):
                 expected_seconds=durations.expected_seconds(declared, job.learned_seconds, held_before),
                 team=str(job.team_id),
                 preemptible=job.preemptible,
-                staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED) if staged else None,
+                staged_on=frozenset(str(s.node_id) for s in stagings.get(job.pk, []) if s.state == Staging.STAGED) | anywhere if staged else None,
                 staging_note=staging_note(stagings.get(job.pk, [])) if staged else "",
             )
         )
@@ -142,7 +145,8 @@ def line_up(now=None):
     node is staged on enough nodes to hold it together. A job whose nodes are all busy while
     another node that could run it has its devices spare is staged there too
     (policy.choose_another_staging_node): it starts on whichever is ready first."""
-    nodes = node_states(now)
+    engine_nodes = {str(pk) for pk in Node.objects.live(now).exclude(executor="").values_list("pk", flat=True)}
+    nodes = [n for n in node_states(now) if n.id not in engine_nodes]  # an engine's: staged by our agent when it starts
     if not nodes:
         return []
     live_ids = [n.id for n in nodes]
@@ -208,7 +212,11 @@ def environment_digests(job):
 
 
 def node_states(now=None):
-    return [policy.NodeState(id=str(node.pk), device_type=node.device_type, devices=node.devices, free=node.free_devices()) for node in Node.objects.live(now)]
+    return [
+        policy.NodeState(id=str(node.pk), device_type=node.device_type, devices=node.devices, free=node.free_devices(), held_elsewhere=node.busy_elsewhere)
+        for node in Node.objects.live(now)
+        if node.offered
+    ]
 
 
 def place(placement, now=None):
@@ -224,7 +232,7 @@ def place(placement, now=None):
         nodes = {str(n.pk): n for n in Node.objects.select_for_update().filter(pk__in=[node for node, _ in placement.parts]).order_by("pk")}
         for node_id, devices in placement.parts:
             node = nodes.get(str(node_id))
-            if node is None or node.lost_at or node.stopped_at or set(devices) & node.used_devices():
+            if node is None or node.lost_at or node.stopped_at or not set(devices) <= set(node.free_devices()):
                 return None
         # Only now: a release committed while we read the devices (its ended_at taken before
         # its commit) is then always before this start, never a fraction of a millisecond after.

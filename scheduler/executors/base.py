@@ -50,8 +50,8 @@ class AllocationRequest:
     """One E31 allocation for an engine to run: the nodes the policy chose and what to hold on
     each, and the command (an argument list, never a shell string) to run once on each node."""
 
-    allocation_id: int
-    job_id: int
+    allocation_id: str | int
+    job_id: str | int
     nodes: tuple[str, ...]
     command: tuple[str, ...]
     workdir: str

@@ -4,7 +4,7 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from agent.runner import Runner
+from agent.runner import AllocationAgent, Runner
 from core.signals import stop_on_signals
 
 
@@ -12,7 +12,11 @@ class Command(BaseCommand):
     help = "Offer this machine's devices (GPUs, or CPU slots without CUDA) and run the jobs placed on them."
 
     def add_arguments(self, parser):
-        parser.add_argument("--devices", type=int, required=True, help="how many devices (GPUs or CPU slots) to offer")
+        parser.add_argument("--devices", type=int, help="how many devices (GPUs or CPU slots) to offer")
+        parser.add_argument(
+            "--allocation",
+            help="run this one allocation a cluster engine started here (E31_EXECUTOR=slurm: the scheduler submits this), then exit",
+        )
         parser.add_argument("--name", default=os.environ.get("E31_RUNNER_NAME") or socket.gethostname())
         parser.add_argument("--work-dir", default=str(settings.RUNNER_WORK_DIR))
         parser.add_argument("--device-type", default=None, help="override the detected type (e.g. 'cpu')")
@@ -22,8 +26,10 @@ class Command(BaseCommand):
             help="where the other runners of a run across nodes reach this one (default: E31_RUNNER_ADDRESS, 127.0.0.1)",
         )
 
-    def handle(self, *args, devices, name, work_dir, device_type, address, **options):
-        if devices < 1:
+    def handle(self, *args, devices, name, work_dir, device_type, address, allocation, **options):
+        if allocation:
+            return self.run_one(allocation, work_dir)
+        if devices is None or devices < 1:
             raise CommandError("--devices must be at least 1")
         runner = Runner(name=name, devices=devices, work_dir=work_dir, device_type=device_type, address=address)
 
@@ -38,3 +44,22 @@ class Command(BaseCommand):
             self.stdout.write(f"runner {name}: offering {devices} {runner.device_type} device(s)")
             runner.run()
         self.stdout.write(f"runner {name}: stopped")
+
+    def run_one(self, allocation, work_dir):
+        """Inside an engine's job: run the allocation as a runner would, then exit."""
+        from scheduler.executors.configured import get_executor
+
+        agent = AllocationAgent(allocation, settings.E31_ENGINE_WORK_DIR if work_dir == str(settings.RUNNER_WORK_DIR) else work_dir)
+        started_at = None
+        executor, handle = get_executor(), os.environ.get("SLURM_JOB_ID")
+        if executor is not None and handle:
+            started_at = executor.status([handle])[handle].started_at  # the meter from the engine's start
+        agent.attach(started_at)
+
+        def stop():
+            agent.shutdown = True
+
+        with stop_on_signals(stop):
+            self.stdout.write(f"agent: allocation {agent.allocation_id} on {agent.name}")
+            agent.run()
+        self.stdout.write(f"agent: allocation {agent.allocation_id} done")

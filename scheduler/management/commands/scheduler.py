@@ -15,7 +15,8 @@ from core.signals import stop_on_signals
 from jobs import folder_uploads, sweep
 from jobs.models import Upload
 from notifications import delivery
-from scheduler import allocations, predictions, services
+from scheduler import allocations, engine, predictions, services
+from scheduler.executors.configured import get_executor
 from sweeps import services as sweep_steps
 from tracking import worker as tracking
 
@@ -42,6 +43,8 @@ class Command(BaseCommand):
         self.next_housekeeping = 0.0
         self.next_prediction = 0.0
         self.next_sweep = 0.0
+        self.next_engine = 0.0
+        self.executor = get_executor()  # None: our own runners, which register themselves
         self.last_failure_at = None  # when a cycle last failed (the database away, say)
         # Scans of registered buckets read every object: they run beside the cycle, not in it
         # (and so does the blob sweep). The pools start their threads only when given work.
@@ -124,6 +127,12 @@ class Command(BaseCommand):
             services.line_up()
             for allocation in services.schedule():
                 log.info("placed job %s: %s", allocation.job_id, allocation.describe())
+            if self.executor is not None and time.monotonic() >= self.next_engine:
+                self.next_engine = time.monotonic() + settings.E31_ENGINE_SECONDS
+                try:
+                    engine.cycle(self.executor)
+                except Exception:  # noqa: BLE001 - the engine away: its nodes go silent, the rest goes on
+                    log.exception("reading the cluster engine failed")
             if time.monotonic() >= self.next_prediction:
                 self.next_prediction = time.monotonic() + settings.E31_PREDICT_SECONDS
                 predictions.update_predictions()

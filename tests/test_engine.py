@@ -1,0 +1,232 @@
+"""E31 on a cluster engine (scheduler/engine.py): the engine's nodes as E31's, its other users'
+jobs as busy devices and as the reason a job waits, allocations submitted to it, the meter from
+its start, a job it leaves pending or loses taken back. The engine here is a double that keeps
+its jobs in a dict (the real Slurm is in tests/test_slurm_engine.py); the decisions are pure
+functions, tested on their own."""
+
+from datetime import timedelta
+
+import pytest
+
+from jobs.models import Job
+from scheduler import engine, services
+from scheduler.executors import base
+from scheduler.models import Allocation, Node
+from tests.conftest import make_job
+
+
+def info(name="n1", devices=4, free=4, state=base.UP, device_type="cpu", gpu_type="", reason=""):
+    return base.NodeInfo(
+        name=name,
+        device_type=device_type,
+        devices=devices,
+        free=free,
+        memory_mb=8000,
+        free_memory_mb=8000,
+        state=state,
+        reason=reason,
+        gpu_type=gpu_type,
+    )
+
+
+class Engine:
+    """An engine's double: nodes as set, jobs kept as submitted, states as a test sets them."""
+
+    def __init__(self, *nodes):
+        self.infos = list(nodes)
+        self.requests = {}
+        self.statuses = {}
+        self.stopped = []
+
+    def nodes(self):
+        return list(self.infos)
+
+    def start(self, request):
+        handle = str(100 + len(self.requests))
+        self.requests[handle] = request
+        self.statuses[handle] = base.AllocationStatus(state=base.PENDING, reason="Priority")
+        return handle
+
+    def status(self, handles):
+        return {h: self.statuses.get(h, base.AllocationStatus(state=base.UNKNOWN)) for h in handles}
+
+    def stop(self, handle, graceful=True):
+        self.stopped.append((handle, graceful))
+        self.statuses[handle] = base.AllocationStatus(state=base.CANCELLED, engine_state="CANCELLED")
+
+
+# Decisions ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.nodb
+def test_device_types_name_the_gpu_model_where_the_engine_does():
+    assert engine.device_type_of(info(device_type="gpu", gpu_type="a100")) == "a100"
+    assert engine.device_type_of(info(device_type="gpu")) == "gpu"
+    assert engine.device_type_of(info()) == "cpu"
+
+
+@pytest.mark.nodb
+def test_devices_held_by_others_are_what_the_engine_holds_beyond_ours():
+    assert engine.held_by_others(info(devices=4, free=1), ours=2) == 1
+    assert engine.held_by_others(info(devices=4, free=4), ours=0) == 0
+    assert engine.held_by_others(info(devices=4, free=2), ours=3) == 0  # ours not yet counted by the engine
+    assert engine.held_by_others(info(devices=4, free=0, state=base.DRAINED), ours=0) == 0
+
+
+@pytest.mark.nodb
+def test_an_end_the_agent_did_not_see_requeues_or_keeps_the_teams_word():
+    lost = base.AllocationStatus(state=base.NODE_LOST, engine_state="NODE_FAIL")
+    assert engine.ended_here(lost, cancel_requested=False)[:2] == (Allocation.NODE_LOST, "queued")
+    assert "NODE_FAIL" in engine.ended_here(lost, cancel_requested=False)[2]
+    assert engine.ended_here(lost, cancel_requested=True)[:2] == (Allocation.CANCELLED, "cancelled")
+    timeout = base.AllocationStatus(state=base.ENDED, engine_state="TIMEOUT", reason="TimeLimit")
+    assert engine.ended_here(timeout, cancel_requested=False)[:2] == (Allocation.LIMIT, "stopped")
+    killed = base.AllocationStatus(state=base.FAILED, engine_state="FAILED", exit_code=137)
+    assert engine.ended_here(killed, cancel_requested=False)[1] == "queued"
+
+
+@pytest.mark.nodb
+def test_the_meter_and_the_engine_agree_within_a_second():
+    assert engine.disagreement(30.4, 30.0) is None
+    assert engine.disagreement(29.0, 30.0) is None
+    assert engine.disagreement(32.5, 30.0) == pytest.approx(2.5)
+    assert engine.disagreement(10.0, None) is None
+
+
+@pytest.mark.nodb
+def test_the_agent_gets_the_settings_and_nothing_else_of_the_schedulers_environment():
+    env = engine.agent_environment({"E31_VAR_DIR": "/v", "DATABASE_URL": "postgres://x", "PATH": "/bin", "SSH_AUTH_SOCK": "/tmp/a", "OLDPWD": "/"})
+    assert env == {"E31_VAR_DIR": "/v", "DATABASE_URL": "postgres://x", "PATH": "/bin"}
+    command = engine.agent_command("abc", python="/py", manage="/m.py")
+    assert command == ("/py", "/m.py", "runner", "--allocation", "abc")
+
+
+# Nodes -------------------------------------------------------------------------------------------
+
+
+def test_the_engines_nodes_become_nodes_with_others_work_busy_and_a_drained_one_not_offered(db):
+    fake = Engine(info("n1", devices=4, free=1), info("n2", devices=4, free=0, state=base.DRAINED, reason="maintenance"))
+    engine.sync_nodes(fake)
+    n1, n2 = Node.objects.order_by("name")
+    assert (n1.executor, n1.device_type, n1.devices, n1.busy_elsewhere, n1.engine_state) == ("slurm", "cpu", 4, 3, "up")
+    assert n1.free_devices() == (0,)
+    assert (n2.engine_state, n2.engine_reason, n2.free_devices()) == ("drained", "maintenance", ())
+    assert [n.devices for n in services.node_states()] == [4], "a drained node is not offered, nor counted in predictions"
+    # A node the engine no longer reports (out of the partitions) is stopped; back, it returns.
+    fake.infos = fake.infos[:1]
+    engine.sync_nodes(fake)
+    assert Node.objects.get(name="n2").stopped_at is not None
+    assert [n.name for n in Node.objects.live()] == ["n1"]
+
+
+def test_a_runners_node_of_the_same_name_is_left_alone(db):
+    Node.objects.create(name="n1", device_type="cpu", devices=2)
+    engine.sync_nodes(Engine(info("n1", devices=8, free=8)))
+    node = Node.objects.get(name="n1")
+    assert (node.executor, node.devices) == ("", 2)
+
+
+def test_a_job_waits_for_cpus_others_hold_and_says_so(alice, rate):
+    engine.sync_nodes(Engine(info("n1", devices=2, free=0)))
+    job = make_job(alice, name="waits", gpus=2)
+    assert services.schedule() == []
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert "2 held by other users' jobs on the cluster" in job.wait_reason
+
+
+# Allocations -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def placed(alice, rate, settings, tmp_path):
+    """A job placed on the engine's node (no staging needed there), submitted to the engine."""
+    settings.E31_ENGINE_WORK_DIR = tmp_path / "engine"
+    fake = Engine(info("n1", devices=4, free=4))
+    engine.sync_nodes(fake)
+    job = make_job(alice, name="on-slurm", gpus=2)
+    [allocation] = services.schedule()
+    [handle] = engine.launch_new(fake)
+    allocation.refresh_from_db()
+    return fake, job, allocation, handle
+
+
+def test_a_placed_allocation_is_submitted_pinned_to_its_node_running_our_agent(placed):
+    fake, _job, allocation, handle = placed
+    request = fake.requests[handle]
+    assert allocation.engine_handle == handle
+    assert request.nodes == ("n1",) and request.cpus_per_node == 2 and request.gpus_per_node == 0
+    assert request.command[-3:] == ("runner", "--allocation", str(allocation.pk))
+    assert request.time_limit_seconds == allocation.limit_seconds
+    assert engine.launch_new(fake) == [], "submitted once"
+
+
+def test_the_meter_starts_when_the_engine_starts_it(placed):
+    fake, _job, allocation, handle = placed
+    started = allocation.started_at + timedelta(seconds=7)
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=started, engine_state="RUNNING")
+    engine.follow(fake, now=started + timedelta(seconds=1))
+    allocation.refresh_from_db()
+    assert allocation.started_at == started == allocation.launched_at
+    assert allocation.usage.held_seconds == 0 and allocation.usage.started_at == started
+    # Counted as E31's own from then on, not as another user's.
+    engine.sync_nodes(Engine(info("n1", devices=4, free=2)))
+    assert Node.objects.get(name="n1").busy_elsewhere == 0
+
+
+def test_a_job_the_engine_leaves_pending_goes_back_unbilled_with_the_engines_reason(placed, settings):
+    fake, job, allocation, handle = placed
+    settings.E31_ENGINE_PENDING_SECONDS = 30
+    engine.follow(fake, now=allocation.started_at + timedelta(seconds=10))
+    assert Allocation.objects.get(pk=allocation.pk).ended_at is None
+    engine.follow(fake, now=allocation.started_at + timedelta(seconds=31))
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert fake.stopped == [(handle, False)]
+    assert allocation.ended_at == allocation.started_at and allocation.usage.held_seconds == 0
+    assert job.state == "queued" and "did not start it on n1 within 30 s (Priority)" in job.timeline().last().data["reason"]
+
+
+def test_a_job_the_engine_lost_is_requeued_from_the_engines_end(placed):
+    fake, job, allocation, handle = placed
+    started = allocation.started_at
+    Job.objects.filter(pk=job.pk).update(state="running")
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=started)
+    engine.follow(fake)
+    ended = started + timedelta(seconds=40)
+    fake.statuses[handle] = base.AllocationStatus(state=base.NODE_LOST, started_at=started, ended_at=ended, engine_state="NODE_FAIL")
+    engine.follow(fake, now=ended + timedelta(seconds=5))
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert (allocation.ended_at, allocation.end_reason, job.state) == (ended, Allocation.NODE_LOST, "queued")
+    assert allocation.usage.held_seconds == 40
+    assert job.restarts == 1
+    # Once ended, the engine's accounting is kept beside the meter.
+    engine.follow(fake, now=ended + timedelta(seconds=6))
+    assert Allocation.objects.get(pk=allocation.pk).engine_seconds == 40
+
+
+def test_a_refused_submission_releases_the_compute_unbilled(alice, rate, settings, tmp_path):
+    settings.E31_ENGINE_WORK_DIR = tmp_path / "engine"
+
+    class Refusing(Engine):
+        def start(self, request):
+            raise RuntimeError("sbatch: error: invalid account")
+
+    fake = Refusing(info("n1", devices=4, free=4))
+    engine.sync_nodes(fake)
+    job = make_job(alice, name="refused", gpus=1)
+    [allocation] = services.schedule()
+    assert engine.launch_new(fake) == []
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert allocation.ended_at == allocation.started_at and job.state == "queued"
+    assert "invalid account" in job.timeline().last().data["reason"]
+
+
+def test_a_node_the_engine_runs_is_not_staged_on_beforehand(alice, rate):
+    engine.sync_nodes(Engine(info("n1", devices=4, free=4)))
+    make_job(alice, name="no-staging", gpus=1)
+    assert services.line_up() == []
+    [queued] = services.queued_jobs()
+    assert queued.staged_on == frozenset({str(Node.objects.get().pk)})
