@@ -210,6 +210,13 @@ def follow(executor, now=None):
         if status is None:
             continue
         if allocation.ended_at is None:
+            if status.state == base.PENDING and allocation.job.cancel_requested_at is not None:
+                # Cancelled before Slurm started it: no agent to tell, nothing held, nothing billed.
+                if allocation.engine_handle not in stopped:
+                    stopped.add(allocation.engine_handle)
+                    executor.stop(allocation.engine_handle, graceful=False)
+                end_allocation(allocation, allocation.started_at, Allocation.CANCELLED, states.CANCELLED, "cancelled before Slurm started it")
+                continue
             if status.state == base.PENDING:
                 if pending_too_long(allocation.started_at, now, pending) and allocation.engine_handle not in stopped:
                     stopped.add(allocation.engine_handle)

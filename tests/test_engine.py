@@ -187,6 +187,16 @@ def test_a_job_the_engine_leaves_pending_goes_back_unbilled_with_the_engines_rea
     assert job.state == "queued" and "did not start it on n1 within 30 s (Priority)" in job.timeline().last().data["reason"]
 
 
+def test_a_job_cancelled_while_the_engine_has_not_started_it_ends_there_and_here_unbilled(placed):
+    fake, job, allocation, handle = placed
+    job.request_cancel()
+    engine.follow(fake, now=allocation.started_at + timedelta(seconds=5))
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert fake.stopped == [(handle, False)]
+    assert (job.state, allocation.end_reason, allocation.usage.held_seconds) == ("cancelled", Allocation.CANCELLED, 0)
+
+
 def test_a_job_the_engine_lost_is_requeued_from_the_engines_end(placed):
     fake, job, allocation, handle = placed
     started = allocation.started_at

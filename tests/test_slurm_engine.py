@@ -84,3 +84,78 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
         deadline = time.monotonic() + 30
         while slurm.squeue_ids() and time.monotonic() < deadline:
             time.sleep(0.5)
+
+
+def slurm_system(slurm, **extra):  # noqa: F811
+    env = {
+        "E31_EXECUTOR": "slurm",
+        "E31_SLURM_CONF": str(slurm.conf),
+        "E31_SLURM_PARTITIONS": slurm.partition,
+        "E31_ENGINE_SECONDS": "0.5",
+        "E31_ENGINE_MEMORY_MB_PER_DEVICE": "512",
+        **extra,
+    }
+    return LiveSystem(env=env)
+
+
+def submit_steps(system, tmp_path, steps, pause):
+    """The checkpointing regression of tests/test_gangs.py on one process: a step every pause
+    seconds, a checkpoint every 5 steps."""
+    from tests.test_gangs import DDP_SCRIPT
+
+    script = tmp_path / "train.py"
+    script.write_bytes(DDP_SCRIPT)
+    spec = {"name": "steps", "gpus": 1, "span_hours": 1, "config": {"steps": steps, "sleep": pause}, "max_restarts": 3, "train_dataset": "digits"}
+    return system.submit(spec, script)["id"]
+
+
+def e31_jobs_in_slurm(slurm):
+    return [line for line in slurm.run("squeue", "--noheader", "--format=%j %T").stdout.splitlines() if line.startswith("e31-")]
+
+
+@pytest.mark.bench
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_cancelled_job_stops_gracefully_inside_slurm_and_its_slurm_job_ends(slurm, tmp_path):  # noqa: F811
+    system = slurm_system(slurm)
+    try:
+        system.start(runner=False)
+        job_id = submit_steps(system, tmp_path, steps=2000, pause=0.1)
+        system.wait_until(lambda: [e for e in system.job(job_id)["timeline"] if e["kind"] == "checkpoint"], 120, "a checkpoint")
+        assert system.api("POST", f"/api/jobs/{job_id}/cancel/").status_code in (200, 202)
+        job = system.wait_for_state(job_id, timeout=60)
+        assert job["state"] == "cancelled", (job, system.logs())
+        system.wait_until(lambda: not e31_jobs_in_slurm(slurm), 30, "its Slurm job to end")
+        assert job["held_seconds"] > 0
+    finally:
+        system.stop()
+
+
+@pytest.mark.bench
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_returns(slurm, tmp_path):  # noqa: F811
+    system = slurm_system(slurm)
+    try:
+        system.start(runner=False)
+        job_id = submit_steps(system, tmp_path, steps=60, pause=1.0)
+        system.wait_until(lambda: [e for e in system.job(job_id)["timeline"] if e["kind"] == "checkpoint"], 120, "a checkpoint")
+        slurm.stop_slurmd()  # the node's daemon dies: Slurm gives the node up after SlurmdTimeout
+        requeued = system.wait_until(lambda: (j := system.job(job_id))["restarts"] == 1 and j, 90, "the job to be requeued")
+        assert requeued["state"] == "queued", requeued
+        assert "node was lost" in requeued["wait_reason"] or requeued["timeline"][-1]["kind"] in ("state", "notice")
+        assert requeued["credited_seconds"] > 0, "the time since its last checkpoint is credited"
+        time.sleep(3)
+        assert system.job(job_id)["state"] == "queued", "the node is down: nothing is placed there"
+        slurm.start_slurmd()
+        slurm.wait_for_state("idle", "mixed", timeout=60)
+        job = system.wait_for_state(job_id, timeout=240)
+        assert job["state"] == "succeeded", (job, system.logs())
+        resumes = [e for e in job["timeline"] if e["kind"] == "resume"]
+        assert resumes and resumes[0]["step"] >= 5
+        assert len(job["allocations"]) == 1 and job["restarts"] == 1
+    finally:
+        if "slurmd" not in slurm.processes:
+            slurm.start_slurmd()
+            slurm.wait_for_state("idle", "mixed", timeout=60)
+        system.stop()
