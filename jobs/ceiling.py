@@ -44,14 +44,15 @@ def ceiling_use(ceiling_amount, ceiling_gpu_hours, billed, gpu_seconds):
     return CeilingUse(fraction.quantize(FRACTION_PLACES, rounding=ROUND_FLOOR), amount_left, gpu_hours_left)
 
 
-def job_ceiling(job, now=None, credits=None):
-    """ceiling_use for a job as it stands, live for an allocation still held. credits: the job's
-    with their usage records, where the caller has them (a list's prefetch, jobs.serializers)."""
+def job_ceiling(job, now=None, credits=None, allocations=None):
+    """ceiling_use for a job as it stands, live for an allocation still held. credits (with
+    their usage records) and allocations: the job's, where the caller has them (a list's
+    prefetch, jobs.serializers)."""
     if job.ceiling_amount is None and job.ceiling_gpu_hours is None:
         return None
     now = now or timezone.now()
     billed, gpu_seconds = Decimal(0), 0
-    for allocation in job.allocations.all():
+    for allocation in job.allocations.all() if allocations is None else allocations:
         seconds, amount = allocation.meter(now)
         billed += amount
         gpu_seconds += allocation.gpus * seconds

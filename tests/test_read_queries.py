@@ -2,7 +2,7 @@
 the team has and however much each logged (issue 24): the job list (API and page), a job's detail
 (API and page), its log from a point (?after=), its metrics, and the team's usage. Counted with
 CaptureQueriesContext on a small team and on a team with four times the jobs, each with four
-times the events, allocations and outputs."""
+times the events, allocations, usage records and outputs. bench/read_load.py times them."""
 
 import io
 from datetime import UTC, datetime, timedelta
@@ -61,7 +61,7 @@ def reads(job):
         "job (page)": f"/jobs/{job.pk}/",
         "log after a point (API)": f"/api/jobs/{job.pk}/logs/?after=5",
         "metrics (API)": f"/api/jobs/{job.pk}/metrics/",
-        "usage (API)": "/api/usage/",
+        "usage (API)": f"/api/usage/?month={STARTED:%Y-%m}",  # the month the records are billed in
     }
 
 
