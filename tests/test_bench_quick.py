@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm_cluster import missing_tools
 from tests.test_isolation import CGROUPS
 from tests.test_isolation import ROOT as AS_ROOT
 
@@ -41,6 +42,9 @@ def cases():
         if path.stem == "sandbox_overhead":
             # It compares a run with job isolation and one without: nothing to run where there is none.
             marks.append(pytest.mark.skipif(not ISOLATION, reason="needs a root runner with cgroups and bubblewrap"))
+        if path.stem == "slurm_overhead":
+            # It starts a test Slurm (tests/slurm_cluster.py), as root, from Debian's packages.
+            marks.append(pytest.mark.skipif(bool(missing_tools()) or not AS_ROOT, reason="needs root and slurm-wlm and munge (bin/setup test)"))
         yield pytest.param(path, [], marks=marks, id=path.stem)
     # A clone without ../shared/traces (as CI's may be): the synthetic trace instead.
     yield pytest.param(

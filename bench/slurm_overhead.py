@@ -1,0 +1,102 @@
+"""Slurm overhead: the digits example through the Slurm executor against our local runner.
+
+Two systems side by side on this machine: one with our runner (the embedded default), one with
+E31_EXECUTOR=slurm on a real single-node Slurm started here (tests/slurm_cluster.py: Debian's
+slurm-wlm and munge, as root; bin/setup test installs them). The same digits job is submitted to
+each in turn, alternating, so a noisy machine weighs on both alike, and for each run two figures
+are read from the job itself:
+
+- held: allocation to release, the seconds billed (through Slurm: from Slurm's start to our agent's
+  end, which includes starting our agent inside the Slurm job and staging the job's data there,
+  where the runner had it staged before the meter started);
+- turnaround: submission to succeeded, as the user waits for it.
+
+Prints each run, the medians of each side, and last the ratio of the medians of held time,
+Slurm over local (issue 26's target: at most 1.10). Exits 1 if a job does not succeed.
+
+    .venv/bin/python bench/slurm_overhead.py [--rounds 5] [--epochs 5] [--quick]
+
+--quick (CI: the benchmark still works, about a minute on 2 cores): one round of one epoch.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.slurm_cluster import SlurmCluster, missing_tools  # noqa: E402
+from tests.system import LiveSystem  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "digits" / "train.py"
+
+
+def run_once(system, name, epochs):
+    started = time.monotonic()
+    job = system.submit({"name": name, "train_dataset": "digits", "gpus": 1, "span_hours": 0.5, "config": {"epochs": epochs}}, EXAMPLE)
+    done = system.wait_for_state(job["id"], timeout=600)
+    turnaround = time.monotonic() - started
+    if done["state"] != "succeeded":
+        sys.exit(f"{name} ended {done['state']}: {done.get('reason')}\n{system.logs()[-4000:]}")
+    [allocation] = done["allocations"]
+    held = (parse(allocation["ended_at"]) - parse(allocation["started_at"])).total_seconds()
+    return held, turnaround
+
+
+def parse(text):
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one round of one epoch (CI: the benchmark still works)")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.epochs = 1, 1
+    missing = missing_tools()
+    if missing or os.geteuid() != 0:
+        sys.exit(f"needs a test Slurm: root, and {', '.join(missing) or 'the Slurm tools'} (bin/setup test installs slurm-wlm and munge)")
+
+    cluster = SlurmCluster().start()
+    slurm_env = {
+        "E31_EXECUTOR": "slurm",
+        "E31_SLURM_CONF": str(cluster.conf),
+        "E31_SLURM_PARTITIONS": cluster.partition,
+        "E31_ENGINE_SECONDS": "0.2",
+        "E31_ENGINE_MEMORY_MB_PER_DEVICE": "1024",
+    }
+    local, slurm = LiveSystem(devices=1), LiveSystem(devices=1, env=slurm_env)
+    figures = {"local": [], "slurm": []}
+    try:
+        local.start()
+        slurm.start(runner=False)
+        print(f"Slurm started in {cluster.started_in:.1f} s; node {cluster.node} with {cluster.cpus} CPUs")
+        # One run each to warm up (imports, the runner's staging of the digits data): not counted.
+        run_once(local, "warm-local", 1)
+        run_once(slurm, "warm-slurm", 1)
+        print(f"{'run':<12} {'held s':>8} {'turnaround s':>13}")
+        for n in range(args.rounds):
+            for side, system in (("local", local), ("slurm", slurm)) if n % 2 == 0 else (("slurm", slurm), ("local", local)):
+                held, turnaround = run_once(system, f"{side}-{n}", args.epochs)
+                figures[side].append((held, turnaround))
+                print(f"{side}-{n:<6} {held:>8.2f} {turnaround:>13.2f}")
+    finally:
+        local.stop()
+        slurm.stop()
+        cluster.stop()
+    medians = {side: (statistics.median(h for h, _ in runs), statistics.median(t for _, t in runs)) for side, runs in figures.items()}
+    for side, (held, turnaround) in medians.items():
+        print(f"median {side}: held {held:.2f} s, turnaround {turnaround:.2f} s")
+    print(f"turnaround, Slurm over local: {medians['slurm'][1] / medians['local'][1]:.2f}")
+    print(f"held time (billed), Slurm over local (target at most 1.10): {medians['slurm'][0] / medians['local'][0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
