@@ -33,7 +33,10 @@ def expire_lost_nodes(now=None, last_failure_at=None):
         return 0
     cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS)
     count = 0
-    for node in Node.objects.filter(lost_at__isnull=True, stopped_at__isnull=True, last_heartbeat__lt=cutoff):
+    # A cluster engine's nodes are not ours to declare lost: their heartbeat is the scheduler's
+    # last read of the engine (a restart of Slurm's controller must not end the jobs our agents
+    # still run there), and the engine itself reports a node that failed (scheduler/engine.py).
+    for node in Node.objects.filter(executor="", lost_at__isnull=True, stopped_at__isnull=True, last_heartbeat__lt=cutoff):
         with transaction.atomic():
             # Re-checked in the update: a heartbeat that landed since the read keeps the node.
             silent = Node.objects.filter(pk=node.pk, lost_at__isnull=True, last_heartbeat__lt=cutoff)

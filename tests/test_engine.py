@@ -7,9 +7,10 @@ functions, tested on their own."""
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from jobs.models import Job
-from scheduler import engine, services
+from scheduler import allocations, engine, services
 from scheduler.executors import base
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job
@@ -214,6 +215,16 @@ def test_a_job_the_engine_lost_is_requeued_from_the_engines_end(placed):
     # Once ended, the engine's accounting is kept beside the meter.
     engine.follow(fake, now=ended + timedelta(seconds=6))
     assert Allocation.objects.get(pk=allocation.pk).engine_seconds == 40
+
+
+def test_an_engine_that_does_not_answer_ends_nothing_and_offers_nothing(placed, settings):
+    # Slurm's controller restarting: its nodes go silent, but the jobs our agents run there go
+    # on; the engine says itself when a node failed.
+    allocation = placed[2]
+    later = timezone.now() + timedelta(seconds=settings.E31_NODE_TIMEOUT_SECONDS + 60)
+    assert allocations.expire_lost_nodes(now=later) == 0
+    assert Allocation.objects.get(pk=allocation.pk).ended_at is None
+    assert services.node_states(later) == [], "nothing new is placed on it meanwhile"
 
 
 def test_a_refused_submission_releases_the_compute_unbilled(alice, rate, settings, tmp_path):
