@@ -900,4 +900,5 @@ class AllocationAgent(Runner):
             super().stop_all(reason)
         finally:
             self.node = node
-            shutil.rmtree(self.work_dir.parent, ignore_errors=True)  # its runs, its cache
+            for folder in (self.work_dir, self.cache.root, self.env_root):  # not Slurm's files beside them
+                shutil.rmtree(folder, ignore_errors=True)

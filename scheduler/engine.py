@@ -180,7 +180,9 @@ def launch_new(executor, now=None):
             continue
         seen.add(key)
         parts = [allocation] if not allocation.gang else list(fresh.filter(gang=allocation.gang).order_by("node_rank"))
-        workdir = Path(settings.E31_ENGINE_WORK_DIR) / str(parts[0].pk)
+        # Slurm's files (the batch script, the agent's output) beside the agent's folder
+        # (agent.runner.AllocationAgent: runs/, cache/), kept after it for the operator.
+        workdir = Path(settings.E31_ENGINE_WORK_DIR) / str(parts[0].pk) / "slurm"
         try:
             handle = executor.start(request_for(parts, workdir))
         except Exception as error:  # noqa: BLE001 - whatever the engine said, the compute goes back

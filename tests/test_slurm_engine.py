@@ -74,6 +74,12 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
         assert status.engine_state == "COMPLETED"
         elapsed = (status.ended_at - status.started_at).total_seconds()
         assert abs(done["held_seconds"] - elapsed) <= 1.0, (done["held_seconds"], elapsed)
+        # What the agent leaves: Slurm's files (its output, for the operator), the submitting
+        # user's alone; nothing of the job's run or its data.
+        [folder] = (system.var_dir / "engine").iterdir()
+        assert sorted(p.name for p in folder.iterdir()) == ["slurm"]
+        assert (folder / "slurm").stat().st_mode & 0o777 == 0o700
+        assert "agent: allocation" in (folder / "slurm" / f"slurm-{handles[-1]}.out").read_text()
         # The other user's job ran to its end, untouched.
         finished = slurm.run("scontrol", "show", "job", "-o", other).stdout
         assert "JobState=COMPLETED" in finished, finished

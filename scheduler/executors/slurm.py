@@ -376,7 +376,10 @@ class SlurmExecutor:
     def start(self, request: AllocationRequest) -> str:
         if not request.nodes or not request.command:
             raise ValueError("an allocation needs nodes and a command")
-        os.makedirs(request.workdir, exist_ok=True)
+        # The batch script and Slurm's output files: the submitting user's alone (the jobs of
+        # E31's teams run as other users on the node).
+        os.makedirs(request.workdir, mode=0o700, exist_ok=True)
+        os.chmod(request.workdir, 0o700)
         script = os.path.join(request.workdir, "e31-slurm-batch.sh")
         with open(script, "w") as f:
             f.write(BATCH_SCRIPT)
