@@ -157,6 +157,28 @@ def test_a_node_is_up_silent_lost_or_stopped():
     assert nodes[0].free == 1
 
 
+def test_an_engines_node_is_drained_or_down_as_the_engine_says_and_others_work_is_not_free():
+    beat = NOW - timedelta(seconds=10)
+    slurm = figures.NodeRow("s", "cpu", 8, 2, beat, executor="slurm", busy_elsewhere=3, engine_state="up")
+    assert slurm.status(NOW, 30) == figures.UP and slurm.free == 3
+    drained = figures.NodeRow("s", "cpu", 8, 0, beat, executor="slurm", engine_state="drained", engine_reason="maintenance")
+    assert drained.status(NOW, 30) == figures.DRAINED
+    assert figures.pool_totals([slurm, drained], NOW, 30) == (8, 2)
+
+
+@nodb
+def test_an_allocation_billed_more_than_a_second_off_the_engines_elapsed_is_shown():
+    start = NOW - HOUR
+    rows = [
+        ("a1", "j1", "agrees", "n", "11", start, start + timedelta(seconds=100.6), 100.0),
+        ("a2", "j2", "overbilled", "n", "12", start, start + timedelta(seconds=104), 100.0),
+        ("a3", "j3", "forgotten", "n", "13", start, start + timedelta(seconds=50), -1.0),
+        ("a4", "j4", "underbilled", "n", "14", start, start + timedelta(seconds=200), 230.0),
+    ]
+    found = figures.disagreements(rows)
+    assert [(d.job_name, d.difference) for d in found] == [("underbilled", -30.0), ("overbilled", 4.0)]
+
+
 def values(text):
     """{(sample name, sorted labels): value} of a Prometheus text exposition, through its parser."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
@@ -285,6 +307,44 @@ def test_the_operator_page_shows_staff_the_pool(client, staff, world):
     # 2 devices for 2 hours (running) + 1 for an hour (done), possibly split over two days
     assert '<th class="num" id="days-hours">5.00</th>' in page
     assert f'href="{reverse("ops:pool")}"' in page  # the nav link, for staff
+    assert 'id="ops-engine"' not in page, "no cluster engine: no section of its accounting"
+
+
+def test_the_operator_page_shows_slurms_nodes_and_where_its_accounting_disagrees(client, staff, world):
+    from django.utils import timezone as dj_timezone
+
+    now = dj_timezone.now()
+    node = Node.objects.create(name="slurm-1", device_type="cpu", devices=8, executor="slurm", busy_elsewhere=5, engine_state="up", last_heartbeat=now)
+    Node.objects.create(name="slurm-2", device_type="cpu", devices=8, executor="slurm", engine_state="drained", engine_reason="bad fan", last_heartbeat=now)
+    job = world["running"]
+    started = now - HOUR
+    off = Allocation.objects.create(
+        job=job,
+        node=node,
+        devices=[0],
+        device_type="cpu",
+        rate=Decimal("2.40"),
+        started_at=started,
+        ended_at=started + timedelta(seconds=100),
+        engine_handle="4242",
+        engine_seconds=95.0,
+    )
+    Allocation.objects.create(
+        job=job,
+        node=node,
+        devices=[1],
+        device_type="cpu",
+        rate=Decimal("2.40"),
+        started_at=started,
+        ended_at=started + timedelta(seconds=60),
+        engine_handle="4243",
+        engine_seconds=60.0,
+    )
+    client.force_login(staff)
+    page = client.get(reverse("ops:pool")).content.decode()
+    assert "+ 5 others&#x27;" in page or "+ 5 others'" in page
+    assert "ops-drained" in page and "bad fan" in page
+    assert f'data-allocation="{off.pk}"' in page and "4242" in page and "4243" not in page
 
 
 def test_metrics_are_refused_without_a_staff_token(client, alice, world):

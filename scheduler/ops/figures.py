@@ -14,6 +14,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
 UP, SILENT, LOST, STOPPED = "up", "silent", "lost", "stopped"
+DRAINED, DOWN = "drained", "down"  # as a cluster engine (Slurm) reports its node
 AMOUNT_PLACES = Decimal("0.00000001")
 
 
@@ -305,20 +306,60 @@ class NodeRow:
     last_heartbeat: datetime
     lost_at: datetime | None = None
     stopped_at: datetime | None = None
+    executor: str = ""  # a cluster engine's node ("slurm"); blank: a runner's
+    busy_elsewhere: int = 0  # devices the engine's other users hold
+    engine_state: str = ""
+    engine_reason: str = ""
 
     def status(self, now, timeout_seconds):
-        """up; silent (no heartbeat for the timeout, not yet declared lost); lost; stopped."""
+        """up; silent (no heartbeat for the timeout, not yet declared lost; for an engine's
+        node, the engine not answering); lost; stopped; drained or down (as the engine says)."""
         if self.lost_at is not None:
             return LOST
         if self.stopped_at is not None:
             return STOPPED
         if (now - self.last_heartbeat).total_seconds() > timeout_seconds:
             return SILENT
+        if self.executor and self.engine_state in (DRAINED, DOWN):
+            return self.engine_state
         return UP
 
     @property
     def free(self):
-        return max(0, self.devices - self.allocated)
+        return max(0, self.devices - self.allocated - self.busy_elsewhere)
+
+
+@dataclass(frozen=True)
+class EngineDisagreement:
+    """An allocation whose billed seconds and the engine's elapsed seconds differ by more than
+    a second: for the operator to look at (scheduler/engine.py reconcile)."""
+
+    allocation_id: str
+    job_id: str
+    job_name: str
+    node: str
+    handle: str
+    ended_at: datetime
+    billed_seconds: float
+    engine_seconds: float
+
+    @property
+    def difference(self):
+        return self.billed_seconds - self.engine_seconds
+
+
+def disagreements(rows, agree_seconds=1.0):
+    """Of (allocation, job, name, node, handle, started_at, ended_at, engine_seconds) rows, those
+    whose meter (ended - started) differs from the engine by more than agree_seconds, newest first.
+    An engine_seconds below 0: the engine no longer remembered the job (nothing to compare)."""
+    found = []
+    for allocation_id, job_id, name, node, handle, started_at, ended_at, engine_seconds in rows:
+        if engine_seconds is None or engine_seconds < 0 or ended_at is None:
+            continue
+        billed = (ended_at - started_at).total_seconds()
+        if abs(billed - engine_seconds) > agree_seconds:
+            found.append(EngineDisagreement(str(allocation_id), str(job_id), name, node, handle, ended_at, billed, engine_seconds))
+    return sorted(found, key=lambda d: d.ended_at, reverse=True)
 
 
 def pool_totals(nodes, now, timeout_seconds):

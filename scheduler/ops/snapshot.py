@@ -40,9 +40,24 @@ def nodes():
             last_heartbeat=n.last_heartbeat,
             lost_at=n.lost_at,
             stopped_at=n.stopped_at,
+            executor=n.executor,
+            busy_elsewhere=n.busy_elsewhere,
+            engine_state=n.engine_state,
+            engine_reason=n.engine_reason,
         )
         for n in Node.objects.order_by("name")
     ]
+
+
+def engine_disagreements(now, days=30):
+    """Allocations of the last days whose billed time and the engine's accounting differ by
+    more than a second (one query)."""
+    rows = (
+        Allocation.objects.filter(ended_at__gte=now - timedelta(days=days), engine_seconds__isnull=False)
+        .order_by("-ended_at")
+        .values_list("pk", "job_id", "job__name", "node__name", "engine_handle", "started_at", "ended_at", "engine_seconds")[:1000]
+    )
+    return figures.disagreements(rows)
 
 
 def queued():

@@ -50,6 +50,8 @@ def pool_page(request):
     context = {
         "now": now,
         "nodes": [(node, node.status(now, timeout)) for node in nodes],
+        "engine_nodes": any(node.executor for node in nodes),
+        "disagreements": ops.engine_disagreements(now),
         "offered": offered,
         "allocated": allocated,
         "queue": figures.queue_by_team(queued),
