@@ -47,21 +47,25 @@ def _which(name):
 
 
 class SlurmCluster:
-    """One controller and one node (this machine, its CPUs as the slots) in one partition."""
+    """One controller and one node (this machine, its CPUs as the slots) in one partition; with
+    nodes=N, N nodes on this machine (a slurmd each, `slurmd -N`, on ports of their own), the
+    machine's CPUs shared out between them: for runs across nodes through srun."""
 
     partition = "e31test"
 
-    def __init__(self):
+    def __init__(self, nodes=1):
         self.root = Path(tempfile.mkdtemp(prefix="e31-slurm-"))
         self.root.chmod(0o755)  # munged (as the munge user) must reach its socket folder
-        self.node = socket.gethostname().split(".")[0]
-        self.cpus = os.cpu_count() or 1
+        self.host = socket.gethostname().split(".")[0]
+        self.names = [self.host] if nodes == 1 else [f"e31n{i}" for i in range(1, nodes + 1)]
+        self.node = self.names[0]
+        self.cpus = max(1, (os.cpu_count() or 1) // nodes)
         # slurmd drains a node whose configured memory is more than it finds: leave a reserve.
         total = _memory_mb()
         self.memory_mb = total - max(512, total // 10)
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
-        self.ctld_port, self.slurmd_port = _free_ports(2)
+        self.ctld_port, self.slurmd_port, *self.node_ports = _free_ports(2 + len(self.names))
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.processes: dict[str, subprocess.Popen] = {}
 
@@ -73,6 +77,9 @@ class SlurmCluster:
         self._write_conf()
         for folder in ("state", "spool", "log", "run"):
             (self.root / folder).mkdir()
+        if len(self.names) > 1:
+            for name in self.names:
+                (self.root / "spool" / name).mkdir()
         self.processes["slurmctld"] = self._daemon("slurmctld", [_which("slurmctld"), "-D", "-i"])
         self.start_slurmd()
         self.wait_for_state("idle", timeout=timeout - (time.monotonic() - started))
@@ -110,11 +117,12 @@ class SlurmCluster:
 
     def _write_conf(self):
         r = self.root
+        many = len(self.names) > 1
         self.conf.write_text(
             "\n".join(
                 [
                     "ClusterName=e31test",
-                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldHost={self.host}(127.0.0.1)",
                     "SlurmUser=root",
                     f"SlurmctldPort={self.ctld_port}",
                     f"SlurmdPort={self.slurmd_port}",
@@ -122,11 +130,11 @@ class SlurmCluster:
                     "CredType=cred/munge",
                     f"AuthInfo=socket={self.munge_socket}",
                     f"StateSaveLocation={r / 'state'}",
-                    f"SlurmdSpoolDir={r / 'spool'}",
+                    f"SlurmdSpoolDir={r / 'spool' / ('%n' if many else '')}".rstrip("/"),
                     f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={r / 'run' / 'slurmd.pid'}",
+                    f"SlurmdPidFile={r / 'run' / ('slurmd-%n.pid' if many else 'slurmd.pid')}",
                     f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-                    f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
+                    f"SlurmdLogFile={r / 'log' / ('slurmd-%n.log' if many else 'slurmd.log')}",
                     "ProctrackType=proctrack/linuxproc",
                     "TaskPlugin=task/none",
                     "SelectType=select/cons_tres",
@@ -141,8 +149,16 @@ class SlurmCluster:
                     "KillWait=5",
                     "MinJobAge=600",
                     "DefMemPerCPU=64",  # a job that asks for no memory does not take the whole node's  # finished jobs stay visible to scontrol/squeue for the tests
-                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN",
-                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+                    *(
+                        [f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN"]
+                        if not many
+                        else [
+                            f"NodeName={name} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} "
+                            f"RealMemory={self.memory_mb // len(self.names)} State=UNKNOWN"
+                            for name, port in zip(self.names, self.node_ports, strict=True)
+                        ]
+                    ),
+                    f"PartitionName={self.partition} Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
                     "",
                 ]
             )
@@ -153,16 +169,21 @@ class SlurmCluster:
         return subprocess.Popen(args, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
 
     def start_slurmd(self):
-        """Start (or restart, after stop_slurmd) the node's daemon."""
-        self.processes["slurmd"] = self._daemon("slurmd", [_which("slurmd"), "-D"])
+        """Start (or restart, after stop_slurmd) the nodes' daemons."""
+        if len(self.names) == 1:
+            self.processes["slurmd"] = self._daemon("slurmd", [_which("slurmd"), "-D"])
+            return
+        for name in self.names:
+            self.processes[f"slurmd-{name}"] = self._daemon(f"slurmd-{name}", [_which("slurmd"), "-D", "-N", name])
 
     def stop_slurmd(self, sig=signal.SIGKILL):
-        """Stop the node's daemon as a node failure would (SIGKILL by default): jobs' steps go on
-        until the controller gives the node up."""
-        process = self.processes.pop("slurmd", None)
-        if process is not None and process.poll() is None:
-            process.send_signal(sig)
-            process.wait(timeout=30)
+        """Stop the nodes' daemons as a node failure would (SIGKILL by default): jobs' steps go on
+        until the controller gives the nodes up."""
+        for key in [key for key in self.processes if key.startswith("slurmd")]:
+            process = self.processes.pop(key)
+            if process.poll() is None:
+                process.send_signal(sig)
+                process.wait(timeout=30)
 
     def stop(self):
         # Jobs first (so their steps end while slurmd is there to end them), then the daemons,
@@ -172,7 +193,7 @@ class SlurmCluster:
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self.squeue_ids():
                 time.sleep(0.5)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [key for key in self.processes if key.startswith("slurmd")] + ["slurmctld", "munged"]:
             process = self.processes.pop(name, None)
             if process is None or process.poll() is not None:
                 continue
@@ -192,8 +213,9 @@ class SlurmCluster:
     def node_state(self):
         """The node's state as sinfo prints it (idle, mixed, alloc, drain, down*, ...), or "" when
         the controller does not answer yet."""
-        done = self.run("sinfo", "--noheader", "--nodes", self.node, "--format=%t", check=False)
-        return done.stdout.strip() if done.returncode == 0 else ""
+        done = self.run("sinfo", "--noheader", "--nodes", ",".join(self.names), "--format=%t", check=False)
+        states = set(done.stdout.split()) if done.returncode == 0 else set()
+        return states.pop() if len(states) == 1 else ""  # every node in one state, or not yet
 
     def wait_for_state(self, *states, timeout=60):
         deadline = time.monotonic() + timeout
@@ -224,6 +246,16 @@ class SlurmCluster:
 def slurm():
     """A running single-node Slurm for the session: skipped where slurm-wlm and munge are not
     installed (bin/setup test installs them), except in CI, where that is a failure."""
+    yield from _running(nodes=1)
+
+
+@pytest.fixture(scope="module")
+def slurm_pair():
+    """A running Slurm of two nodes on this machine (a slurmd each), for runs across nodes."""
+    yield from _running(nodes=2)
+
+
+def _running(nodes):
     missing = missing_tools()
     if missing:
         reason = f"Slurm is not installed here (missing {', '.join(missing)}): run bin/setup test, or apt-get install slurm-wlm munge"
@@ -235,7 +267,7 @@ def slurm():
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = SlurmCluster()
+    cluster = SlurmCluster(nodes=nodes)
     try:
         cluster.start()
         yield cluster

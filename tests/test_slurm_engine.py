@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.slurm_cluster import slurm  # noqa: F401 - the fixture
+from tests.slurm_cluster import slurm, slurm_pair  # noqa: F401 - the fixtures
 from tests.system import LiveSystem
 from tests.test_e2e import EXAMPLE, heldout_accuracy
 
@@ -68,7 +68,7 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
 
         # Billed: what Slurm held, within a second.
         handles = system.manage(
-            "shell", "-c", f"from scheduler.models import Allocation; print(Allocation.objects.get(job_id='{job['id']}').engine_handle)"
+            "shell", "-v", "0", "-c", f"from scheduler.models import Allocation; print(Allocation.objects.get(job_id='{job['id']}').engine_handle)"
         ).split()
         status = slurm_elapsed(slurm, handles[-1])
         assert status.engine_state == "COMPLETED"
@@ -164,4 +164,39 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
         if "slurmd" not in slurm.processes:
             slurm.start_slurmd()
             slurm.wait_for_state("idle", "mixed", timeout=60)
+        system.stop()
+
+
+@pytest.mark.bench
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_a_gang_runs_as_one_slurm_job_over_two_nodes_with_an_agent_on_each(slurm_pair, tmp_path):  # noqa: F811
+    from tests.test_gangs import CONFIG, DDP_SCRIPT, ReferenceRun, assert_close, job_weights, log_ranks
+
+    system = slurm_system(slurm_pair)
+    reference = ReferenceRun(tmp_path / "ref", CONFIG)
+    try:
+        system.start(runner=False)
+        script = tmp_path / "train.py"
+        script.write_bytes(DDP_SCRIPT)
+        spec = {"name": "ddp-slurm", "gpus": 2, "span_hours": 1, "config": CONFIG, "max_restarts": 1, "train_dataset": "digits"}
+        job_id = system.submit(spec, script)["id"]
+        job = system.wait_for_state(job_id, timeout=300)
+        assert job["state"] == "succeeded", (job, system.logs())
+        assert sorted(a["node"] for a in job["allocations"]) == slurm_pair.names
+        assert [a["node_rank"] for a in job["allocations"]] == [0, 1]
+        assert log_ranks(system, job_id) == {0, 1}
+        assert_close(job_weights(system, job_id), reference.weights())
+        # One Slurm job over both nodes, not two.
+        handles = system.manage(
+            "shell",
+            "-v",
+            "0",
+            "-c",
+            f"from scheduler.models import Allocation; print(*Allocation.objects.filter(job_id='{job_id}').values_list('engine_handle', flat=True))",
+        ).split()
+        assert len(handles) == 2 and len(set(handles)) == 1
+        assert "NumNodes=2" in slurm_pair.run("scontrol", "show", "job", "-o", handles[0]).stdout
+    finally:
+        reference.close()
         system.stop()
