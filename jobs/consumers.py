@@ -5,25 +5,29 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db.models import Max
+from rest_framework.authtoken.models import Token
 
 from accounts import audit, ws_auth
 from accounts.access import team_of
+from accounts.models import Membership
 from jobs import live
-from jobs.models import Job, JobEvent, event_message
+from jobs.models import Job, JobEvent
 
 log = logging.getLogger(__name__)
-BATCH = 1000
-# On the Redis layer, each socket also looks for new rows this often by itself: announcements
+# On the Redis layer, each process also reads its watched jobs this often by itself: announcements
 # lost while Redis was away (or a receive loop broken by it) delay a watcher at most this long.
 CATCH_UP_SECONDS = 5.0
-# Each socket checks this often that its user is still on the job's team (and its token not
+# Each socket is checked this often that its user is still on the job's team (and its token not
 # revoked): the bound on how long a removed member or a revoked token keeps streaming (5 s, with
 # the check's query) where the message sent at the change cannot reach it (accounts/ws_auth.py).
 ACCESS_CHECK_SECONDS = 3.0
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):
-    """Streams a job's events: the backlog after ?after=<seq>, then each new one, in order, once."""
+    """Streams a job's events: the backlog after ?after=<seq>, then each new one, in order, once.
+
+    New events come from the process's Tail of the job (jobs/live.py), read and encoded once for
+    all its sockets; this socket reads for itself only its backlog and across a gap."""
 
     async def connect(self):
         self.job_id = await self.job_for_user(self.scope.get("user"), self.scope["url_route"]["kwargs"]["job_id"])
@@ -34,14 +38,17 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         self.group = live.group_name(self.job_id)
         self.last_seq = self.after_from_query()
         self.sending = asyncio.Lock()  # one sender at a time: each event goes out once, in order
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.waiting = []  # frames pushed while the sender was busy: (frame, first seq, last seq)
+        self.reading = None
+        self.access_key = (self.job_id, self.scope["user"].pk, self.scope.get("token"))
         self.user_group = ws_auth.user_group(self.scope["user"].pk)
         await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.accept()
+        self.tail = await live.hub.watch(self.job_id, self)  # frames pushed from here on wait for the backlog
         await self.send_events(backlog=True)
+        self.tail.begin(self.last_seq)
         live.relay.watch(self.job_id)
-        self.catching_up = asyncio.create_task(self.catch_up()) if settings.E31_LIVE_MODE == "redis" else None
-        self.checking_access = asyncio.create_task(self.check_access())
+        rounds.start()
 
     async def disconnect(self, code):
         await self.leave()
@@ -51,24 +58,27 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         group, self.group = getattr(self, "group", None), None
         if group is None:
             return
-        for task in (self.catching_up, self.checking_access):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
+        if self.reading is not None and self.reading is not asyncio.current_task():
+            self.reading.cancel()
         live.relay.unwatch(self.job_id)
-        await self.channel_layer.group_discard(group, self.channel_name)
+        await live.hub.unwatch(self.job_id, self)
         await self.channel_layer.group_discard(self.user_group, self.channel_name)
 
-    async def job_events(self, message):
-        if self.group is not None and message["last_seq"] > self.last_seq:
-            await self.send_events()
+    async def push(self, frame, first, last):
+        """Events first..last, as the text of a message, from the job's Tail."""
+        if self.group is None or last <= self.last_seq:
+            return
+        if first == self.last_seq + 1 and not self.sending.locked():
+            self.last_seq = last
+            await self.send(text_data=frame)
+            return
+        # Its backlog still going out, or a gap: the sender reads up to the tail, then sends this.
+        self.waiting.append((frame, first, last))
+        if not self.sending.locked():
+            self.reading = asyncio.create_task(self.send_events())
 
     async def access_changed(self, message):
         await self.close_unless_allowed()
-
-    async def check_access(self):
-        while self.group is not None:
-            await asyncio.sleep(ACCESS_CHECK_SECONDS)
-            await self.close_unless_allowed()
 
     async def close_unless_allowed(self):
         try:
@@ -76,31 +86,41 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         except Exception:  # noqa: BLE001 - the database away: no rows go out either; check again next round
             log.warning("checking access to job %s failed", self.job_id, exc_info=True)
             return
-        if not allowed and self.group is not None:
+        if not allowed:
+            await self.access_ended()
+
+    async def access_ended(self):
+        if self.group is not None:
             await self.leave()
             await self.close(code=4403)
 
-    async def catch_up(self):
-        while True:
-            await asyncio.sleep(CATCH_UP_SECONDS)
-            try:
-                await self.send_events()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the database away: the next round tries again
-                log.warning("catching up job %s failed", self.job_id, exc_info=True)
-
     async def send_events(self, backlog=False):
+        """Read and send the events after the last one sent, up to where the job's Tail stood
+        (all there are, before it starts), then the frames it pushed meanwhile, reading across
+        any gap between them up to the frame's end. Never past what the tail has pushed: a
+        socket that read ahead would find every frame overlapping and chase the job's output
+        with reads of its own."""
         async with self.sending:
             # Old meter ticks and staging progress are history: a (re)connecting client needs
             # only the latest of each.
             latest = await self.latest_progress() if backlog else {}
+            until, reading = self.tail.seq, True
             while True:
-                events = await self.fetch(self.last_seq, latest)
-                if not events:
+                if reading:
+                    events = await self.fetch(self.last_seq, latest, until)
+                    if events:
+                        self.last_seq = events[-1]["seq"]
+                        await self.send(text_data=live.frame(events))
+                    reading = bool(events) and (until is None or self.last_seq < until)
+                    continue
+                if not self.waiting:
                     return
-                self.last_seq = events[-1]["seq"]
-                await self.send_json({"type": "events", "events": events})
+                frame, first, last = self.waiting.pop(0)
+                if first == self.last_seq + 1:
+                    self.last_seq = last
+                    await self.send(text_data=frame)
+                elif last > self.last_seq:
+                    until, reading = last, True  # a gap before it, or an overlap: read up to its end instead
 
     def after_from_query(self):
         for pair in self.scope.get("query_string", b"").decode().split("&"):
@@ -131,8 +151,58 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         return dict(rows.values("kind").annotate(seq=Max("seq")).values_list("kind", "seq"))
 
     @database_sync_to_async
-    def fetch(self, after, latest):
-        rows = JobEvent.objects.filter(job_id=self.job_id, seq__gt=after).order_by("seq")
-        for kind, seq in latest.items():
-            rows = rows.exclude(kind=kind, seq__lt=seq)
-        return [event_message(*row) for row in rows.values_list(*JobEvent.MESSAGE_FIELDS)[:BATCH]]
+    def fetch(self, after, latest, until):
+        return live.events_after(self.job_id, after, latest, until)
+
+
+def allowed(keys):
+    """Of the sockets' (job id, user id, token or None), those whose user is still an active
+    member of the job's team with the token (if any) still theirs: three queries for them all."""
+    teams = dict(Job.objects.filter(pk__in={job for job, _, _ in keys}).values_list("pk", "team_id"))
+    members = dict(Membership.objects.filter(user_id__in={user for _, user, _ in keys}, user__is_active=True).values_list("user_id", "team_id"))
+    owners = dict(Token.objects.filter(key__in={token for _, _, token in keys if token}).values_list("key", "user_id"))
+    return {
+        (job, user, token)
+        for job, user, token in keys
+        if teams.get(job) is not None and members.get(user) == teams[job] and (not token or owners.get(token) == user)
+    }
+
+
+class Rounds:
+    """What this process does for all its sockets at once, each round a few queries whatever
+    their number: the access check and, on the Redis layer, the catch-up read."""
+
+    def __init__(self):
+        self.loop = None
+
+    def start(self):
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:  # one set of rounds per event loop (tests make new ones)
+            self.loop = loop
+            self.tasks = [loop.create_task(self.every(lambda: ACCESS_CHECK_SECONDS, self.check_access))]
+            if settings.E31_LIVE_MODE == "redis":
+                self.tasks.append(loop.create_task(self.every(lambda: CATCH_UP_SECONDS, live.hub.catch_up)))
+
+    @staticmethod
+    async def every(seconds, step):
+        while True:
+            await asyncio.sleep(seconds())  # read each round: tests change it
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the database or Redis away: the next round tries again
+                log.warning("a round over the job sockets failed", exc_info=True)
+
+    @staticmethod
+    async def check_access():
+        sockets = live.hub.sockets()
+        if not sockets:
+            return
+        still = await live.hub.run(allowed, {socket.access_key for socket in sockets})
+        for socket in sockets:
+            if socket.access_key not in still:
+                await socket.access_ended()
+
+
+rounds = Rounds()
