@@ -261,6 +261,7 @@ def main():
     parser.add_argument("--clients", type=int, default=2, help="watcher processes")
     parser.add_argument("--ping", type=float, nargs=2, metavar=("INTERVAL", "TIMEOUT"), help="daphne's --ping-interval and --ping-timeout")
     parser.add_argument("--profile", metavar="FILE", help="record the web worker with py-spy (installed) into this flame graph (.svg) or folded stacks")
+    parser.add_argument("--layer", default="pubsub", choices=["core", "pubsub"], help="the Redis channel layer (E31_CHANNEL_LAYER)")
     parser.add_argument("--quick", action="store_true", help="4 jobs, 20 watchers (2 slow), 10 s at 20 lines/s (CI: the benchmark still works)")
     args = parser.parse_args()
     if args.quick:
@@ -268,7 +269,7 @@ def main():
         args.runners, args.clients, args.ping = 2, 1, args.ping or (1, 1)
 
     context = multiprocessing.get_context("fork")
-    system = LiveSystem(database="postgres", redis=True)
+    system = LiveSystem(database="postgres", redis=True, env={"E31_CHANNEL_LAYER": args.layer})
     children = []
     try:
         system.start(runner=False)

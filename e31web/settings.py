@@ -158,12 +158,20 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_url("REDIS_URL", None, {"redis", "rediss"})
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000},
+    # "core": channels_redis's queue per channel; "pubsub": Redis PUBLISH/SUBSCRIBE, one
+    # subscription per process (what a live announcement needs: no queue to drain per message).
+    E31_CHANNEL_LAYER = env_str("E31_CHANNEL_LAYER", "pubsub")
+    if E31_CHANNEL_LAYER == "pubsub":
+        CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    elif E31_CHANNEL_LAYER == "core":
+        CHANNEL_LAYERS = {
+            "default": {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000},
+            }
         }
-    }
+    else:
+        raise ImproperlyConfigured(f"E31_CHANNEL_LAYER={E31_CHANNEL_LAYER!r} must be core or pubsub")
     E31_LIVE_MODE = "redis"
 else:
     # The in-memory layer lives in one process; runners and the scheduler run elsewhere, so each

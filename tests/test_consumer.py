@@ -16,11 +16,13 @@ from tests.conftest import make_job
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(params=["db", "redis"])
+@pytest.fixture(params=["db", "redis", "redis-pubsub"])
 def live_mode(request, settings):
-    settings.E31_LIVE_MODE = request.param
+    settings.E31_LIVE_MODE = request.param.split("-")[0]
     if request.param == "redis":
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
+    elif request.param == "redis-pubsub":  # the default with Redis (E31_CHANNEL_LAYER)
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
     else:
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     channel_layers.backends = {}

@@ -54,7 +54,7 @@ def test_production_settings(tmp_path):
     assert result.returncode == 0, result.stderr
     values = json.loads(result.stdout)
     assert values["engine"] == "django.db.backends.postgresql"
-    assert values["layer"] == "channels_redis.core.RedisChannelLayer" and values["live"] == "redis"
+    assert values["layer"] == "channels_redis.pubsub.RedisPubSubChannelLayer" and values["live"] == "redis"
     assert values["hosts"] == ["e31.example", "www.e31.example"]
     assert values["storage"] == str(tmp_path / "elsewhere")
 
@@ -77,6 +77,16 @@ def test_a_bad_value_is_an_error_at_start_up(tmp_path, name, value, message):
     result = check(tmp_path, **{name: value})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_the_queue_channel_layer_is_still_there_on_request(tmp_path):
+    import json
+
+    result = check(tmp_path, REDIS_URL="redis://cache:6379/0", E31_CHANNEL_LAYER="core")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["layer"] == "channels_redis.core.RedisChannelLayer"
+    result = check(tmp_path, REDIS_URL="redis://cache:6379/0", E31_CHANNEL_LAYER="kafka")
+    assert result.returncode != 0 and "E31_CHANNEL_LAYER='kafka' must be core or pubsub" in result.stderr
 
 
 def test_every_package_of_the_project_is_in_its_distribution():
