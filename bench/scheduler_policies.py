@@ -16,6 +16,14 @@
    mean JCT <= 1.05 x the oracle's (issue 25: SJF with EASY's reservation, told the true
    durations), <= 0.25 x FIFO's and <= 0.8 x EASY's; deadline satisfaction >= EDF's; utilization
    >= EASY's - 0.02; Jain's index over teams >= 0.85 (issue 25: skewed teams); longest wait of a 16+ GPU job <= EASY's.
+4. The spread of ours over settings and seeds with one set of constants (the traces, halves of the
+   long one, a tighter pool, synthetic loads): mean JCT / the oracle's, the worst size class's
+   longest wait / EASY's, the largest class's (issue 25's 1.25x target), Jain.
+5. The closing table per trace (itp_cluster02 on 128 GPUs, itp_cluster10 on 32; --seed, trace
+   deadlines): fifo, sjf, easy, sjf-easy, oracle, ours, and ours told the users' estimates alone
+   (ours is told min(estimate, the learned duration), as production is: scheduler.simulator), with
+   mean JCT, / the oracle's, the largest size class's longest wait / EASY's, Jain over teams,
+   deadlines met and told / true duration (median, p90).
 
 The last line: our mean JCT / FIFO's, and our deadline satisfaction / EDF's (128 GPUs; trace
 deadlines, then stretched).
@@ -77,23 +85,37 @@ def run_all(rows, gpus, deadlines, seed):
     return {name: simulator.metrics(simulator.simulate(jobs, nodes, name)) for name in simulator.NAMES}
 
 
-def size_class_waits(result, easy):
-    """The worst, over the size classes (1, 2-4, 8, 16+ GPUs), of the longest wait in the
-    class / the longest wait in it under EASY (a minute at least); jobs that never started
-    (larger than the pool) left out."""
-    worst = 0.0
-    for low, high in ((1, 1), (2, 4), (8, 8), (16, math.inf)):
+CLASSES = ((1, 1), (2, 4), (8, 8), (16, math.inf))  # size classes, GPUs
+
+
+def class_wait_ratios(result, easy):
+    """{size class: its longest wait / its longest wait under EASY (a minute at least)} over the
+    size classes (CLASSES) with jobs; jobs that never started (larger than the pool) left out."""
+    ratios = {}
+    for low, high in CLASSES:
         jobs = [j for j in result.jobs if low <= j.gpus <= high and None not in (result.outcomes[j.id].first_start, easy.outcomes[j.id].first_start)]
         if jobs:
             ours = max(result.outcomes[j.id].first_start - j.submit for j in jobs)
             theirs = max(easy.outcomes[j.id].first_start - j.submit for j in jobs)
-            worst = max(worst, ours / max(theirs, 60.0))
-    return worst
+            ratios[low, high] = ours / max(theirs, 60.0)
+    return ratios
+
+
+def size_class_waits(result, easy):
+    """The worst, over the size classes, of the longest wait in the class / EASY's."""
+    return max(class_wait_ratios(result, easy).values(), default=0.0)
+
+
+def largest_class_wait(result, easy):
+    """The longest wait of the largest size class with jobs (16+ GPUs where there are such) / EASY's."""
+    ratios = class_wait_ratios(result, easy)
+    return ratios[max(ratios)] if ratios else float("nan")
 
 
 def spread(settings, seeds):
     """ours against the oracle and EASY in every setting and seed, with the same constants:
-    [(setting, seed, mean JCT / oracle's, worst size class's longest wait / EASY's, Jain)]."""
+    [(setting, seed, mean JCT / oracle's, worst size class's longest wait / EASY's, the largest
+    class's, Jain)]."""
     rows = []
     for label, trace_rows, gpus in settings:
         for seed in seeds:
@@ -101,8 +123,36 @@ def spread(settings, seeds):
             nodes = simulator.make_nodes(gpus, 8)
             ours, oracle, easy = (simulator.simulate(jobs, nodes, name) for name in ("ours", "oracle", "easy"))
             m, o = simulator.metrics(ours), simulator.metrics(oracle)
-            rows.append((label, seed, m["mean_jct"] / o["mean_jct"], size_class_waits(ours, easy), m["jain_teams"]))
+            rows.append((label, seed, m["mean_jct"] / o["mean_jct"], size_class_waits(ours, easy), largest_class_wait(ours, easy), m["jain_teams"]))
     return rows
+
+
+CLOSING = ("fifo", "sjf", "easy", "sjf-easy", "oracle", "ours", "ours, not learning")
+
+
+def closing(rows, gpus, seed):
+    """The closing table of one trace (trace deadlines): CLOSING's rows ("ours, not learning":
+    ours told the users' estimates alone) against the oracle and EASY. Lines."""
+    jobs = simulator.prepare(rows, seed=seed)
+    nodes = simulator.make_nodes(gpus, 8)
+    results = {name: simulator.simulate(jobs, nodes, name) for name in CLOSING[:-1]}
+    results[CLOSING[-1]] = simulator.simulate(jobs, nodes, "ours", learn=False)
+    m = {name: simulator.metrics(r) for name, r in results.items()}
+    head = ("policy", "JCT mean h", "/ oracle", "largest class max wait / EASY", "Jain teams", "deadlines met", "told/true med", "p90")
+    body = [
+        (
+            name,
+            f"{m[name]['mean_jct'] / 3600:.2f}",
+            f"{m[name]['mean_jct'] / m['oracle']['mean_jct']:.3f}",
+            f"{largest_class_wait(results[name], results['easy']):.2f}",
+            f"{m[name]['jain_teams']:.3f}",
+            f"{m[name]['deadline_satisfaction']:.3f}",
+            *(f"{v:.2f}" for v in m[name]["estimate_accuracy"]),
+        )
+        for name in CLOSING
+    ]
+    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
+    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in (head, *body)]
 
 
 def big_pass(seed=1, jobs=10000, node_count=125):
@@ -246,12 +296,24 @@ def main():
         settings += [("synthetic load 0.7", synthetic_trace(3000, seed=0), 128), ("synthetic load 0.9", synthetic_trace(3000, seed=1, load=0.9), 128)]
         seeds = (0, 1, 2)
     table = spread(settings, seeds)
-    print("\nspread of ours, one set of constants (mean JCT / the oracle's; worst size class's longest wait / EASY's; Jain over skewed teams):")
-    for label, seed, jct, wait, jain in table:
-        print(f"  {label:<32} seed {seed}: {jct:.3f}  {wait:.2f}  {jain:.3f}")
-    for i, what in ((2, "mean JCT / oracle's"), (3, "longest wait / EASY's"), (4, "Jain")):
+    print(
+        "\nspread of ours, one set of constants (mean JCT / the oracle's; worst size class's longest wait / EASY's; "
+        "the largest class's; Jain over skewed teams):"
+    )
+    for label, seed, jct, wait, largest, jain in table:
+        print(f"  {label:<32} seed {seed}: {jct:.3f}  {wait:.2f}  {largest:.2f}  {jain:.3f}")
+    for i, what in ((2, "mean JCT / oracle's"), (3, "longest wait / EASY's"), (4, "largest class's longest wait / EASY's"), (5, "Jain")):
         values = [row[i] for row in table]
         print(f"  {what}: min {min(values):.3f}, median {statistics.median(values):.3f}, max {max(values):.3f}")
+
+    # The closing tables, one per trace at its README's GPU count (itp_cluster10: 32).
+    closings = [(f"{name} (its first {len(rows)} jobs)" if args.quick else name, rows, 128)]
+    if (TRACES / "itp_cluster10.csv").is_file():
+        closings.append(("itp_cluster10.csv", simulator.read_trace(TRACES / "itp_cluster10.csv"), 32))
+    for label, trace_rows, gpus in closings:
+        print(f"\n{label} on {gpus} GPUs, seed {args.seed}, the trace's deadlines: the policies against the oracle and EASY")
+        for line in closing(trace_rows, gpus, args.seed):
+            print("  " + line)
 
     t, s = results[128, "trace"], results[128, "stretched"]
     print(

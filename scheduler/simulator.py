@@ -21,6 +21,12 @@ What the policy sees and what decides, for a trace (columns in shared/traces/REA
   them exactly right, the median by half, one in twenty by 3x or more). The true duration
   decides when a job ends; a job never runs past its estimate here, but one that would is just
   extended (the policy then sees its expected end as now).
+- Learned durations (`ours`, or any policy with learn=True): as scheduler.services tells the
+  real scheduler, min(the estimate, jobs.durations.learned_seconds of the held times of the jobs
+  of the same work that had finished when the job arrived), a minute at least; the work is
+  work_of(job): its team, its trace's `user` where there is one, and its GPUs (a trace names no
+  code or config). Nothing from the future: a job's history is what ended before it was queued.
+  The baselines read the estimates alone, as the published algorithms do.
 - Deadlines: `trace` keeps the trace's own (submit + U(0.5, 1.5) x duration: about half cannot be
   met by a rigid job even started at once); `stretched` draws submit + duration x U(1.5, 3) from
   Random(f"{seed}-deadlines"), so every job can meet it.
@@ -64,6 +70,7 @@ class TraceJob:
     preemptible: bool = False
     not_before: float | None = None
     gpu_type: str = ""
+    user: str = ""
 
 
 @dataclass
@@ -72,6 +79,7 @@ class Outcome:
     finish: float | None = None
     preemptions: int = 0
     runs: list = field(default_factory=list)  # (start, end, ((node, devices), ...))
+    told: float | None = None  # the expected seconds the policy was told when the job arrived
 
 
 @dataclass
@@ -107,6 +115,7 @@ def read_trace(path):
                         "duration_s": float(r["duration_s"]),
                         "deadline_s": float(r["deadline_s"]) if r.get("deadline_s") else None,
                         "team": (r.get("team") or "").strip() or None,
+                        "user": (r.get("user") or "").strip(),
                     }
                 )
             except (TypeError, ValueError) as error:
@@ -149,6 +158,7 @@ def prepare(rows, *, seed=0, teams=8, deadlines="trace", noise=True, skew=SKEW):
                 estimate=d * factor,
                 deadline=deadline,
                 team=r.get("team") or team_of(r["job_id"], seed, teams, skew),
+                user=r.get("user") or "",
             )
         )
     return jobs
@@ -162,8 +172,17 @@ def make_nodes(gpus, per_node=8, device_type="gpu"):
 # The engine -------------------------------------------------------------------------------------
 
 
+def work_of(job):
+    """What a trace job's learned duration is keyed by: its team, and the same work as
+    jobs.durations.work_key sees it with what a trace has (its user, where it names one, and its
+    GPUs; a trace has no names, code or configs, so all of a team's jobs of a size are one work)."""
+    return job.team, durations.work_key(name=job.user, code="", config=None, hyperparameters=None, args=None, gpus=job.gpus)
+
+
 class _Sim:
-    def __init__(self, nodes, policy, half_life, shares, usage=None, check=True):
+    def __init__(self, nodes, policy, half_life, shares, usage=None, check=True, learn=False):
+        self.learn = learn
+        self.held = {}  # work_of(job) -> held seconds of the jobs of that work that finished, oldest first
         self.nodes = {n.id: n for n in nodes}
         self.free = {n.id: set(n.free) for n in nodes}
         self.policy, self.half_life, self.shares, self.check = policy, half_life, shares, check
@@ -186,8 +205,13 @@ class _Sim:
     def add(self, job, t):
         self.jobs[job.id] = job
         self.left[job.id] = job.duration
-        self.estimate_left[job.id] = job.estimate if job.estimate is not None else job.duration
-        self.outcomes[job.id] = Outcome()
+        declared = job.estimate if job.estimate is not None else job.duration
+        if self.learn:
+            # As scheduler.services does: learned once, when the job is first queued, from the
+            # runs of its work that had finished by then.
+            declared = durations.expected_seconds(declared, durations.learned_seconds(self.held.get(work_of(job), ())))
+        self.estimate_left[job.id] = declared
+        self.outcomes[job.id] = Outcome(told=declared)
         self.enqueue(job, t)
 
     def enqueue(self, job, t):
@@ -235,6 +259,10 @@ class _Sim:
                 outcome.finish = t
                 outcome.runs[-1] = (outcome.runs[-1][0], t, outcome.runs[-1][2])
                 self.left[job_id] = 0.0
+                if self.learn:
+                    held = self.held.setdefault(work_of(self.jobs[job_id]), [])
+                    held.append(sum(end - start for start, end, _ in outcome.runs))
+                    del held[: -durations.KEPT]  # learned_seconds reads no more
 
     def step(self, t):
         """One plan at time t, applied. Returns the plan."""
@@ -330,13 +358,17 @@ ORACLE = "oracle"
 NAMES = (*P.POLICY_ORDER, ORACLE)  # what simulate() runs, in table order
 
 
-def simulate(jobs, nodes, policy="ours", *, half_life=P.DEFAULT_HALF_LIFE, shares=None, usage=None, max_plans=None):
+def simulate(jobs, nodes, policy="ours", *, learn=None, half_life=P.DEFAULT_HALF_LIFE, shares=None, usage=None, max_plans=None):
     """Run the jobs (TraceJob, any order) on the nodes (NodeState) to the end. Returns a Result.
-    policy: one of NAMES (ORACLE: sjf-easy told the true durations)."""
+    policy: one of NAMES (ORACLE: sjf-easy told the true durations). learn: the policy is told
+    min(the estimate, the learned duration) (the module's docstring); None: for ours alone, as
+    the baselines stand for the published algorithms, which read users' estimates."""
+    if learn is None:
+        learn = policy == "ours"
     if policy == ORACLE:
-        jobs, policy = [replace(j, estimate=None) for j in jobs], "sjf-easy"
+        jobs, policy, learn = [replace(j, estimate=None) for j in jobs], "sjf-easy", False
     began = time.perf_counter()
-    sim = _Sim(nodes, policy, half_life, shares, usage)
+    sim = _Sim(nodes, policy, half_life, shares, usage, learn=learn)
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
     _run(sim, arrivals, max_plans)
     stuck = [j.id for j in jobs if sim.outcomes[j.id].finish is None]
@@ -468,8 +500,8 @@ def metrics(result):
             for t, v in sorted(per_team.items(), key=lambda kv: (-len(kv[1]), kv[0]))
         },
         longest_wait_16plus=max(big) if big else float("nan"),
-        # How far what the policy was told is from the truth: (median, p90) of estimate / duration.
-        estimate_accuracy=durations.accuracy((j.estimate if j.estimate is not None else j.duration, j.duration) for j in done),
+        # How far what the policy was told is from the truth: (median, p90) of told / duration.
+        estimate_accuracy=durations.accuracy((o[j.id].told or j.duration, j.duration) for j in done),
         preemptions=sum(o[j.id].preemptions for j in done),
         plans=result.plans,
         wall_seconds=result.wall_seconds,

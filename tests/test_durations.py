@@ -90,3 +90,10 @@ def test_the_job_list_says_how_well_the_learned_durations_foretold_the_jobs(clie
     page = client.get("/jobs/").content.decode()
     # Ratios 1.1, 0.9 and 2.0: median 1.10, 90th percentile 1.82.
     assert "the last 3 such jobs held: median 1.10x, 90th percentile 1.82x" in page
+
+
+@pytest.mark.nodb
+def test_runs_of_the_same_work_that_disagree_teach_nothing():
+    assert durations.learned_seconds([100.0, 250.0]) == pytest.approx(220.0)  # within AGREE: learned
+    assert durations.learned_seconds([100.0, 1000.0]) is None  # 10x apart: one figure would mislead
+    assert durations.learned_seconds([1000.0] * 3 + [100.0] * durations.KEPT) == pytest.approx(100.0)  # the kept runs agree

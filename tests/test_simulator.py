@@ -181,3 +181,32 @@ def test_a_malformed_trace_is_refused_with_the_column_or_line(tmp_path):
     bad.write_text("job_id,submit_time_s,num_gpus,duration_s\nx,1,two,5\n")
     with pytest.raises(CommandError, match="line 2: invalid literal"):
         call_command("simulate", "--trace", str(bad), "--gpus", "8", "--gpus-per-node", "8")
+
+
+def test_ours_is_told_what_the_finished_jobs_of_its_team_and_size_held_and_nothing_from_the_future():
+    # One GPU. A and B (team t, 100 s, estimated 1000 s) run one after the other; C and D come
+    # after both ended, E (team u) too; B came before anything ended. scheduler.services' rule:
+    # min(the estimate, the learned duration), learned when the job is first queued.
+    jobs = [
+        S.TraceJob("A", 0, 1, 100, estimate=1000, team="t"),
+        S.TraceJob("B", 1, 1, 100, estimate=1000, team="t"),
+        S.TraceJob("C", 250, 1, 100, estimate=1000, team="t"),
+        S.TraceJob("D", 260, 1, 100, estimate=50, team="t"),
+        S.TraceJob("E", 270, 1, 100, estimate=1000, team="u"),
+    ]
+    nodes = S.make_nodes(1, 1)
+    told = {j: o.told for j, o in S.simulate(jobs, nodes, "ours").outcomes.items()}
+    assert told == {"A": 1000, "B": 1000, "C": 100, "D": 60, "E": 1000}  # D: its own 50 s, a minute at least
+    assert {o.told for o in S.simulate(jobs, nodes, "ours", learn=False).outcomes.values()} == {1000, 50}
+    assert {o.told for o in S.simulate(jobs, nodes, "easy").outcomes.values()} == {1000, 50}  # baselines read estimates
+    assert S.simulate(jobs, nodes, "easy", learn=True).outcomes["C"].told == 100
+    m = S.metrics(S.simulate(jobs, nodes, "ours"))
+    assert m["estimate_accuracy"] == (pytest.approx(10.0), pytest.approx(10.0))  # 1000/100 three times, 1.0 and 0.6
+    jobs[1] = S.TraceJob("B", 1, 1, 900, estimate=1000, team="t")  # A's 100 s and B's 900 s disagree: nothing learned
+    assert S.simulate(jobs, nodes, "ours").outcomes["C"].told == 1000
+
+
+def test_the_command_can_leave_learning_out(tiny_trace):
+    out = StringIO()
+    call_command("simulate", trace=str(tiny_trace), gpus=16, json=True, no_learning=True, stdout=out)
+    assert json.loads(out.getvalue())["learning"] is False

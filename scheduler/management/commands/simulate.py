@@ -24,6 +24,11 @@ class Command(BaseCommand):
             help="the trace's own deadlines (about half infeasible) or submit + duration x U(1.5, 3)",
         )
         parser.add_argument("--teams", type=int, default=8)
+        parser.add_argument(
+            "--no-learning",
+            action="store_true",
+            help="ours told the users' estimates alone, not min(estimate, the duration learned from the finished jobs of its team and size)",
+        )
         parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
     def handle(self, *args, **options):
@@ -38,8 +43,17 @@ class Command(BaseCommand):
         jobs = simulator.prepare(rows, seed=seed, teams=teams, deadlines=deadlines)
         names = list(policy_names(options["policy"]))
         nodes = simulator.make_nodes(gpus, gpus_per_node)
-        results = {name: simulator.metrics(simulator.simulate(jobs, nodes, name)) for name in names}
-        setting = {"trace": trace, "gpus": gpus, "gpus_per_node": gpus_per_node, "seed": seed, "deadlines": deadlines, "teams": teams}
+        learn = False if options["no_learning"] else None
+        results = {name: simulator.metrics(simulator.simulate(jobs, nodes, name, learn=learn)) for name in names}
+        setting = {
+            "trace": trace,
+            "gpus": gpus,
+            "gpus_per_node": gpus_per_node,
+            "seed": seed,
+            "deadlines": deadlines,
+            "teams": teams,
+            "learning": not options["no_learning"],
+        }
         if options["json"]:
             out = {**setting, "policies": results} if len(names) > 1 else {**setting, "policy": names[0], **results[names[0]]}
             self.stdout.write(dumps(out))
