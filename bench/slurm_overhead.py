@@ -9,7 +9,8 @@ are read from the job itself:
 - held: allocation to release, the seconds billed (through Slurm: from Slurm's start to our agent's
   end, which includes starting our agent inside the Slurm job and staging the job's data there,
   where the runner had it staged before the meter started);
-- turnaround: submission to succeeded, as the user waits for it.
+- turnaround: submission to succeeded, as the user waits for it;
+- first line: submission to the job's first log line (stored), as the user watching it waits.
 
 Prints each run, the medians of each side, and last the ratio of the medians of held time,
 Slurm over local (issue 26's target: at most 1.10). Exits 1 if a job does not succeed.
@@ -45,7 +46,9 @@ def run_once(system, name, epochs):
         sys.exit(f"{name} ended {done['state']}: {done.get('reason')}\n{system.logs()[-4000:]}")
     [allocation] = done["allocations"]
     held = (parse(allocation["ended_at"]) - parse(allocation["started_at"])).total_seconds()
-    return held, turnaround
+    lines = system.api("GET", f"/api/jobs/{job['id']}/logs/?limit=1").json()["lines"]
+    first_line = (parse(lines[0]["at"]) - parse(done["created_at"])).total_seconds() if lines else float("nan")
+    return held, turnaround, first_line
 
 
 def parse(text):
@@ -81,19 +84,19 @@ def main():
         # One run each to warm up (imports, the runner's staging of the digits data): not counted.
         run_once(local, "warm-local", 1)
         run_once(slurm, "warm-slurm", 1)
-        print(f"{'run':<12} {'held s':>8} {'turnaround s':>13}")
+        print(f"{'run':<12} {'held s':>8} {'turnaround s':>13} {'first line s':>13}")
         for n in range(args.rounds):
             for side, system in (("local", local), ("slurm", slurm)) if n % 2 == 0 else (("slurm", slurm), ("local", local)):
-                held, turnaround = run_once(system, f"{side}-{n}", args.epochs)
-                figures[side].append((held, turnaround))
-                print(f"{side}-{n:<6} {held:>8.2f} {turnaround:>13.2f}")
+                held, turnaround, first_line = run_once(system, f"{side}-{n}", args.epochs)
+                figures[side].append((held, turnaround, first_line))
+                print(f"{side}-{n:<6} {held:>8.2f} {turnaround:>13.2f} {first_line:>13.2f}")
     finally:
         local.stop()
         slurm.stop()
         cluster.stop()
-    medians = {side: (statistics.median(h for h, _ in runs), statistics.median(t for _, t in runs)) for side, runs in figures.items()}
-    for side, (held, turnaround) in medians.items():
-        print(f"median {side}: held {held:.2f} s, turnaround {turnaround:.2f} s")
+    medians = {side: tuple(statistics.median(run[i] for run in runs) for i in range(3)) for side, runs in figures.items()}
+    for side, (held, turnaround, first_line) in medians.items():
+        print(f"median {side}: held {held:.2f} s, turnaround {turnaround:.2f} s, submission to first log line {first_line:.2f} s")
     print(f"turnaround, Slurm over local: {medians['slurm'][1] / medians['local'][1]:.2f}")
     print(f"held time (billed), Slurm over local (target at most 1.10): {medians['slurm'][0] / medians['local'][0]:.2f}")
 
