@@ -83,6 +83,14 @@ def ended_here(status, cancel_requested):
     return Allocation.NODE_LOST, states.QUEUED, f"requeued: its node was lost ({engine}); it resumes from its latest checkpoint"
 
 
+def cancel_overdue(cancel_requested_at, now, grace_seconds):
+    """Whether a cancelled job still running has had its grace, and our agent's time to keep its
+    outputs, and more: then Slurm cancels it."""
+    if cancel_requested_at is None:
+        return False
+    return (now - cancel_requested_at).total_seconds() > grace_seconds + settings.E31_ENGINE_GRACE_SECONDS + 30
+
+
 def pending_too_long(placed_at, now, pending_seconds):
     return (now - placed_at).total_seconds() > pending_seconds
 
@@ -230,6 +238,20 @@ def follow(executor, now=None):
                 continue
             if status.state == base.RUNNING and allocation.launched_at is None:
                 held(allocation, status.started_at or now)
+                continue
+            if status.state == base.RUNNING and cancel_overdue(allocation.job.cancel_requested_at, now, settings.E31_STOP_GRACE_SECONDS):
+                # Our agent stops a cancelled job within its grace and exits; one that has not (hung,
+                # its node unreachable) is cancelled in Slurm (TERM, then KILL), and the job ends
+                # when Slurm says it did.
+                if allocation.engine_handle not in stopped:
+                    stopped.add(allocation.engine_handle)
+                    log.warning(
+                        "allocation %s: cancelled %s ago and still running; cancelling Slurm job %s",
+                        allocation.pk,
+                        now - allocation.job.cancel_requested_at,
+                        allocation.engine_handle,
+                    )
+                    executor.stop(allocation.engine_handle, graceful=False)
                 continue
             if status.finished:
                 reason, state, why = ended_here(status, allocation.job.cancel_requested_at is not None)

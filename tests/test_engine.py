@@ -198,6 +198,28 @@ def test_a_job_cancelled_while_the_engine_has_not_started_it_ends_there_and_here
     assert (job.state, allocation.end_reason, allocation.usage.held_seconds) == ("cancelled", Allocation.CANCELLED, 0)
 
 
+def test_a_cancelled_job_whose_agent_does_not_stop_it_is_cancelled_in_the_engine(placed, settings):
+    fake, job, allocation, handle = placed
+    settings.E31_ENGINE_GRACE_SECONDS = 10
+    settings.E31_STOP_GRACE_SECONDS = 2
+    Job.objects.filter(pk=job.pk).update(state="running")
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=allocation.started_at)
+    engine.follow(fake)
+    job.request_cancel()
+    asked = Job.objects.get(pk=job.pk).cancel_requested_at
+    engine.follow(fake, now=asked + timedelta(seconds=20))
+    assert fake.stopped == [], "the agent has its grace to stop it"
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=allocation.started_at)
+    engine.follow(fake, now=asked + timedelta(seconds=43))
+    assert fake.stopped == [(handle, False)]
+    # Slurm says it ended: the job is cancelled, not requeued.
+    ended = asked + timedelta(seconds=45)
+    fake.statuses[handle] = base.AllocationStatus(state=base.CANCELLED, started_at=allocation.started_at, ended_at=ended, engine_state="CANCELLED")
+    engine.follow(fake, now=ended)
+    job.refresh_from_db()
+    assert job.state == "cancelled" and Allocation.objects.get(pk=allocation.pk).ended_at == ended
+
+
 def test_a_job_the_engine_lost_is_requeued_from_the_engines_end(placed):
     fake, job, allocation, handle = placed
     started = allocation.started_at
