@@ -843,6 +843,7 @@ class AllocationAgent(Runner):
         )
         self.node = allocation.node
         self.done = False
+        self.terminating = False  # Slurm sent TERM (terminate)
 
     def attach(self, started_at=None):
         """Take the allocation over: the meter from when the engine started it (started_at, or
@@ -888,10 +889,31 @@ class AllocationAgent(Runner):
         else:
             running.held_until_done = True
 
+    def terminate(self):
+        """Slurm sent TERM (its --signal at the span, a scancel, a preemption): the job is asked
+        to stop and ends through the usual path (outputs kept, the meter stopped), never requeued
+        blindly as a runner that went away would be."""
+        self.terminating = True
+
     def step(self):
+        if self.terminating and self.allocation_id in self.running:
+            running = self.running[self.allocation_id]
+            running.enforce_limit(timezone.now(), self.grace)  # at its span: the span's stop
+            if running.stop is None:
+                job = Job.objects.only("cancel_requested_at").get(pk=running.job.pk)
+                if job.cancel_requested_at is not None:
+                    running.request_stop(Allocation.CANCELLED, states.CANCELLED, "cancelled by the team")
+                else:
+                    running.request_stop(
+                        Allocation.RUNNER_STOPPED,
+                        states.QUEUED,
+                        "Slurm is ending its job (cancelled or preempted there): the job goes back to the queue and resumes from its latest checkpoint",
+                    )
         busy = super().step()
         if self.allocation_id not in self.running and (self.done or Allocation.objects.filter(pk=self.allocation_id, ended_at__isnull=False).exists()):
             self.done = self.shutdown = True
+        elif self.terminating and self.allocation_id not in self.running:
+            self.shutdown = True  # TERM before its job started: nothing to stop, the allocation goes back
         return busy
 
     def stop_all(self, reason=Allocation.RUNNER_STOPPED):

@@ -4,6 +4,8 @@ with sbatch running our agent for the allocation; the job runs with a live log a
 weights come back, and the billed seconds are Slurm's elapsed time. Another user's Slurm job
 holding the node's CPUs delays it, and shows as the reason it waits, and is never touched."""
 
+import os
+import signal
 import subprocess
 import time
 
@@ -199,4 +201,63 @@ def test_a_gang_runs_as_one_slurm_job_over_two_nodes_with_an_agent_on_each(slurm
         assert "NumNodes=2" in slurm_pair.run("scontrol", "show", "job", "-o", handles[0]).stdout
     finally:
         reference.close()
+        system.stop()
+
+
+def agent_pid():
+    """The process of our agent for an allocation (not the batch shell whose arguments name it)."""
+    found = subprocess.run(["pgrep", "-f", "runner --allocation"], capture_output=True, text=True).stdout.split()
+    for pid in found:
+        try:
+            if open(f"/proc/{pid}/comm").read().startswith("python"):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.bench
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_slurms_time_limit_ends_a_job_whose_agent_cannot_enforce_its_span(slurm, tmp_path):  # noqa: F811
+    # The agent stops a job at its span itself; Slurm's --time (the span plus the grace, in whole
+    # minutes) is the backstop when the agent cannot (here: frozen with SIGSTOP).
+    system = slurm_system(slurm, E31_STOP_GRACE_SECONDS="1", E31_ENGINE_GRACE_SECONDS="0")
+    agent = None
+    try:
+        system.start(runner=False)
+        from tests.test_gangs import DDP_SCRIPT
+
+        script = tmp_path / "train.py"
+        script.write_bytes(DDP_SCRIPT)
+        spec = {"name": "frozen", "gpus": 1, "span_hours": round(1 / 60, 4), "config": {"steps": 100000, "sleep": 0.5}, "train_dataset": "digits"}
+        job_id = system.submit(spec, script)["id"]
+        system.wait_until(lambda: system.job(job_id)["state"] == "running", 120, "the job to run")
+        agent = system.wait_until(lambda: agent_pid(), 30, "the agent")
+        os.kill(agent, signal.SIGSTOP)
+        job = system.wait_for_state(job_id, timeout=240)
+        assert job["state"] == "stopped", (job, system.logs())
+        [allocation] = job["allocations"]
+        assert allocation["end_reason"] == "limit"
+        # Slurm ended it at its limit: it sends CONT and TERM (then KILL), and the agent, woken,
+        # stops the job as its span's end, not as a runner going away (which would requeue it).
+        # The team pays for its span, not for the minute the agent was frozen.
+        rows = system.manage(
+            "shell",
+            "-v",
+            "0",
+            "-c",
+            f"from scheduler.models import Allocation; [print(a.engine_handle, a.end_reason, a.started_at, a.ended_at) for a in Allocation.objects.filter(job_id='{job_id}').order_by('started_at')]",
+        ).splitlines()
+        assert len(rows) == 1, (rows, job["timeline"])
+        handle = rows[0].split()[0]
+        assert "JobState=TIMEOUT" in slurm.run("scontrol", "show", "job", "-o", handle).stdout
+        assert job["held_seconds"] <= 61, "billed up to its span, not beyond"
+        assert job["restarts"] == 0
+    finally:
+        if agent is not None:
+            try:
+                os.kill(agent, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         system.stop()

@@ -56,10 +56,7 @@ class Command(BaseCommand):
             started_at = executor.status([handle])[handle].started_at  # the meter from the engine's start
         agent.attach(started_at)
 
-        def stop():
-            agent.shutdown = True
-
-        with stop_on_signals(stop):
+        with stop_on_signals(agent.terminate):
             self.stdout.write(f"agent: allocation {agent.allocation_id} on {agent.name}")
             agent.run()
         self.stdout.write(f"agent: allocation {agent.allocation_id} done")
