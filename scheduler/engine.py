@@ -91,6 +91,14 @@ def cancel_overdue(cancel_requested_at, now, grace_seconds):
     return (now - cancel_requested_at).total_seconds() > grace_seconds + settings.E31_ENGINE_GRACE_SECONDS + 30
 
 
+def billed_until(allocation, ended_at):
+    """When the meter of an allocation Slurm ended stops: its end, never past the job's limit
+    (its span or ceiling), whatever Slurm held beyond it (the span's end missed by our agent)."""
+    if allocation.limit_seconds is None:
+        return ended_at
+    return min(ended_at, allocation.started_at + timedelta(seconds=allocation.limit_seconds))
+
+
 def pending_too_long(placed_at, now, pending_seconds):
     return (now - placed_at).total_seconds() > pending_seconds
 
@@ -255,7 +263,7 @@ def follow(executor, now=None):
                 continue
             if status.finished:
                 reason, state, why = ended_here(status, allocation.job.cancel_requested_at is not None)
-                end_allocation(allocation, status.ended_at or now, reason, state, why)
+                end_allocation(allocation, billed_until(allocation, status.ended_at or now), reason, state, why)
                 continue
         elif status.finished:
             reconcile(allocation, status)

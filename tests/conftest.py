@@ -71,6 +71,11 @@ def pytest_configure(config):
         "bench: runs a benchmark (bench/*.py) in its --quick mode, or a long round trip of the scripts around it (a wheelhouse installed offline; a real Slurm cluster; "
         "bench/gpu_check.py on the CPU, a real MLflow server, a sweep of recipe runs): once, in bin/test's PostgreSQL lane once that pass is done, beside the longer SQLite pass",
     )
+    config.addinivalue_line(
+        "markers",
+        "slurm_engine: a whole system running jobs through a real Slurm (tests/test_slurm_engine.py); with bench, run after the SQLite pass "
+        "in its lane, to balance the two lanes of bin/test",
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -220,6 +220,21 @@ def test_a_cancelled_job_whose_agent_does_not_stop_it_is_cancelled_in_the_engine
     assert job.state == "cancelled" and Allocation.objects.get(pk=allocation.pk).ended_at == ended
 
 
+def test_a_job_slurm_ended_past_its_span_is_billed_to_its_span(placed):
+    fake, job, allocation, handle = placed
+    Job.objects.filter(pk=job.pk).update(state="running")
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=allocation.started_at)
+    engine.follow(fake)
+    allocation.refresh_from_db()
+    ended = allocation.started_at + timedelta(seconds=allocation.limit_seconds + 90)
+    fake.statuses[handle] = base.AllocationStatus(state=base.ENDED, started_at=allocation.started_at, ended_at=ended, engine_state="TIMEOUT")
+    engine.follow(fake, now=ended)
+    allocation.refresh_from_db()
+    job.refresh_from_db()
+    assert job.state == "stopped" and allocation.end_reason == Allocation.LIMIT
+    assert allocation.usage.held_seconds == allocation.limit_seconds
+
+
 def test_a_job_the_engine_lost_is_requeued_from_the_engines_end(placed):
     fake, job, allocation, handle = placed
     started = allocation.started_at
