@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
 from scheduler import allocations, engine, services
 from scheduler.executors import base
 from scheduler.models import Allocation, Node
@@ -242,12 +242,16 @@ def test_a_job_the_engine_lost_is_requeued_from_the_engines_end(placed):
     fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=started)
     engine.follow(fake)
     ended = started + timedelta(seconds=40)
+    Checkpoint.objects.create(
+        job=job, allocation=allocation, name="step-5.pt", step=5, key="k", size=1, sha256="0" * 64, written_at=started + timedelta(seconds=10)
+    )
     fake.statuses[handle] = base.AllocationStatus(state=base.NODE_LOST, started_at=started, ended_at=ended, engine_state="NODE_FAIL")
     engine.follow(fake, now=ended + timedelta(seconds=5))
     allocation.refresh_from_db()
     job.refresh_from_db()
     assert (allocation.ended_at, allocation.end_reason, job.state) == (ended, Allocation.NODE_LOST, "queued")
     assert allocation.usage.held_seconds == 40
+    assert job.credited()[0] == 30, "the time since its last checkpoint (at 10 s) is credited"
     assert job.restarts == 1
     # Once ended, the engine's accounting is kept beside the meter.
     engine.follow(fake, now=ended + timedelta(seconds=6))
