@@ -119,6 +119,10 @@ def submit_steps(system, tmp_path, steps, pause):
     return system.submit(spec, script)["id"]
 
 
+def wait_for_checkpoint(system, job_id):
+    system.wait_until(lambda: [e for e in system.job(job_id)["timeline"] if e["kind"] == "checkpoint"], 120, "a checkpoint")
+
+
 def e31_jobs_in_slurm(slurm):
     return [line for line in slurm.run("squeue", "--noheader", "--format=%j %T").stdout.splitlines() if line.startswith("e31-")]
 
@@ -131,7 +135,7 @@ def test_a_cancelled_job_stops_gracefully_inside_slurm_and_its_slurm_job_ends(sl
     try:
         system.start(runner=False)
         job_id = submit_steps(system, tmp_path, steps=2000, pause=0.1)
-        system.wait_until(lambda: [e for e in system.job(job_id)["timeline"] if e["kind"] == "checkpoint"], 120, "a checkpoint")
+        wait_for_checkpoint(system, job_id)
         assert system.api("POST", f"/api/jobs/{job_id}/cancel/").status_code in (200, 202)
         job = system.wait_for_state(job_id, timeout=60)
         assert job["state"] == "cancelled", (job, system.logs())
@@ -149,11 +153,12 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
     try:
         system.start(runner=False)
         job_id = submit_steps(system, tmp_path, steps=60, pause=1.0)
-        system.wait_until(lambda: [e for e in system.job(job_id)["timeline"] if e["kind"] == "checkpoint"], 120, "a checkpoint")
+        wait_for_checkpoint(system, job_id)
         slurm.stop_slurmd()  # the node's daemon dies: Slurm gives the node up after SlurmdTimeout
         requeued = system.wait_until(lambda: (j := system.job(job_id))["restarts"] == 1 and j, 90, "the job to be requeued")
         assert requeued["state"] == "queued", requeued
-        assert "node was lost" in requeued["wait_reason"] or requeued["timeline"][-1]["kind"] in ("state", "notice")
+        requeue = [e for e in requeued["timeline"] if e["kind"] == "state" and e["state"] == "queued"][-1]
+        assert "its node was lost (Slurm: NODE_FAIL" in requeue["reason"], requeue
         # The time from its last checkpoint to Slurm's end is credited: nothing where the job
         # (its node only cut off from Slurm) checkpointed again after Slurm's end.
         assert requeued["credited_seconds"] >= 0

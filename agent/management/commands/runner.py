@@ -18,7 +18,7 @@ class Command(BaseCommand):
             help="run this one allocation a cluster engine started here (E31_EXECUTOR=slurm: the scheduler submits this), then exit",
         )
         parser.add_argument("--name", default=os.environ.get("E31_RUNNER_NAME") or socket.gethostname())
-        parser.add_argument("--work-dir", default=str(settings.RUNNER_WORK_DIR))
+        parser.add_argument("--work-dir", help="where jobs run (default: E31_RUNNER_WORK_DIR; with --allocation, E31_ENGINE_WORK_DIR)")
         parser.add_argument("--device-type", default=None, help="override the detected type (e.g. 'cpu')")
         parser.add_argument(
             "--address",
@@ -31,7 +31,7 @@ class Command(BaseCommand):
             return self.run_one(allocation, work_dir)
         if devices is None or devices < 1:
             raise CommandError("--devices must be at least 1")
-        runner = Runner(name=name, devices=devices, work_dir=work_dir, device_type=device_type, address=address)
+        runner = Runner(name=name, devices=devices, work_dir=work_dir or settings.RUNNER_WORK_DIR, device_type=device_type, address=address)
 
         def stop():
             runner.shutdown = True
@@ -49,7 +49,7 @@ class Command(BaseCommand):
         """Inside an engine's job: run the allocation as a runner would, then exit."""
         from scheduler.executors.configured import get_executor
 
-        agent = AllocationAgent(allocation, settings.E31_ENGINE_WORK_DIR if work_dir == str(settings.RUNNER_WORK_DIR) else work_dir)
+        agent = AllocationAgent(allocation, work_dir or settings.E31_ENGINE_WORK_DIR)
         started_at = None
         executor, handle = get_executor(), os.environ.get("SLURM_JOB_ID")
         if executor is not None and handle:
