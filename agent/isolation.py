@@ -42,6 +42,7 @@ from jobs.launch import JobDirs
 log = logging.getLogger(__name__)
 
 SHIM = Path(__file__).with_name("jobshim.py")
+PROBE_TRUST_SECONDS = 600  # how long a sandbox that started on a node vouches for the next (probe)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SLIRP_DNS = "10.0.2.3"  # slirp4netns's DNS forwarder, inside the job's network
 SLIRP_ADDRESSES = ("10.0.2.2", SLIRP_DNS, "10.0.2.100")  # its gateway, DNS and the job's own address
@@ -875,9 +876,14 @@ class Isolation:
 
     # Start-up ------------------------------------------------------------------------------
 
-    def probe(self, node_key):
+    def probe(self, node_key, known_good=None):
         """Find out which mechanisms work here, one log line for what does not; raises
-        IsolationUnavailable where jobs were to be sandboxed and cannot be."""
+        IsolationUnavailable where jobs were to be sandboxed and cannot be.
+
+        known_good: a file where a sandbox that started here lately is noted (an agent per
+        allocation on a cluster engine's node, whose start is on the meter, trusts it for
+        PROBE_TRUST_SECONDS rather than start one more: a sandbox that fails anyway fails the
+        job's start, with bubblewrap's reason)."""
         self.cgroups.use(node_key)
         if not self.enabled:
             log.warning(
@@ -893,7 +899,7 @@ class Isolation:
             self._probe_cgroups()
             self.users_on = True
         self.sandboxed = True
-        ok, why = self._try()
+        ok, why = self._tried(known_good)
         if not ok:
             self.sandboxed = self.users_on = False
             raise IsolationUnavailable(f"this runner cannot sandbox jobs: bubblewrap failed here ({why}); {INSTALL_HINT}")
@@ -932,6 +938,30 @@ class Isolation:
         except OSError as error:
             log.info("job isolation: cannot make cgroups (%s), so job memory, CPU and processes are not limited", error)
             self.cgroups.remove("probe")
+
+    def _tried(self, known_good):
+        """_try, or its success noted in known_good by this user within PROBE_TRUST_SECONDS for the
+        same bubblewrap, Python and users."""
+        noted = f"{self.bwrap} {sys.executable} users={self.users_on}"
+        if known_good is not None:
+            try:
+                info = known_good.stat()
+                if info.st_uid == os.getuid() and time.time() - info.st_mtime < PROBE_TRUST_SECONDS and known_good.read_text() == noted:
+                    return True, ""
+            except OSError:
+                pass
+        ok, why = self._try()
+        if ok and known_good is not None:
+            try:
+                known_good.parent.mkdir(parents=True, exist_ok=True)
+                partial = known_good.with_name(f"{known_good.name}.{os.getpid()}")
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(noted)
+                os.replace(partial, known_good)
+            except OSError as error:
+                log.info("job isolation: could not note the sandbox's success in %s (%s)", known_good, error)
+        return ok, why
 
     def _try(self):
         """Start a job-like command in a sandbox: it imports the SDK and writes in its folder."""

@@ -832,7 +832,8 @@ class AllocationAgent(Runner):
             name = node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
             allocation = Allocation.objects.select_related("node").get(gang=allocation.gang, node__name=name)
         self.allocation_id = allocation.pk
-        folder = Path(work_dir) / str(allocation.pk)
+        self.engine_dir = Path(work_dir)
+        folder = self.engine_dir / str(allocation.pk)
         super().__init__(
             name=allocation.node.name,
             devices=allocation.node.devices,
@@ -845,12 +846,15 @@ class AllocationAgent(Runner):
         self.done = False
         self.terminating = False  # Slurm sent TERM (terminate)
 
-    def attach(self, started_at=None):
+    def attach(self, started_at=None, precise=False):
         """Take the allocation over: the meter from when the engine started it (started_at, or
-        now), unless the scheduler has already read that from the engine."""
+        now), unless the scheduler has already read that from the engine; precise: started_at is
+        the batch script's own instant, which refines the engine's whole second (engine.held)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.isolation.probe(self.allocation_id)  # cgroups under the allocation's own folder
-        engine_held(Allocation.objects.get(pk=self.allocation_id), started_at or timezone.now())
+        # cgroups under the allocation's own folder; the sandbox trusted where an agent of the
+        # last minutes started one on this node
+        self.isolation.probe(self.allocation_id, known_good=self.engine_dir / ".sandbox-started")
+        engine_held(Allocation.objects.get(pk=self.allocation_id), started_at or timezone.now(), precise=precise)
 
     def start_heartbeats(self):
         pass  # the scheduler reads the node from the engine

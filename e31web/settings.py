@@ -73,8 +73,10 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 CSRF_FAILURE_VIEW = "accounts.csrf.csrf_failure"  # Django's 403, recorded in the audit log
 
+# Daphne serves the web through its own command (`manage.py up`, e31web.asgi), so its app, whose
+# one job is an ASGI runserver, is not listed: loading it brings Twisted into every process (a
+# sixth of a second at each start, on the meter for an agent inside a Slurm job).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -1,7 +1,7 @@
 """An evaluation job's comparison of models as its page, its JSON download and the API show it:
 the evaluation it wrote, read as a hostile body, its table and bars, and the verdict (jobs.evaluation)."""
 
-from core.parsers import read_json
+from core.json_limits import read_json
 from core.storage import get_storage
 from jobs import evaluation
 from jobs.models import Job

@@ -7,6 +7,7 @@ answers here when it loads (scheduler.apps). Another compute side (a Slurm execu
 register its own.
 """
 
+from collections.abc import Callable
 from typing import Protocol
 
 from django.core.exceptions import ImproperlyConfigured
@@ -24,14 +25,20 @@ class Compute(Protocol):
 
 
 _provider: Compute | None = None
+_factory: Callable[[], Compute] | None = None
 
 
-def register(provider: Compute) -> None:
-    global _provider
-    _provider = provider
+def register(factory: Callable[[], Compute]) -> None:
+    """The compute side, made on first use: a process that never asks (a node agent, most
+    commands) does not import it, which keeps their start quick."""
+    global _provider, _factory
+    _provider, _factory = None, factory
 
 
 def compute() -> Compute:
+    global _provider
     if _provider is None:
-        raise ImproperlyConfigured("no compute side is registered: the scheduler app (INSTALLED_APPS) registers one when it loads")
+        if _factory is None:
+            raise ImproperlyConfigured("no compute side is registered: the scheduler app (INSTALLED_APPS) registers one when it loads")
+        _provider = _factory()
     return _provider

@@ -28,7 +28,7 @@ from datetime import date, datetime
 import yaml
 from django.utils import timezone
 
-from core.parsers import depth
+from core.json_limits import depth
 from jobs.models import Upload
 
 # The spec fields that are the job's own fields under the same names and describe its work, the

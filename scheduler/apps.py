@@ -8,7 +8,12 @@ class SchedulerConfig(AppConfig):
     verbose_name = "Scheduler and runners"
 
     def ready(self):
-        # Imported here, once the app registry is ready: the services module loads models.
-        from scheduler.predictions import NodesCompute
+        compute.register(nodes_compute)
 
-        compute.register(NodesCompute())
+
+def nodes_compute():
+    # Imported on first use, not when the app loads: predictions bring in the services (and
+    # through them DRF), which a node agent starting inside a Slurm job never needs.
+    from scheduler.predictions import NodesCompute
+
+    return NodesCompute()

@@ -22,7 +22,7 @@ The decisions are pure functions below the wrappers (tested without the engine o
 import logging
 import os
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -45,8 +45,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # agent needs to reach the database, storage and cache (the agent is the same code, configured
 # the same way), and nothing else of the scheduler's environment.
 PASSED_ON = ("E31_", "PATH", "DATABASE_URL", "REDIS_URL", "DJANGO_", "AWS_", "S3_", "SEAWEEDFS_", "PYTHONPATH", "HOME", "LANG", "TZ")
-# Engines count seconds whole: a meter within this of the engine's elapsed time agrees with it.
+# Engines count seconds whole (Slurm's start and end are truncated to the second), so the compute
+# really held is within a second of the engine's elapsed time either way: a meter over it by more
+# than that billed what was not held. Under it is allowed a second more: the meter stops when the
+# job ends, the engine's clock when our agent has exited after it.
 AGREE_SECONDS = 1.0
+UNDER_SECONDS = 2.0
 
 
 # -- decisions -------------------------------------------------------------------------------------
@@ -104,11 +108,40 @@ def pending_too_long(placed_at, now, pending_seconds):
 
 
 def disagreement(held_seconds, engine_seconds):
-    """Seconds by which the meter and the engine's accounting differ, when over AGREE_SECONDS."""
+    """Seconds by which the meter and the engine's accounting differ, when more than the engine's
+    whole seconds explain (over by AGREE_SECONDS, under by UNDER_SECONDS)."""
     if engine_seconds is None:
         return None
     difference = held_seconds - engine_seconds
-    return difference if abs(difference) > AGREE_SECONDS else None
+    return difference if difference > AGREE_SECONDS or difference < -UNDER_SECONDS else None
+
+
+def refined_start(recorded, script_at):
+    """The meter's start once the engine's batch script has told its own first instant.
+
+    Slurm says when it started a job in whole seconds; the scheduler records that (or the
+    placement, when later) as soon as it reads it. The script starts a few milliseconds after
+    Slurm allocated the nodes, and reads the clock to the microsecond: inside the second recorded,
+    it is the better start, and the part of that second Slurm spent on other things (its own
+    scheduling tick, from which it started the job) is not billed. Outside it (clocks apart), the
+    record stands."""
+    if script_at is None:
+        return recorded
+    if recorded is None or recorded <= script_at < recorded + timedelta(seconds=AGREE_SECONDS):
+        return script_at
+    return recorded
+
+
+def script_start(text):
+    """The batch script's first instant (E31_ENGINE_STARTED_AT: bash's EPOCHREALTIME) as a time,
+    or None when it is missing or not a number."""
+    try:
+        seconds = float((text or "").replace(",", "."))  # EPOCHREALTIME follows the locale's point
+    except ValueError:
+        return None
+    if not 0 < seconds < 2**33:
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def agent_command(allocation_id, python=None, manage=None):
@@ -269,14 +302,21 @@ def follow(executor, now=None):
             reconcile(allocation, status)
 
 
-def held(allocation, started_at):
-    """The engine started it: the meter runs from the engine's start, not from when it was placed."""
+def held(allocation, started_at, precise=False):
+    """The engine started it: the meter runs from the engine's start, not from when it was placed.
+
+    precise: started_at is the batch script's own instant (the agent's word), which refines the
+    whole second the scheduler read from the engine (refined_start); otherwise the first word wins."""
     started_at = max(started_at, allocation.started_at)
     with transaction.atomic():
-        if Allocation.objects.filter(pk=allocation.pk, launched_at__isnull=True, ended_at__isnull=True).update(started_at=started_at, launched_at=started_at):
-            UsageRecord.ledger.filter(allocation_id=allocation.pk, provisional=True).update(
-                started_at=started_at, ended_at=started_at, held_seconds=0, amount=0
-            )
+        row = Allocation.objects.select_for_update().filter(pk=allocation.pk, ended_at__isnull=True).values("launched_at").first()
+        if row is None:
+            return
+        if row["launched_at"] is not None and (not precise or refined_start(row["launched_at"], started_at) == row["launched_at"]):
+            allocation.started_at = allocation.launched_at = row["launched_at"]
+            return
+        Allocation.objects.filter(pk=allocation.pk).update(started_at=started_at, launched_at=started_at)
+        UsageRecord.ledger.filter(allocation_id=allocation.pk, provisional=True).update(started_at=started_at, ended_at=started_at, held_seconds=0, amount=0)
     allocation.started_at = allocation.launched_at = started_at
 
 

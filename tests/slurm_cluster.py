@@ -147,8 +147,8 @@ class SlurmCluster:
                     # node-failure tests stop it); scancel's TERM-to-KILL wait is short too.
                     "SlurmdTimeout=20",
                     "KillWait=5",
-                    "MinJobAge=600",
-                    "DefMemPerCPU=64",  # a job that asks for no memory does not take the whole node's  # finished jobs stay visible to scontrol/squeue for the tests
+                    "MinJobAge=600",  # finished jobs stay visible to scontrol/squeue for the tests
+                    "DefMemPerCPU=64",  # a job that asks for no memory does not take the whole node's
                     *(
                         [f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN"]
                         if not many

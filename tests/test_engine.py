@@ -4,6 +4,9 @@ its start, a job it leaves pending or loses taken back. The engine here is a dou
 its jobs in a dict (the real Slurm is in tests/test_slurm_engine.py); the decisions are pure
 functions, tested on their own."""
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -11,7 +14,7 @@ from django.utils import timezone
 
 from jobs.models import Checkpoint, Job
 from scheduler import allocations, engine, services
-from scheduler.executors import base
+from scheduler.executors import base, slurm
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job
 
@@ -87,11 +90,58 @@ def test_an_end_the_agent_did_not_see_requeues_or_keeps_the_teams_word():
 
 
 @pytest.mark.nodb
-def test_the_meter_and_the_engine_agree_within_a_second():
+def test_the_meter_and_the_engine_agree_within_what_whole_seconds_explain():
     assert engine.disagreement(30.4, 30.0) is None
-    assert engine.disagreement(29.0, 30.0) is None
-    assert engine.disagreement(32.5, 30.0) == pytest.approx(2.5)
+    assert engine.disagreement(31.0, 30.0) is None
+    assert engine.disagreement(32.5, 30.0) == pytest.approx(2.5), "billed more than Slurm held"
+    # Under: Slurm's whole seconds, and our agent's exit after the meter stopped.
+    assert engine.disagreement(28.2, 30.0) is None
+    assert engine.disagreement(27.5, 30.0) == pytest.approx(-2.5)
     assert engine.disagreement(10.0, None) is None
+
+
+@pytest.mark.nodb
+def test_the_agent_starts_without_the_webs_libraries():
+    """The agent starts inside the Slurm job, on the meter: Django, the models and the agent, not
+    DRF, Twisted, Optuna or the scheduler's predictions, and no system checks (they load every
+    URL module)."""
+    code = (
+        "import sys, django; django.setup(); import agent.runner; "
+        "from agent.management.commands.runner import Command; assert Command.requires_system_checks == []; "
+        "print(sorted(m for m in ('rest_framework.serializers', 'twisted', 'daphne', 'optuna', 'scheduler.predictions') if m in sys.modules))"
+    )
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "e31web.settings"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd=engine.ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.nodb
+def test_the_batch_scripts_instant_refines_the_engines_whole_second():
+    second = timezone.now().replace(microsecond=0)
+    script = second + timedelta(seconds=0.62)
+    assert engine.refined_start(second, script) == script
+    assert engine.refined_start(None, script) == script
+    assert engine.refined_start(second, None) == second
+    # Outside the second the engine gave (a node's clock apart): the engine's word stands.
+    assert engine.refined_start(second, second + timedelta(seconds=1.2)) == second
+    assert engine.refined_start(second, second - timedelta(seconds=0.3)) == second
+
+
+@pytest.mark.nodb
+def test_the_batch_script_tells_its_first_instant_to_the_microsecond(tmp_path):
+    script = tmp_path / "batch.sh"
+    script.write_text(slurm.BATCH_SCRIPT)
+    before = timezone.now()
+    done = subprocess.run(
+        ["bash", str(script), "sh", "-c", 'echo "$E31_ENGINE_STARTED_AT"'], capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"}
+    )
+    started = engine.script_start(done.stdout.strip())
+    assert before - timedelta(seconds=1) <= started <= timezone.now(), (done.stdout, before)
+    assert engine.script_start("1796431837,329296") == engine.script_start("1796431837.329296")
+    assert engine.script_start("1796431837.329296").microsecond == 329296
+    for bad in (None, "", "soon", "-5", "1e40"):
+        assert engine.script_start(bad) is None, bad
 
 
 @pytest.mark.nodb
@@ -173,6 +223,25 @@ def test_the_meter_starts_when_the_engine_starts_it(placed):
     # Counted as E31's own from then on, not as another user's.
     engine.sync_nodes(Engine(info("n1", devices=4, free=2)))
     assert Node.objects.get(name="n1").busy_elsewhere == 0
+
+
+def test_the_agents_instant_refines_the_start_the_scheduler_read_in_whole_seconds(placed):
+    fake, _job, allocation, handle = placed
+    second = (allocation.started_at + timedelta(seconds=5)).replace(microsecond=0)
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=second, engine_state="RUNNING")
+    engine.follow(fake, now=second + timedelta(seconds=1))
+    allocation.refresh_from_db()
+    assert allocation.started_at == second
+    # The agent's batch script started 0.4 s into that second: billed from then, not before.
+    engine.held(allocation, second + timedelta(seconds=0.4), precise=True)
+    allocation.refresh_from_db()
+    assert allocation.started_at == allocation.launched_at == second + timedelta(seconds=0.4)
+    assert allocation.usage.started_at == second + timedelta(seconds=0.4)
+    # A second word of the engine's, or an instant outside the second, changes nothing.
+    engine.held(allocation, second + timedelta(seconds=3))
+    engine.held(allocation, second + timedelta(seconds=2.5), precise=True)
+    allocation.refresh_from_db()
+    assert allocation.started_at == second + timedelta(seconds=0.4)
 
 
 def test_a_job_the_engine_leaves_pending_goes_back_unbilled_with_the_engines_reason(placed, settings):

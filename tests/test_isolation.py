@@ -733,3 +733,40 @@ def test_two_systems_on_one_machine_never_touch_each_other_s_jobs(live, tmp_path
     other.stop_all()
     done = live.wait_for_state(job["id"], timeout=60)
     assert done["state"] == "succeeded", done
+
+
+@pytest.mark.nodb
+def test_an_agent_trusts_a_sandbox_started_on_its_node_lately_and_nothing_else(tmp_path, monkeypatch):
+    """An agent per allocation (a Slurm job) starts on the meter: it skips starting a trial
+    sandbox where one started on this node within PROBE_TRUST_SECONDS, as noted by this user for
+    the same bubblewrap and Python; anything else noted there is tried again."""
+    from django.conf import settings
+
+    from agent import isolation
+
+    tried = []
+    isolation_ = isolation.Isolation("agent", tmp_path / "runs", tmp_path / "cache", settings)
+    isolation_.bwrap = isolation_.bwrap or "/usr/bin/bwrap"
+    monkeypatch.setattr(isolation_, "_probe_cgroups", lambda: None)
+    monkeypatch.setattr(isolation_, "_try", lambda: tried.append(1) or (True, ""))
+    noted = tmp_path / ".sandbox-started"
+
+    isolation_.probe("a1", known_good=noted)
+    assert len(tried) == 1 and stat.S_IMODE(noted.stat().st_mode) == 0o600
+    isolation_.probe("a2", known_good=noted)
+    assert len(tried) == 1, "trusted: started here a moment ago"
+    old = time.time() - isolation.PROBE_TRUST_SECONDS - 5
+    os.utime(noted, (old, old))
+    isolation_.probe("a3", known_good=noted)
+    assert len(tried) == 2, "too long ago: tried again"
+    noted.write_text("/elsewhere/bwrap /elsewhere/python users=True")
+    isolation_.probe("a4", known_good=noted)
+    assert len(tried) == 3, "noted for another bubblewrap or Python: tried again"
+    isolation_.probe("a5")
+    assert len(tried) == 4, "a runner (nothing noted) always tries"
+    # A failure is never noted, and raises as before.
+    noted.unlink()
+    monkeypatch.setattr(isolation_, "_try", lambda: (False, "no user namespaces"))
+    with pytest.raises(isolation.IsolationUnavailable, match="no user namespaces"):
+        isolation_.probe("a6", known_good=noted)
+    assert not noted.exists()

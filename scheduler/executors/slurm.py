@@ -48,6 +48,9 @@ JOB_NAME_PREFIX = "e31-"
 BATCH_SCRIPT = """#!/bin/bash
 # E31 Network: one allocation as a Slurm batch job; the command is this script's arguments.
 set -u
+# Slurm keeps its start to the second; this instant, taken before anything else runs, is the
+# meter's start to the microsecond (scheduler/engine.py refined_start). bash's own clock: no fork.
+export E31_ENGINE_STARTED_AT="${EPOCHREALTIME:-$(date +%s.%N)}"
 if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
   export SLURM_EXPORT_ENV=ALL  # each node's step gets the job's environment
   srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 "$@" &

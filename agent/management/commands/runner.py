@@ -10,6 +10,9 @@ from core.signals import stop_on_signals
 
 class Command(BaseCommand):
     help = "Offer this machine's devices (GPUs, or CPU slots without CUDA) and run the jobs placed on them."
+    # Django's checks load every URL module (the views, DRF, Optuna): a third of a second, paid
+    # on the meter by an agent that starts inside a Slurm job. The web and `bin/up` run them.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--devices", type=int, help="how many devices (GPUs or CPU slots) to offer")
@@ -47,14 +50,18 @@ class Command(BaseCommand):
 
     def run_one(self, allocation, work_dir):
         """Inside an engine's job: run the allocation as a runner would, then exit."""
+        from scheduler.engine import script_start
         from scheduler.executors.configured import get_executor
 
         agent = AllocationAgent(allocation, work_dir or settings.E31_ENGINE_WORK_DIR)
-        started_at = None
+        # The meter from the engine's start: the batch script's first instant, or else what the
+        # engine says (whole seconds).
+        started_at = script_start(os.environ.get("E31_ENGINE_STARTED_AT"))
+        precise = started_at is not None
         executor, handle = get_executor(), os.environ.get("SLURM_JOB_ID")
-        if executor is not None and handle:
-            started_at = executor.status([handle])[handle].started_at  # the meter from the engine's start
-        agent.attach(started_at)
+        if not precise and executor is not None and handle:
+            started_at = executor.status([handle])[handle].started_at
+        agent.attach(started_at, precise=precise)
 
         with stop_on_signals(agent.terminate):
             self.stdout.write(f"agent: allocation {agent.allocation_id} on {agent.name}")
