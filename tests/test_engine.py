@@ -114,6 +114,13 @@ def test_the_agent_starts_without_the_webs_libraries():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd=engine.ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+    # manage.py keeps the collector off while a command starts, and on once it runs, with what
+    # the start made frozen out of its way.
+    code = "import gc; print(gc.isenabled(), gc.get_freeze_count() > 10000)"
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code], capture_output=True, text=True, env=environment, cwd=engine.ROOT, timeout=120
+    )
+    assert done.stdout.split() == ["True", "True"], (done.stdout, done.stderr)
 
 
 @pytest.mark.nodb
