@@ -39,7 +39,7 @@ from jobs.launch import artifact_name_problem
 from jobs.logs import stored_bytes
 from jobs.models import Artifact, Job, JobEvent, Utilization
 from notifications import events as notifications
-from scheduler.allocations import end_allocation
+from scheduler.allocations import end_allocation, waits_for_node_zero
 from scheduler.models import Allocation
 
 log = logging.getLogger(__name__)
@@ -698,12 +698,24 @@ class RunningJob:
         # later than the job's limit. On a cluster engine the compute is the engine's to hold
         # until our agent ends, and what it holds is what is billed (and reconciled with its
         # accounting): then the meter stops now.
+        if self.held_until_done and waits_for_node_zero(self.allocation, state):
+            self.hold_with_node_zero()
         release_at = timezone.now() if self.held_until_done else self.exited_at
         if self.limit_at is not None:
             release_at = min(release_at, self.limit_at)
         self.end_utilization()
         end_allocation(self.allocation, release_at, reason, state, message, exit_code=self.process.returncode)
         self.cleanup()
+
+    def hold_with_node_zero(self, poll=0.2):
+        """On a cluster engine a gang is one engine job over its nodes: the engine holds this node
+        until node 0's part has ended (and its agent exited), and so does the meter. Waits for it,
+        or for this part to be ended for it (the scheduler, from the engine's word), or its limit."""
+        gang = Allocation.objects.filter(gang=self.allocation.gang)
+        while gang.filter(node_rank=0, ended_at__isnull=True).exists() and gang.filter(pk=self.allocation.pk, ended_at__isnull=True).exists():
+            if self.limit_at is not None and timezone.now() >= self.limit_at:
+                return
+            time.sleep(poll)
 
     def end_utilization(self):
         """The last windows and the job's summary stored; the idle flag off. Never in the way
