@@ -254,6 +254,11 @@ def follow(executor, now=None):
     if not watched:
         return
     statuses = executor.status(sorted({a.engine_handle for a in watched}))
+    # Where the engine keeps accounting, its record is what the meter is reconciled with.
+    ended = sorted(
+        {a.engine_handle for a in watched if a.ended_at is not None and statuses.get(a.engine_handle, base.AllocationStatus(state=base.UNKNOWN)).finished}
+    )
+    accounted = executor.accounted(ended) if ended else {}
     pending = settings.E31_ENGINE_PENDING_SECONDS
     stopped = set()
     for allocation in watched:
@@ -299,7 +304,10 @@ def follow(executor, now=None):
                 end_allocation(allocation, billed_until(allocation, status.ended_at or now), reason, state, why)
                 continue
         elif status.finished:
-            reconcile(allocation, status)
+            record = accounted.get(allocation.engine_handle)
+            if record is not None and not record.finished:
+                continue  # accounting lags the controller by a moment: its end comes next cycle
+            reconcile(allocation, record or status)
 
 
 def held(allocation, started_at, precise=False):

@@ -9,6 +9,7 @@ running there are left alone; only the daemons started here are stopped, by thei
 
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -20,10 +21,14 @@ from pathlib import Path
 import pytest
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
+# Accounting: slurmdbd on a MariaDB server of the cluster's own (bin/setup test installs them).
+ACCOUNTING = ("slurmdbd", "sacct", "mariadbd", "mariadb-install-db", "my_print_defaults")
+DB_NAME, DB_USER = "slurm_acct_db", "slurm"
 
 
-def missing_tools():
-    return [name for name in DAEMONS if shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+def missing_tools(accounting=False):
+    tools = DAEMONS + (ACCOUNTING if accounting else ())
+    return [name for name in tools if shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
 
 
 def _free_ports(count):
@@ -42,6 +47,14 @@ def _memory_mb():
     raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
+def _has_user(name):
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 def _which(name):
     return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
 
@@ -49,11 +62,14 @@ def _which(name):
 class SlurmCluster:
     """One controller and one node (this machine, its CPUs as the slots) in one partition; with
     nodes=N, N nodes on this machine (a slurmd each, `slurmd -N`, on ports of their own), the
-    machine's CPUs shared out between them: for runs across nodes through srun."""
+    machine's CPUs shared out between them: for runs across nodes through srun. With
+    accounting=True, Slurm's accounting is on, as on most production clusters: slurmdbd, on a
+    MariaDB server of its own in the same folder (on a loopback port, the machine's own MariaDB
+    and /etc/mysql never read), so that sacct answers."""
 
     partition = "e31test"
 
-    def __init__(self, nodes=1):
+    def __init__(self, nodes=1, accounting=False):
         self.root = Path(tempfile.mkdtemp(prefix="e31-slurm-"))
         self.root.chmod(0o755)  # munged (as the munge user) must reach its socket folder
         self.host = socket.gethostname().split(".")[0]
@@ -65,7 +81,10 @@ class SlurmCluster:
         self.memory_mb = total - max(512, total // 10)
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
-        self.ctld_port, self.slurmd_port, *self.node_ports = _free_ports(2 + len(self.names))
+        self.accounting = accounting
+        self.ctld_port, self.slurmd_port, self.db_port, self.dbd_port, *self.node_ports = _free_ports(4 + len(self.names))
+        self.db_dir = self.root / "mariadb"
+        self.db_password = secrets.token_hex(12)
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.processes: dict[str, subprocess.Popen] = {}
 
@@ -80,6 +99,8 @@ class SlurmCluster:
         if len(self.names) > 1:
             for name in self.names:
                 (self.root / "spool" / name).mkdir()
+        if self.accounting:
+            self._start_accounting()
         self.processes["slurmctld"] = self._daemon("slurmctld", [_which("slurmctld"), "-D", "-i"])
         self.start_slurmd()
         self.wait_for_state("idle", timeout=timeout - (time.monotonic() - started))
@@ -142,7 +163,18 @@ class SlurmCluster:
                     "ReturnToService=2",
                     "MpiDefault=none",
                     "JobAcctGatherType=jobacct_gather/none",
-                    "AccountingStorageType=accounting_storage/none",
+                    *(
+                        [
+                            "AccountingStorageType=accounting_storage/slurmdbd",
+                            "AccountingStorageHost=127.0.0.1",
+                            f"AccountingStoragePort={self.dbd_port}",
+                            # The clients (sacct) and slurmctld reach slurmdbd with this munge
+                            # socket, not AuthInfo's: without it, the machine's own.
+                            f"AccountingStoragePass=socket={self.munge_socket}",
+                        ]
+                        if self.accounting
+                        else ["AccountingStorageType=accounting_storage/none"]
+                    ),
                     # A lost slurmd is noticed in seconds, not the default five minutes (the
                     # node-failure tests stop it); scancel's TERM-to-KILL wait is short too.
                     "SlurmdTimeout=20",
@@ -164,6 +196,83 @@ class SlurmCluster:
             )
         )
 
+    def _start_accounting(self):
+        """A MariaDB server and slurmdbd, from this folder; the cluster registers itself with
+        slurmdbd when slurmctld starts, and jobs are recorded without accounts (no enforcement)."""
+        owner = pwd.getpwnam("mysql") if _has_user("mysql") else pwd.getpwnam("root")  # mariadb-server-core alone makes no mysql user
+        self.db_dir.mkdir()
+        os.chown(self.db_dir, owner.pw_uid, owner.pw_gid)
+        data = self.db_dir / "data"
+        # --no-defaults first, always: the machine's /etc/mysql names its own socket, data and port.
+        small = ["--innodb-log-file-size=8M", "--innodb-buffer-pool-size=32M"]
+        subprocess.run(
+            [_which("mariadb-install-db"), "--no-defaults", f"--datadir={data}", f"--user={owner.pw_name}", "--skip-test-db", *small],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        init = self.db_dir / "init.sql"  # run by the server before it takes a client: slurmdbd's user
+        init.write_text(
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self.db_password}';\nGRANT ALL ON `{DB_NAME}`.* TO '{DB_USER}'@'127.0.0.1';\n"
+        )
+        init.chmod(0o644)
+        self.processes["mariadbd"] = self._daemon(
+            "mariadbd",
+            [
+                _which("mariadbd"),
+                "--no-defaults",
+                f"--user={owner.pw_name}",
+                f"--datadir={data}",
+                f"--socket={self.db_dir / 'mariadbd.sock'}",
+                f"--pid-file={self.db_dir / 'mariadbd.pid'}",
+                f"--log-error={self.db_dir / 'mariadbd.log'}",
+                f"--port={self.db_port}",
+                "--bind-address=127.0.0.1",
+                "--skip-name-resolve",
+                f"--init-file={init}",
+                *small,
+            ],
+        )
+        self._wait_for_port("mariadbd", self.db_port)
+        # slurmdbd reads slurmdbd.conf beside slurm.conf, and refuses one others can read.
+        dbd_conf = self.root / "slurmdbd.conf"
+        dbd_conf.touch(mode=0o600)
+        dbd_conf.write_text(
+            "\n".join(
+                [
+                    "SlurmUser=root",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={self.dbd_port}",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",  # "localhost" would be the machine's own MariaDB socket
+                    f"StoragePort={self.db_port}",
+                    f"StorageUser={DB_USER}",
+                    f"StoragePass={self.db_password}",
+                    f"StorageLoc={DB_NAME}",
+                    f"PidFile={self.root / 'run' / 'slurmdbd.pid'}",
+                    f"LogFile={self.root / 'log' / 'slurmdbd.log'}",
+                    "",
+                ]
+            )
+        )
+        self.processes["slurmdbd"] = self._daemon("slurmdbd", [_which("slurmdbd"), "-D"])
+        self._wait_for_port("slurmdbd", self.dbd_port)
+
+    def _wait_for_port(self, name, port, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            with socket.socket() as probe:
+                probe.settimeout(0.2)
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if self.processes[name].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start: {self.logs()}")
+            time.sleep(0.05)
+
     def _daemon(self, name, args):
         log = open(self.root / f"{name}.out", "ab")  # noqa: SIM115 - open for the daemon's life
         return subprocess.Popen(args, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
@@ -179,7 +288,7 @@ class SlurmCluster:
     def stop_slurmd(self, sig=signal.SIGKILL):
         """Stop the nodes' daemons as a node failure would (SIGKILL by default): jobs' steps go on
         until the controller gives the nodes up."""
-        for key in [key for key in self.processes if key.startswith("slurmd")]:
+        for key in [key for key in self.processes if key.startswith("slurmd-") or key == "slurmd"]:
             process = self.processes.pop(key)
             if process.poll() is None:
                 process.send_signal(sig)
@@ -193,7 +302,7 @@ class SlurmCluster:
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self.squeue_ids():
                 time.sleep(0.5)
-        for name in [key for key in self.processes if key.startswith("slurmd")] + ["slurmctld", "munged"]:
+        for name in [key for key in self.processes if key.startswith("slurmd-") or key == "slurmd"] + ["slurmctld", "slurmdbd", "mariadbd", "munged"]:
             process = self.processes.pop(name, None)
             if process is None or process.poll() is not None:
                 continue
@@ -232,7 +341,8 @@ class SlurmCluster:
         return done.stdout.split() if done.returncode == 0 else []
 
     def logs(self):
-        return "\n".join(f"--- {path.name}\n{self._tail(path)}" for path in sorted(self.root.glob("**/*.log")) + sorted(self.root.glob("*.out")))
+        logs = [p for p in sorted(self.root.glob("**/*.log")) if self.db_dir / "data" not in p.parents]  # the database's own are binary
+        return "\n".join(f"--- {path.name}\n{self._tail(path)}" for path in logs + sorted(self.root.glob("*.out")))
 
     @staticmethod
     def _tail(path, lines=20):
@@ -255,10 +365,16 @@ def slurm_pair():
     yield from _running(nodes=2)
 
 
-def _running(nodes):
-    missing = missing_tools()
+@pytest.fixture(scope="module")
+def slurm_accounting():
+    """A running single-node Slurm with accounting on (slurmdbd, sacct)."""
+    yield from _running(nodes=1, accounting=True)
+
+
+def _running(nodes, accounting=False):
+    missing = missing_tools(accounting)
     if missing:
-        reason = f"Slurm is not installed here (missing {', '.join(missing)}): run bin/setup test, or apt-get install slurm-wlm munge"
+        reason = f"Slurm is not installed here (missing {', '.join(missing)}): run bin/setup test, or apt-get install slurm-wlm munge slurmdbd mariadb-server-core mariadb-client-core"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -267,7 +383,7 @@ def _running(nodes):
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = SlurmCluster(nodes=nodes)
+    cluster = SlurmCluster(nodes=nodes, accounting=accounting)
     try:
         cluster.start()
         yield cluster

@@ -40,6 +40,7 @@ class Engine:
         self.infos = list(nodes)
         self.requests = {}
         self.statuses = {}
+        self.records = {}  # accounting's (sacct): none unless a test keeps some
         self.stopped = []
 
     def nodes(self):
@@ -57,6 +58,9 @@ class Engine:
     def stop(self, handle, graceful=True):
         self.stopped.append((handle, graceful))
         self.statuses[handle] = base.AllocationStatus(state=base.CANCELLED, engine_state="CANCELLED")
+
+    def accounted(self, handles):
+        return {h: self.records[h] for h in handles if h in self.records}
 
 
 # Decisions ---------------------------------------------------------------------------------------
@@ -368,3 +372,25 @@ def test_a_node_the_engine_runs_is_not_staged_on_beforehand(alice, rate):
     assert services.line_up() == []
     [queued] = services.queued_jobs()
     assert queued.staged_on == frozenset({str(Node.objects.get().pk)})
+
+
+def test_where_the_engine_keeps_accounting_the_meter_is_reconciled_with_its_record(placed):
+    fake, job, allocation, handle = placed
+    started = allocation.started_at + timedelta(seconds=2)
+    Job.objects.filter(pk=job.pk).update(state="running")
+    fake.statuses[handle] = base.AllocationStatus(state=base.RUNNING, started_at=started)
+    engine.follow(fake, now=started)
+    allocation.refresh_from_db()
+    # Our agent ended it after 30 s; the controller says the job ended a moment later.
+    allocations.end_allocation(allocation, started + timedelta(seconds=30), Allocation.EXITED, "succeeded")
+    fake.statuses[handle] = base.AllocationStatus(state=base.ENDED, exit_code=0, started_at=started, ended_at=started + timedelta(seconds=31))
+    # sacct lags the controller: its record has no end yet, so nothing is reconciled this cycle.
+    fake.records[handle] = base.AllocationStatus(state=base.PENDING, started_at=started)
+    engine.follow(fake, now=started + timedelta(seconds=32))
+    assert Allocation.objects.get(pk=allocation.pk).engine_seconds is None
+    # Then accounting's record, which is what the operator reads (here 2 s apart from the meter).
+    fake.records[handle] = base.AllocationStatus(state=base.ENDED, exit_code=0, started_at=started, ended_at=started + timedelta(seconds=32))
+    engine.follow(fake, now=started + timedelta(seconds=40))
+    allocation.refresh_from_db()
+    assert allocation.engine_seconds == 32, "accounting's record, not the controller's 31 s"
+    assert allocation.usage.held_seconds == 30

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from scheduler import engine
-from tests.slurm_cluster import slurm, slurm_pair  # noqa: F401 - the fixtures
+from tests.slurm_cluster import _which, slurm, slurm_accounting, slurm_pair  # noqa: F401 - the fixtures
 from tests.system import LiveSystem
 from tests.test_e2e import EXAMPLE, heldout_accuracy
 
@@ -283,3 +283,53 @@ def test_slurms_time_limit_ends_a_job_whose_agent_cannot_enforce_its_span(slurm,
             except ProcessLookupError:
                 pass
         system.stop()
+
+
+def sacct_record(cluster, handle):
+    """(state, start, end, elapsed seconds) of a job as Slurm's accounting (sacct) has it."""
+    done = cluster.run("sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={handle}", "--format=State,Start,End,Elapsed")
+    state, start, end, elapsed = done.stdout.strip().split("|")
+    hours, minutes, seconds = (int(part) for part in elapsed.split("-")[-1].split(":"))
+    return state, start, end, hours * 3600 + minutes * 60 + seconds
+
+
+@pytest.mark.bench
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_with_slurms_accounting_on_the_meter_is_reconciled_with_sacct(slurm_accounting, tmp_path):  # noqa: F811
+    from scheduler.executors.slurm import SlurmExecutor
+
+    system = slurm_system(slurm_accounting)
+    try:
+        system.start(runner=False)
+        job_id = submit_steps(system, tmp_path, steps=6, pause=0.3)
+        job = system.wait_for_state(job_id, timeout=240)
+        assert job["state"] == "succeeded", (job, system.logs())
+        # Once Slurm has ended the job and sacct has its record, the scheduler keeps sacct's
+        # elapsed time beside the meter, and they agree within Slurm's whole seconds.
+        query = f"from scheduler.models import Allocation; a = Allocation.objects.get(job_id='{job_id}'); print(a.engine_handle, a.engine_seconds)"
+        handle, kept = system.wait_until(
+            lambda: (row := system.manage("shell", "-v", "0", "-c", query).split())[1] != "None" and row, 60, "sacct's elapsed time kept"
+        )
+        state, _start, _end, elapsed = sacct_record(slurm_accounting, handle)
+        assert state == "COMPLETED"
+        assert float(kept) == elapsed > 0
+        assert engine.disagreement(job["held_seconds"], elapsed) is None, (job["held_seconds"], elapsed)
+    finally:
+        system.stop()
+    # The controller forgets its jobs (restarted with its state cleared): sacct still answers,
+    # and the executor reads it from there.
+    executor = SlurmExecutor(conf=str(slurm_accounting.conf), partitions=[slurm_accounting.partition])
+    remembered = executor.status([handle])[handle]
+    slurm_accounting.processes.pop("slurmctld").terminate()
+    slurm_accounting.processes["slurmctld"] = slurm_accounting._daemon("slurmctld-clean", [_which("slurmctld"), "-D", "-i", "-c"])
+    slurm_accounting.wait_for_state("idle", timeout=60)
+    assert slurm_accounting.run("scontrol", "show", "job", handle, check=False).returncode != 0, "forgotten by the controller"
+    recorded = executor.status([handle])[handle]
+    assert (recorded.state, recorded.exit_code, recorded.started_at, recorded.ended_at) == (
+        remembered.state,
+        remembered.exit_code,
+        remembered.started_at,
+        remembered.ended_at,
+    )
+    assert executor.accounted([handle])[handle].ended_at == remembered.ended_at

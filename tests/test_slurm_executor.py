@@ -255,6 +255,19 @@ def test_sacct_lines():
     assert (statuses["42"].state, statuses["42"].signal) == (CANCELLED, 15)
 
 
+@pytest.mark.nodb
+def test_a_cluster_without_accounting_is_asked_once(monkeypatch):
+    executor, calls = SlurmExecutor(), []
+
+    def run(args, check=True, pass_fds=()):
+        calls.append(args[0])
+        return subprocess.CompletedProcess(args, 1, "", "Slurm accounting storage is disabled\n")
+
+    monkeypatch.setattr(executor, "_run", run)
+    assert executor.accounted(["41"]) == {} and executor.accounting is False
+    assert executor.accounted(["42"]) == {} and calls == ["sacct"], "not asked again"
+
+
 # -- what is submitted ------------------------------------------------------------------------------
 
 

@@ -96,3 +96,8 @@ class Executor(Protocol):
         """Ask the command to stop (graceful: a TERM it may trap to checkpoint; the caller stops
         it for good once its grace is over), or end it now. Only handles this executor made."""
         ...
+
+    def accounted(self, handles: Iterable[str]) -> dict[str, AllocationStatus]:
+        """What the engine's accounting recorded of these (Slurm: sacct), {} where it keeps none:
+        the record the meter is reconciled with once the engine has ended a job."""
+        ...

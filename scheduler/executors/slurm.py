@@ -364,6 +364,7 @@ class SlurmExecutor:
         self.partitions = tuple(partitions)
         self.timeout = timeout
         self.env = {"PATH": path or os.environ.get("PATH", "/usr/bin:/bin"), "TZ": "UTC", "LC_ALL": "C"}
+        self.accounting: bool | None = None  # False once sacct has said accounting is off
         if conf:
             self.env["SLURM_CONF"] = conf
 
@@ -419,13 +420,24 @@ class SlurmExecutor:
         records = parse_records(done.stdout) if done.returncode == 0 else []
         return records[0] if records else None
 
+    def accounted(self, handles: Iterable[str]) -> dict[str, AllocationStatus]:
+        """sacct's records of these jobs; {} where accounting is off (asked once: sacct says so)."""
+        handles = [str(handle) for handle in handles]
+        if not handles or self.accounting is False:
+            return {}
+        return self._sacct(handles)
+
     def _sacct(self, handles: Sequence[str]) -> dict[str, AllocationStatus]:
-        """What accounting remembers of jobs the controller has forgotten ({} where it is off)."""
+        """What accounting remembers of jobs ({} where it is off, or does not answer)."""
+        if self.accounting is False:
+            return {}
         args = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={','.join(handles)}", "--format=JobID,State,Start,End,ExitCode,Reason"]
         try:
             done = self._run(args, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return {}
+        if done.returncode != 0 and "accounting storage is disabled" in done.stderr.lower():
+            self.accounting = False  # the cluster keeps no accounting: not asked again
         return parse_sacct(done.stdout) if done.returncode == 0 else {}
 
     def stop(self, handle: str, graceful: bool = True) -> None:
