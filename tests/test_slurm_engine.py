@@ -273,7 +273,18 @@ def test_slurms_time_limit_ends_a_job_whose_agent_cannot_enforce_its_span(slurm,
         ).splitlines()
         assert len(rows) == 1, (rows, job["timeline"])
         handle = rows[0].split()[0]
-        assert "JobState=TIMEOUT" in slurm.run("scontrol", "show", "job", "-o", handle).stdout
+        # The agent, woken, may end the job a moment before Slurm has ended its own.
+        ended = system.wait_until(
+            lambda: (
+                (out := slurm.run("scontrol", "show", "job", "-o", handle).stdout)
+                and "JobState=RUNNING" not in out
+                and "JobState=COMPLETING" not in out
+                and out
+            ),
+            60,
+            "Slurm to end its job",
+        )
+        assert "JobState=TIMEOUT" in ended, ended
         assert job["held_seconds"] <= 30, "billed up to its span, not beyond (Slurm held it to a minute)"
         assert job["restarts"] == 0
     finally:
