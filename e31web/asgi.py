@@ -1,3 +1,4 @@
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -19,3 +20,8 @@ application = ProtocolTypeRouter(
         "websocket": TokenOrSessionAuth(URLRouter(websocket_urlpatterns)),
     }
 )
+
+# What the start made (Django, the URL modules, DRF, the models) lives as long as the worker:
+# frozen, the collector's full passes no longer walk it. bench/read_load.py, 2,000 jobs: the job
+# list's p99 135.6 -> 89.6 ms, usage's 111.5 -> 72.6 ms (their p50s unchanged).
+gc.freeze()

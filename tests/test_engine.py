@@ -4,9 +4,7 @@ its start, a job it leaves pending or loses taken back. The engine here is a dou
 its jobs in a dict (the real Slurm is in tests/test_slurm_engine.py); the decisions are pure
 functions, tested on their own."""
 
-import os
 import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -102,29 +100,6 @@ def test_the_meter_and_the_engine_agree_within_what_whole_seconds_explain():
     assert engine.disagreement(28.2, 30.0) is None
     assert engine.disagreement(27.5, 30.0) == pytest.approx(-2.5)
     assert engine.disagreement(10.0, None) is None
-
-
-@pytest.mark.nodb
-def test_the_agent_starts_without_the_webs_libraries():
-    """The agent starts inside the Slurm job, on the meter: Django, the models and the agent, not
-    DRF, Twisted, Optuna or the scheduler's predictions, and no system checks (they load every
-    URL module)."""
-    code = (
-        "import sys, django; django.setup(); import agent.runner; "
-        "from agent.management.commands.runner import Command; assert Command.requires_system_checks == []; "
-        "print(sorted(m for m in ('rest_framework.serializers', 'twisted', 'daphne', 'optuna', 'scheduler.predictions') if m in sys.modules))"
-    )
-    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "e31web.settings"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd=engine.ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-    # manage.py keeps the collector off while a command starts, and on once it runs, with what
-    # the start made frozen out of its way.
-    code = "import gc; print(gc.isenabled(), gc.get_freeze_count() > 10000)"
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code], capture_output=True, text=True, env=environment, cwd=engine.ROOT, timeout=120
-    )
-    assert done.stdout.split() == ["True", "True"], (done.stdout, done.stderr)
 
 
 @pytest.mark.nodb
