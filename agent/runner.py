@@ -852,8 +852,9 @@ class AllocationAgent(Runner):
         the batch script's own instant, which refines the engine's whole second (engine.held)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         # cgroups under the allocation's own folder; the sandbox trusted where an agent of the
-        # last minutes started one on this node
-        self.isolation.probe(self.allocation_id, known_good=self.engine_dir / ".sandbox-started")
+        # last minutes started one on this node (the folder may be shared by all the nodes: the
+        # note is the node's own)
+        self.isolation.probe(self.allocation_id, known_good=self.engine_dir / f".sandbox-started-{self.name}")
         engine_held(Allocation.objects.get(pk=self.allocation_id), started_at or timezone.now(), precise=precise)
 
     def start_heartbeats(self):

@@ -88,7 +88,7 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
         # user's alone; nothing of the job's run or its data. Beside them, the note that a sandbox
         # started on this node (the next agent's start skips trying one), the same user's alone.
         [folder] = [p for p in (system.var_dir / "engine").iterdir() if p.is_dir()]
-        noted = system.var_dir / "engine" / ".sandbox-started"
+        noted = system.var_dir / "engine" / f".sandbox-started-{slurm.node}"
         assert noted.stat().st_uid == os.getuid() and noted.stat().st_mode & 0o777 == 0o600
         assert sorted(p.name for p in folder.iterdir()) == ["slurm"]
         assert (folder / "slurm").stat().st_mode & 0o777 == 0o700
