@@ -34,6 +34,7 @@ from billing.models import UsageRecord
 from jobs import states
 from scheduler.allocations import end_allocation
 from scheduler.executors import base
+from scheduler.executors.base import AGREE_SECONDS, disagreement
 from scheduler.executors.configured import slurm_account
 from scheduler.models import Allocation, Node
 
@@ -45,12 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # agent needs to reach the database, storage and cache (the agent is the same code, configured
 # the same way), and nothing else of the scheduler's environment.
 PASSED_ON = ("E31_", "PATH", "DATABASE_URL", "REDIS_URL", "DJANGO_", "AWS_", "S3_", "SEAWEEDFS_", "PYTHONPATH", "HOME", "LANG", "TZ")
-# Engines count seconds whole (Slurm's start and end are truncated to the second), so the compute
-# really held is within a second of the engine's elapsed time either way: a meter over it by more
-# than that billed what was not held. Under it is allowed a second more: the meter stops when the
-# job ends, the engine's clock when our agent has exited after it.
-AGREE_SECONDS = 1.0
-UNDER_SECONDS = 2.0
 
 
 # -- decisions -------------------------------------------------------------------------------------
@@ -105,15 +100,6 @@ def billed_until(allocation, ended_at):
 
 def pending_too_long(placed_at, now, pending_seconds):
     return (now - placed_at).total_seconds() > pending_seconds
-
-
-def disagreement(held_seconds, engine_seconds):
-    """Seconds by which the meter and the engine's accounting differ, when more than the engine's
-    whole seconds explain (over by AGREE_SECONDS, under by UNDER_SECONDS)."""
-    if engine_seconds is None:
-        return None
-    difference = held_seconds - engine_seconds
-    return difference if difference > AGREE_SECONDS or difference < -UNDER_SECONDS else None
 
 
 def refined_start(recorded, script_at):

@@ -174,6 +174,8 @@ def test_an_allocation_billed_more_than_a_second_off_the_engines_elapsed_is_show
         ("a2", "j2", "overbilled", "n", "12", start, start + timedelta(seconds=104), 100.0),
         ("a3", "j3", "forgotten", "n", "13", start, start + timedelta(seconds=50), -1.0),
         ("a4", "j4", "underbilled", "n", "14", start, start + timedelta(seconds=200), 230.0),
+        # Under by 1.5 s: Slurm's whole seconds, and our agent's exit after the meter stopped.
+        ("a5", "j5", "agent's exit", "n", "15", start, start + timedelta(seconds=98.5), 100.0),
     ]
     found = figures.disagreements(rows)
     assert [(d.job_name, d.difference) for d in found] == [("underbilled", -30.0), ("overbilled", 4.0)]

@@ -101,3 +101,20 @@ class Executor(Protocol):
         """What the engine's accounting recorded of these (Slurm: sacct), {} where it keeps none:
         the record the meter is reconciled with once the engine has ended a job."""
         ...
+
+
+# Engines count seconds whole (Slurm's start and end are truncated to the second), so the compute
+# really held is within a second of the engine's elapsed time either way: a meter over it by more
+# than that billed what was not held. Under it is allowed a second more: the meter stops when the
+# job ends, the engine's clock when our agent has exited after it.
+AGREE_SECONDS = 1.0
+UNDER_SECONDS = 2.0
+
+
+def disagreement(held_seconds: float, engine_seconds: float | None) -> float | None:
+    """Seconds by which the meter and the engine's accounting differ, when more than the engine's
+    whole seconds explain (over by AGREE_SECONDS, under by UNDER_SECONDS)."""
+    if engine_seconds is None:
+        return None
+    difference = held_seconds - engine_seconds
+    return difference if difference > AGREE_SECONDS or difference < -UNDER_SECONDS else None

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from scheduler.executors.base import disagreement
+
 UP, SILENT, LOST, STOPPED = "up", "silent", "lost", "stopped"
 DRAINED, DOWN = "drained", "down"  # as a cluster engine (Slurm) reports its node
 AMOUNT_PLACES = Decimal("0.00000001")
@@ -348,16 +350,17 @@ class EngineDisagreement:
         return self.billed_seconds - self.engine_seconds
 
 
-def disagreements(rows, agree_seconds=1.0):
+def disagreements(rows):
     """Of (allocation, job, name, node, handle, started_at, ended_at, engine_seconds) rows, those
-    whose meter (ended - started) differs from the engine by more than agree_seconds, newest first.
-    An engine_seconds below 0: the engine no longer remembered the job (nothing to compare)."""
+    whose meter (ended - started) differs from the engine's accounting by more than its whole
+    seconds explain (executors.base.disagreement), newest first. An engine_seconds below 0: the
+    engine no longer remembered the job (nothing to compare)."""
     found = []
     for allocation_id, job_id, name, node, handle, started_at, ended_at, engine_seconds in rows:
         if engine_seconds is None or engine_seconds < 0 or ended_at is None:
             continue
         billed = (ended_at - started_at).total_seconds()
-        if abs(billed - engine_seconds) > agree_seconds:
+        if disagreement(billed, engine_seconds) is not None:
             found.append(EngineDisagreement(str(allocation_id), str(job_id), name, node, handle, ended_at, billed, engine_seconds))
     return sorted(found, key=lambda d: d.ended_at, reverse=True)
 
