@@ -59,6 +59,17 @@ def test_bars_are_as_tall_as_the_utilization():
     assert (first.height, second.height, second.y, second.x) == (0, 50, 50, 100)
     assert first.label == "00:00" and second.label == ""
     assert "50%" in second.title and "no devices" in first.title
+    assert (first.label_x, first.label_anchor) == (0, "start")
+
+
+@nodb
+def test_a_label_at_the_charts_right_edge_ends_there_rather_than_run_past_it():
+    days = [figures.Bucket(T0 + n * 6 * HOUR, T0 + (n + 1) * 6 * HOUR, 0, 0) for n in range(29)]  # the last one from midnight: its day's label at the edge
+    found = [b for b in figures.bars(days, 720, 100, label_seconds=24 * 3600, label_format="%a %d") if b.label]
+    *inside, last = found
+    assert all(b.label_anchor == "start" and b.label_x == b.x for b in inside)
+    assert last.x + len(last.label) * figures.LABEL_CHAR_WIDTH > 720, "the last day's label starts near the edge"
+    assert (last.label_x, last.label_anchor) == (720, "end")
 
 
 # Held device-hours and revenue per day ------------------------------------------------------------

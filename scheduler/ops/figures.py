@@ -382,6 +382,19 @@ class Bar:
     height: float
     title: str
     label: str = ""  # an axis label under the bar, for some bars
+    label_x: float = 0.0  # where the label is anchored: its start, or its end at the chart's edge
+    label_anchor: str = "start"
+
+
+LABEL_CHAR_WIDTH = 6.5  # an axis label's character, in the chart's units (11px text, drawn about 1:1)
+
+
+def label_place(x, label, width):
+    """(x, anchor) of an axis label starting at x: at its start, unless it would run past the
+    chart's right edge, where it ends there instead (a last day's "Sat 05" was cut to "Sat 0")."""
+    if x + len(label) * LABEL_CHAR_WIDTH > width:
+        return width, "end"
+    return x, "start"
 
 
 def bars(buckets, width, height, label_seconds=3600, label_format="%H:%M"):
@@ -396,14 +409,19 @@ def bars(buckets, width, height, label_seconds=3600, label_format="%H:%M"):
         share = bucket.utilization
         h = round((share or 0.0) * height, 2)
         percent = "no devices" if share is None else f"{share * 100:.0f}%"
+        x = round(n * step, 2)
+        label = bucket.start.strftime(label_format) if bucket.start.timestamp() % label_seconds == 0 else ""
+        label_x, anchor = label_place(x, label, width)
         result.append(
             Bar(
-                x=round(n * step, 2),
+                x=x,
                 y=round(height - h, 2),
                 width=round(max(step - 1, 1), 2),
                 height=h,
                 title=f"{bucket.start:%Y-%m-%d %H:%M}–{bucket.end:%H:%M} UTC: {percent}",
-                label=bucket.start.strftime(label_format) if bucket.start.timestamp() % label_seconds == 0 else "",
+                label=label,
+                label_x=label_x,
+                label_anchor=anchor,
             )
         )
     return result
