@@ -7,16 +7,18 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "e31web.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from accounts.ws_auth import TokenOrSessionAuth  # noqa: E402
+from e31web.admission import Admission  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Static files are served by the app itself in the embedded default; a production
         # deployment may put them behind a CDN with collectstatic instead.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": Admission(ASGIStaticFilesHandler(django_asgi_app), settings.E31_WEB_CONCURRENCY, settings.E31_WEB_QUEUE_SECONDS),
         "websocket": TokenOrSessionAuth(URLRouter(websocket_urlpatterns)),
     }
 )

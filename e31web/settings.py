@@ -257,6 +257,12 @@ REST_FRAMEWORK = {
 # Requests per API token (or signed-in user, or address) and period: 1200/min, 20/s, 50000/day,
 # or off. Counted in the cache below (Redis when REDIS_URL is set: one count for all processes).
 E31_API_RATE = env_rate("E31_API_RATE", "1200/min")
+# HTTP requests one web worker lets into Django at once (each holds a thread and a database
+# connection): the others wait their turn, and one that waited E31_WEB_QUEUE_SECONDS gets a 503
+# with Retry-After (e31web/admission.py). Workers x this, plus the scheduler's and runners'
+# connections, must stay under PostgreSQL's max_connections (100 by default).
+E31_WEB_CONCURRENCY = env_int("E31_WEB_CONCURRENCY", 16, minimum=1)
+E31_WEB_QUEUE_SECONDS = env_float("E31_WEB_QUEUE_SECONDS", 30.0, minimum=0.1)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "E31 Network API",
