@@ -206,7 +206,9 @@ def test_a_gang_runs_as_one_slurm_job_over_two_nodes_with_an_agent_on_each(slurm
         assert sorted(a["node"] for a in job["allocations"]) == slurm_pair.names
         assert [a["node_rank"] for a in job["allocations"]] == [0, 1]
         assert log_ranks(system, job_id) == {0, 1}
-        # Slurm holds both nodes until its job ends: so does the meter, node 1's part until node 0's.
+        # Slurm holds both nodes until its job ends: so does the meter, node 1's part until node 0's
+        # (its agent sees node 0's end within a poll, after the job succeeded).
+        job = system.wait_until(lambda: (j := system.job(job_id)) and all(a["ended_at"] for a in j["allocations"]) and j, 30, "both parts to end")
         zero, one = (datetime.fromisoformat(a["ended_at"].replace("Z", "+00:00")) for a in job["allocations"])
         assert one >= zero, job["allocations"]
         assert_close(job_weights(system, job_id), reference.weights())
