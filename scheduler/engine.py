@@ -241,9 +241,7 @@ def follow(executor, now=None):
         return
     statuses = executor.status(sorted({a.engine_handle for a in watched}))
     # Where the engine keeps accounting, its record is what the meter is reconciled with.
-    ended = sorted(
-        {a.engine_handle for a in watched if a.ended_at is not None and statuses.get(a.engine_handle, base.AllocationStatus(state=base.UNKNOWN)).finished}
-    )
+    ended = sorted({a.engine_handle for a in watched if a.ended_at is not None and (s := statuses.get(a.engine_handle)) is not None and s.finished})
     accounted = executor.accounted(ended) if ended else {}
     pending = settings.E31_ENGINE_PENDING_SECONDS
     stopped = set()

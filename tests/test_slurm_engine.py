@@ -302,8 +302,9 @@ def sacct_record(cluster, handle):
     """(state, start, end, elapsed seconds) of a job as Slurm's accounting (sacct) has it."""
     done = cluster.run("sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={handle}", "--format=State,Start,End,Elapsed")
     state, start, end, elapsed = done.stdout.strip().split("|")
-    hours, minutes, seconds = (int(part) for part in elapsed.split("-")[-1].split(":"))
-    return state, start, end, hours * 3600 + minutes * 60 + seconds
+    days, _, clock = elapsed.rpartition("-")  # [days-]hours:minutes:seconds
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return state, start, end, int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 @pytest.mark.bench

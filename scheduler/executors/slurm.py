@@ -423,9 +423,7 @@ class SlurmExecutor:
     def accounted(self, handles: Iterable[str]) -> dict[str, AllocationStatus]:
         """sacct's records of these jobs; {} where accounting is off (asked once: sacct says so)."""
         handles = [str(handle) for handle in handles]
-        if not handles or self.accounting is False:
-            return {}
-        return self._sacct(handles)
+        return self._sacct(handles) if handles else {}
 
     def _sacct(self, handles: Sequence[str]) -> dict[str, AllocationStatus]:
         """What accounting remembers of jobs ({} where it is off, or does not answer)."""
