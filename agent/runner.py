@@ -49,7 +49,7 @@ from agent.staging import (
 )
 from core.storage import get_storage
 from e31 import unpack
-from jobs import archive, lineage, states
+from jobs import archive, states
 from jobs.launch import (
     RANK_PREFIX_TEMPLATE,
     Gang,
@@ -579,6 +579,10 @@ class Runner:
     def cut_for_smoke(job, dirs):
         """A script's smoke run sees a sample of its staged inputs (agent/smoke.py), said in
         its log; True for one, False for any other job (a recipe cuts its own data)."""
+        # Here, not at the top: jobs.lineage brings the spec reader and YAML (17 ms), which an
+        # agent starting inside a Slurm job, on the meter, needs for nothing else.
+        from jobs import lineage
+
         if job.recipe or not lineage.is_smoke_run(job):
             return False
         sample = smoke.cut(dirs.root, [item.dest for item in job_manifest(job)], seed=job.pk)

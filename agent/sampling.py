@@ -8,9 +8,10 @@ process tree is read from the job's cgroup (one small file) where it has one, el
 import logging
 import time
 
-import psutil
-
 from jobs.utilization import Reading
+
+# psutil (10 ms) is imported at the first reading, not when the agent starts: inside a Slurm job
+# the agent's start is on the meter, and the first reading comes once the job has started.
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class ProcessTreeSampler:
         self.last = None  # time.time() of the last reading
 
     def processes(self):
+        import psutil
+
         if self.pids is not None:
             found = self.pids()
             if found:
@@ -87,6 +90,8 @@ class ProcessTreeSampler:
 
     def read(self):
         """[Reading], or None the first time."""
+        import psutil
+
         now = time.time()
         busy, memory, seen = 0.0, 0, {}
         for process in self.processes():
@@ -112,6 +117,8 @@ class ProcessTreeSampler:
 
 
 def _process(pid):
+    import psutil
+
     try:
         return psutil.Process(pid)
     except psutil.Error:

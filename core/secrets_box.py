@@ -8,8 +8,10 @@ import base64
 import hashlib
 import json
 
-from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
+
+# cryptography (10 ms) is imported when a secret is sealed or opened, not with the models that
+# keep sealed values: every process loads those, and few of them open a secret.
 
 
 class CannotDecrypt(Exception):
@@ -17,6 +19,8 @@ class CannotDecrypt(Exception):
 
 
 def _fernet():
+    from cryptography.fernet import Fernet
+
     material = settings.E31_CREDENTIALS_KEY or settings.SECRET_KEY
     key = base64.urlsafe_b64encode(hashlib.sha256(b"e31-credentials:" + material.encode()).digest())
     return Fernet(key)
@@ -28,6 +32,8 @@ def seal(values):
 
 
 def unseal(token):
+    from cryptography.fernet import InvalidToken
+
     try:
         return json.loads(_fernet().decrypt(token.encode()))
     except (InvalidToken, ValueError) as error:

@@ -75,9 +75,11 @@ CSRF_FAILURE_VIEW = "accounts.csrf.csrf_failure"  # Django's 403, recorded in th
 
 # Daphne serves the web through its own command (`manage.py up`, e31web.asgi), so its app, whose
 # one job is an ASGI runserver, is not listed: loading it brings Twisted into every process (a
-# sixth of a second at each start, on the meter for an agent inside a Slurm job).
+# sixth of a second at each start, on the meter for an agent inside a Slurm job). The admin is
+# the one that does not look for the apps' admin modules when it loads (they bring the admin's
+# forms and templates: 15 ms): e31web/urls.py does, the first time a URL is resolved.
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "django.contrib.admin.apps.SimpleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -5,6 +5,10 @@ from django.views.generic import RedirectView
 from notifications import views as notification_views
 from scheduler.ops import views as ops_views
 
+# Every app's admin module, registered here rather than when the apps load (the admin's app is
+# SimpleAdminConfig): a process that never serves a page, such as a node agent, skips them.
+admin.autodiscover()
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="jobs:list", permanent=False)),
     # The settings page shows accounts' and notifications' settings: notifications, above accounts, serves it.

@@ -11,7 +11,8 @@ the node's own torch. Pure functions, no database.
 import hashlib
 import re
 
-from packaging.requirements import InvalidRequirement, Requirement
+# packaging (15 ms) is imported where a requirement is parsed: the node agent, whose start inside
+# a Slurm job is on the meter, imports this module for packages_digest and parses none.
 
 MAX_REQUIREMENTS = 200
 MAX_LINE = 200
@@ -49,6 +50,8 @@ def parse(text):
 def merge(*texts):
     """The requirements of every text as one text, one a line, in order; a requirement named
     again (even spelt otherwise: numpy >= 1.26, numpy>=1.26) is kept once, as first given."""
+    from packaging.requirements import Requirement
+
     kept = {}
     for text in texts:
         for line in parse(text):
@@ -72,6 +75,8 @@ def _refusal(line):
         return f"options such as -e, -r and --index-url are not taken; {BY_NAME}"
     if line.endswith("\\"):
         return "a line continuation (\\) is not taken: one requirement a line"
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         requirement = Requirement(line)
     except InvalidRequirement as error:

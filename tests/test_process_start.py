@@ -23,14 +23,24 @@ def python(*args):
 @pytest.mark.nodb
 def test_the_agent_starts_without_the_webs_libraries():
     """The agent starts inside the Slurm job, on the meter: Django, the models and the agent, not
-    DRF, Twisted, Optuna or the scheduler's predictions, and no system checks (they load every
-    URL module)."""
+    DRF, Twisted, Optuna or the scheduler's predictions, no system checks (they load every URL
+    module), not the admin's modules, and not what only later steps need: YAML and the spec
+    reader (a smoke run's check), packaging (requirements), psutil (the first reading) and
+    cryptography (a sealed secret)."""
+    web = ("rest_framework.serializers", "twisted", "daphne", "optuna", "scheduler.predictions", "jobs.admin", "accounts.admin")
+    later = ("yaml", "jobs.specfile", "packaging", "psutil", "cryptography")
     code = (
         "import sys, django; django.setup(); import agent.runner; "
         "from agent.management.commands.runner import Command; assert Command.requires_system_checks == []; "
-        "print(len([m for m in ('rest_framework.serializers', 'twisted', 'daphne', 'optuna', 'scheduler.predictions') if m in sys.modules]))"
+        f"print(' '.join(m for m in {web + later!r} if m in sys.modules) or 'none')"
     )
-    assert python("-c", code) == ["0"]
+    assert python("-c", code) == ["none"]
+
+
+@pytest.mark.nodb
+def test_the_admin_has_every_apps_models_once_the_urls_load():
+    code = "import django; django.setup(); from django.contrib import admin; before = len(admin.site._registry); import e31web.urls; print(before, len(admin.site._registry) > 10)"
+    assert python("-c", code) == ["0", "True"]
 
 
 @pytest.mark.nodb
