@@ -189,11 +189,6 @@ def script_smoke_hours():
     return max(hours, Decimal("0.0001"))
 
 
-def is_smoke_run(job):
-    """Whether the job is another job's smoke run."""
-    return Job.objects.filter(smoke_run=job).exists()
-
-
 @transaction.atomic
 def smoke_run(job):
     """The short run a job makes first, one GPU of the same type: a recipe's with its smoke

@@ -183,6 +183,10 @@ class Job(models.Model):
             ceiling_gpu_hours=self.ceiling_gpu_hours,
         )
 
+    def is_smoke_run(self):
+        """Whether this job is another job's smoke run (jobs.lineage.smoke_run made it)."""
+        return Job.objects.filter(smoke_run=self).exists()
+
     # Events -----------------------------------------------------------------------------------
 
     def record(self, kind, *, at=None, data=None):

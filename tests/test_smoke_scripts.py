@@ -143,7 +143,7 @@ def test_a_script_job_asks_for_a_smoke_run_through_the_api(client, token, rate, 
     assert smoke_job.config == {"epochs": 3}  # a script's config is its own: no smoke option added
     assert smoke_job.gpus == 1 and smoke_job.span_hours == Decimal("0.0833")  # 5 minutes, at most
     assert sorted(smoke_job.uploads.values_list("role", "name")) == [("code", "train.py"), ("train", "rows.csv")]
-    assert lineage.is_smoke_run(smoke_job) and not lineage.is_smoke_run(job)
+    assert smoke_job.is_smoke_run() and not job.is_smoke_run()
 
 
 # Real runs ------------------------------------------------------------------------------------------
