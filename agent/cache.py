@@ -11,8 +11,17 @@ recorded in its atime, for eviction), so a file whose mtime, size or mode change
 by someone since. That can only be a job run as the runner's own user (without isolation a job
 could chmod its hard link back to writable); `check` after each job drops such a file, and a
 restart drops files left writable, so the next job stages them afresh.
+
+Shared (shared=True): the node's agents under a cluster engine, each running one allocation in a
+process of its own, all keep one cache on the node, so data staged once is there for every later
+job on that node. What a process knows is then only a view of the folder: a file another agent
+put is found on the disk, one another agent evicted is missed; a half-fetched file is removed
+only once the process fetching it is gone; and eviction waits for no one: it is skipped while any
+agent is staging or linking (they hold the folder's lock shared, `using`, eviction exclusive).
 """
 
+import contextlib
+import fcntl
 import itertools
 import logging
 import mmap
@@ -59,29 +68,69 @@ def _stamp(st):
     return (st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
 
 
+def _fetcher_alive(name):
+    """Whether the process whose pid a temporary file's name carries (sha256.pid.n, or
+    .direct.pid.n) still runs on this node."""
+    parts = name.split(".")
+    pid = parts[-2] if len(parts) >= 3 else ""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
 class BlobCache:
-    def __init__(self, root, limit_bytes, direct_io=True):
+    def __init__(self, root, limit_bytes, direct_io=True, shared=False):
         self.root = Path(root)
         self.limit_bytes = limit_bytes
+        self.shared = shared
         self.lock = threading.Lock()
         self.tmp = self.root / ".tmp"
         self.tmp.mkdir(parents=True, exist_ok=True)
-        # Jobs see their files through hard links; the cache itself is the runner's alone.
+        # Jobs see their files through hard links; the cache itself is the runner's alone (or
+        # its node's agents', all this user).
         os.chmod(self.root, 0o700)
         for leftover in self.tmp.iterdir():  # half-fetched files of an earlier run
-            leftover.unlink(missing_ok=True)
+            if not (shared and _fetcher_alive(leftover.name)):
+                leftover.unlink(missing_ok=True)
         # Staging writes whole blocks with O_DIRECT where the file system takes it (staging._Fetch).
         self.direct_io = bool(direct_io) and _takes_direct_io(self.tmp)
         self.stamps = {}  # sha256 -> (size, mtime_ns, mode) as the file entered
+        self._scan()
+
+    def _scan(self):
+        """What the folder holds, as this process's view (a file left writable is dropped)."""
+        found = {}
         for path in self.root.glob("??/*"):
             if len(path.name) != 64:
                 continue
-            st = path.stat()
-            if st.st_mode & 0o222:
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue  # evicted by another agent as we looked
+            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o222:
                 log.warning("cache: %s is writable (changed by a job?): removed, to be staged again", path.name)
                 path.unlink(missing_ok=True)
                 continue
-            self.stamps[path.name] = _stamp(st)
+            found[path.name] = _stamp(st)
+        with self.lock:
+            self.stamps = found
+
+    @contextlib.contextmanager
+    def using(self):
+        """While staging into the cache and linking from it: a shared cache is not evicted by
+        another process meanwhile (a no-op for a cache of one process, whose own lock does)."""
+        if not self.shared:
+            yield
+            return
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            yield
 
     @property
     def sizes(self):
@@ -95,8 +144,9 @@ class BlobCache:
     def has(self, sha256):
         """True if the file is here; marks it as just used."""
         with self.lock:
-            if sha256 not in self.stamps:
-                return False
+            known = sha256 in self.stamps
+        if not known and not (self.shared and self._adopt(sha256)):
+            return False
         try:
             # Only the access time moves: the mtime stays the file's entry stamp (see check).
             now = time.time_ns()
@@ -106,6 +156,18 @@ class BlobCache:
             with self.lock:
                 self.stamps.pop(sha256, None)
             return False
+        return True
+
+    def _adopt(self, sha256):
+        """A file another process put in a shared cache since this one looked: known from now on."""
+        try:
+            st = self.path(sha256).lstat()
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o222:
+            return False
+        with self.lock:
+            self.stamps[sha256] = _stamp(st)
         return True
 
     def temp_path(self, sha256):
@@ -159,7 +221,21 @@ class BlobCache:
 
     def evict(self, protect=frozenset()):
         """Remove the least recently used files until the cache fits its limit; files in
-        protect (needed by jobs staged or running here) stay. Returns the digests removed."""
+        protect (needed by jobs staged or running here) stay. Returns the digests removed.
+
+        A shared cache is read again from the disk first, and is left as it is while another
+        process stages into it or links from it (`using`): it is evicted by the next one done."""
+        if not self.shared:
+            return self._evict(protect)
+        with open(self.root / ".lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return []
+            self._scan()
+            return self._evict(protect)
+
+    def _evict(self, protect):
         removed = []
         with self.lock:
             total = sum(stamp[0] for stamp in self.stamps.values())

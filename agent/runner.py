@@ -177,7 +177,7 @@ def archive_log(job_id):
 
 
 class Runner:
-    def __init__(self, name, devices, work_dir, device_type=None, cache_dir=None, cache_bytes=None, address=None):
+    def __init__(self, name, devices, work_dir, device_type=None, cache_dir=None, cache_bytes=None, address=None, shared_cache=False):
         self.name = name
         self.address = address or settings.E31_RUNNER_ADDRESS
         self.devices = devices
@@ -194,6 +194,7 @@ class Runner:
             Path(cache_dir or settings.RUNNER_CACHE_DIR / name),
             settings.E31_RUNNER_CACHE_BYTES if cache_bytes is None else cache_bytes,
             direct_io=settings.E31_STAGING_DIRECT_IO,
+            shared=shared_cache,
         )
         # Stagings run on threads of their own, so a long copy never holds up the jobs running here.
         self.staging_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="staging")
@@ -545,6 +546,10 @@ class Runner:
         """Put the work, the config and the data in the job's folder, from the cache. Data the
         cache lacks (the job was not staged here beforehand) is staged now, while the meter runs."""
         items = job_manifest(job)
+        with self.cache.using():  # a cache shared with other agents is not evicted meanwhile
+            return self._stage(job, dirs, items)
+
+    def _stage(self, job, dirs, items):
         missing = [item for item in items if not self.cache.has(item.sha256)]
         if missing:
             record = Staging.objects.create(
@@ -579,11 +584,7 @@ class Runner:
     def cut_for_smoke(job, dirs):
         """A script's smoke run sees a sample of its staged inputs (agent/smoke.py), said in
         its log; True for one, False for any other job (a recipe cuts its own data)."""
-        # Here, not at the top: jobs.lineage brings the spec reader and YAML (17 ms), which an
-        # agent starting inside a Slurm job, on the meter, needs for nothing else.
-        from jobs import lineage
-
-        if job.recipe or not lineage.is_smoke_run(job):
+        if job.recipe or not job.is_smoke_run():
             return False
         sample = smoke.cut(dirs.root, [item.dest for item in job_manifest(job)], seed=job.pk)
         minutes = f"{settings.E31_SMOKE_MINUTES:g}"
@@ -837,15 +838,20 @@ class AllocationAgent(Runner):
             allocation = Allocation.objects.select_related("node").get(gang=allocation.gang, node__name=name)
         self.allocation_id = allocation.pk
         self.engine_dir = Path(work_dir)
-        folder = self.engine_dir / str(allocation.pk)
+        self.folder = self.engine_dir / str(allocation.pk)
+        # The node's staged data is kept for every later allocation there (the folder may be
+        # shared by all the nodes: each node has a cache of its own); the job's environment,
+        # built while the meter runs, is this allocation's.
         super().__init__(
             name=allocation.node.name,
             devices=allocation.node.devices,
-            work_dir=folder / "runs",
+            work_dir=self.folder / "runs",
             device_type=allocation.node.device_type,
-            cache_dir=folder / "cache",
+            cache_dir=self.engine_dir / "nodes" / allocation.node.name / "cache",
             address=None,
+            shared_cache=True,
         )
+        self.env_root = self.folder / "envs"
         self.node = allocation.node
         self.done = False
         self.terminating = False  # Slurm sent TERM (terminate)
@@ -867,8 +873,8 @@ class AllocationAgent(Runner):
     def stop_heartbeats(self):
         pass
 
-    # The node's cache and stagings are not this agent's: it stages what its job needs into a
-    # cache of its own (while the meter runs) and tells the scheduler nothing of it.
+    # The node's stagings are not this agent's: it stages what its job needs and the node's
+    # shared cache lacks (while the meter runs), and tells the scheduler nothing of it.
     def claim_stagings(self):
         pass
 
@@ -931,5 +937,8 @@ class AllocationAgent(Runner):
             super().stop_all(reason)
         finally:
             self.node = node
-            for folder in (self.work_dir, self.cache.root, self.env_root):  # not Slurm's files beside them
+            for folder in (self.work_dir, self.env_root):  # not Slurm's files beside them
                 shutil.rmtree(folder, ignore_errors=True)
+            # The meter has stopped: the node's cache is brought back within its limit (skipped
+            # while another agent stages or links: that one does it when it is done).
+            self.cache.evict()

@@ -85,9 +85,14 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
         started = datetime.fromisoformat(allocation["started_at"].replace("Z", "+00:00"))
         assert status.started_at <= started < status.started_at + timedelta(seconds=1), (started, status.started_at)
         # What the agent leaves: Slurm's files (its output, for the operator), the submitting
-        # user's alone; nothing of the job's run or its data. Beside them, the note that a sandbox
-        # started on this node (the next agent's start skips trying one), the same user's alone.
-        [folder] = [p for p in (system.var_dir / "engine").iterdir() if p.is_dir()]
+        # user's alone; nothing of the job's run. The job's data stays in the node's cache, the
+        # same user's alone, for the next job there. Beside them, the note that a sandbox started
+        # on this node (the next agent's start skips trying one), the same user's alone.
+        folders = {p.name: p for p in (system.var_dir / "engine").iterdir() if p.is_dir()}
+        cache = folders.pop("nodes") / slurm.node / "cache"
+        assert cache.stat().st_uid == os.getuid() and cache.stat().st_mode & 0o777 == 0o700
+        assert any(cache.glob("??/*")), "the job's files, staged once for this node"
+        [folder] = folders.values()
         noted = system.var_dir / "engine" / f".sandbox-started-{slurm.node}"
         assert noted.stat().st_uid == os.getuid() and noted.stat().st_mode & 0o777 == 0o600
         assert sorted(p.name for p in folder.iterdir()) == ["slurm"]
@@ -157,6 +162,11 @@ def test_a_cancelled_job_stops_gracefully_inside_slurm_and_its_slurm_job_ends(sl
 @pytest.mark.bench
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
+def stagings(system, job_id):
+    code = f"from scheduler.models import Staging; print(Staging.objects.filter(job_id='{job_id}').count())"
+    return int(system.manage("shell", "-v", "0", "-c", code))
+
+
 def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_returns(slurm, tmp_path):  # noqa: F811
     system = slurm_system(slurm)
     try:
@@ -171,6 +181,7 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
         # The time from its last checkpoint to Slurm's end is credited: nothing where the job
         # (its node only cut off from Slurm) checkpointed again after Slurm's end.
         assert requeued["credited_seconds"] >= 0
+        assert stagings(system, job_id) == 1, "the first allocation staged the job's files onto the node"
         time.sleep(3)
         assert system.job(job_id)["state"] == "queued", "the node is down: nothing is placed there"
         slurm.start_slurmd()
@@ -180,6 +191,7 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
         resumes = [e for e in job["timeline"] if e["kind"] == "resume"]
         assert resumes and resumes[0]["step"] >= 5
         assert len(job["allocations"]) == 1 and job["restarts"] == 1
+        assert stagings(system, job_id) == 1, "the second found them in the node's cache: nothing staged again"
     finally:
         if "slurmd" not in slurm.processes:
             slurm.start_slurmd()

@@ -255,6 +255,44 @@ def test_a_cache_file_changed_since_it_entered_is_dropped(tmp_path):
     assert BlobCache(tmp_path / "cache", 10_000).sizes == {}
 
 
+def test_a_shared_cache_sees_what_another_agent_put_and_keeps_its_half_fetched_files(tmp_path):
+    """The node's agents under Slurm, a process each, keep one cache: a file one of them put is
+    there for the others, and a new one never removes a file another is still fetching."""
+    import subprocess
+    import sys
+
+    first = BlobCache(tmp_path / "cache", 10_000, shared=True)
+    second = BlobCache(tmp_path / "cache", 10_000, shared=True)
+    sha = put_bytes(first, b"x" * 100)
+    assert second.has(sha) and second.sizes == {sha: 100}
+    fetching = first.temp_path("a" * 64)
+    fetching.write_bytes(b"half")
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    abandoned = first.tmp / f"{'b' * 64}.{finished.stdout.strip()}.0"  # its fetcher has gone
+    abandoned.write_bytes(b"half")
+    BlobCache(tmp_path / "cache", 10_000, shared=True)
+    assert fetching.exists() and not abandoned.exists()
+    # A runner's own cache (one process) takes every leftover as an earlier run's.
+    BlobCache(tmp_path / "cache", 10_000)
+    assert not fetching.exists()
+
+
+def test_a_shared_cache_is_evicted_only_while_no_agent_stages_or_links(tmp_path):
+    import os
+
+    agent = BlobCache(tmp_path / "cache", limit_bytes=250, shared=True)
+    other = BlobCache(tmp_path / "cache", limit_bytes=250, shared=True)
+    digests = [put_bytes(agent, bytes([i]) * 100) for i in range(2)]
+    digests.append(put_bytes(other, bytes([2]) * 100))  # put by another agent since
+    for at, sha in enumerate(digests):
+        os.utime(agent.path(sha), (1000 + at, 1000 + at))
+    with other.using():  # the other agent is staging or linking
+        assert agent.evict() == []
+        assert all(agent.path(sha).exists() for sha in digests)
+    assert agent.evict() == [digests[0]]  # the folder read again: 300 bytes, the oldest goes
+    assert not other.has(digests[0]) and other.has(digests[1]) and other.has(digests[2])
+
+
 def test_a_job_that_writes_to_its_data_does_not_spoil_the_cache(make_runner, alice, rate, team_a, settings):
     settings.E31_JOB_ISOLATION = False  # the job runs as the runner's user: it could chmod the link
     runner = make_runner()
