@@ -15,7 +15,10 @@ are read from the job itself:
 Prints each run, the medians of each side, and last the ratio of the medians of held time,
 Slurm over local (issue 26's target: at most 1.10). Exits 1 if a job does not succeed.
 
-    .venv/bin/python bench/slurm_overhead.py [--rounds 5] [--epochs 5] [--quick]
+Both systems run on PostgreSQL by default, as under Slurm, where the agents reach the database
+from the nodes (--database sqlite: the embedded default's).
+
+    .venv/bin/python bench/slurm_overhead.py [--rounds 5] [--epochs 5] [--database postgres] [--quick]
 
 --quick (CI: the benchmark still works, about a minute on 2 cores): one round of one epoch.
 """
@@ -60,6 +63,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one round of one epoch (CI: the benchmark still works)")
+    parser.add_argument(
+        "--database",
+        default="postgres",
+        choices=["postgres", "sqlite"],
+        help="both systems' database: PostgreSQL (the default) as under Slurm, where the agents reach it from the nodes",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.epochs = 1, 1
@@ -75,7 +84,7 @@ def main():
         "E31_ENGINE_SECONDS": "0.2",
         "E31_ENGINE_MEMORY_MB_PER_DEVICE": "1024",
     }
-    local, slurm = LiveSystem(devices=1), LiveSystem(devices=1, env=slurm_env)
+    local, slurm = LiveSystem(devices=1, database=args.database), LiveSystem(devices=1, env=slurm_env, database=args.database)
     figures = {"local": [], "slurm": []}
     try:
         local.start()
