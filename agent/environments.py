@@ -43,6 +43,8 @@ REQUESTS = ".requests"  # request key -> "resolved key\nrequirement\n..."
 BUILDING = ".building"  # environments being built, by request key
 RESOLVED = "resolved.txt"
 USED = ".used"  # its mtime: when a job last used the environment
+PINS = ".pins"  # a file per environment, held with a shared lock by each job using it (pin)
+EVICTING = ".lock-evict"  # held exclusively while evicting, shared while pinning
 
 
 class BuildError(RuntimeError):
@@ -237,10 +239,42 @@ class EnvironmentCache:
             out.append(Entry(folder.name, folder_size(folder), used_at))
         return out
 
+    def pin(self, key):
+        """Hold the environment against eviction while a job uses it, by any process on the node
+        (the node's agents under Slurm, each a process of its own, share the folder): an open file
+        with a shared lock, to close when the job is done. None where it was evicted since it was
+        looked up (build it again)."""
+        (self.root / PINS).mkdir(parents=True, exist_ok=True)
+        with open(self.root / EVICTING, "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_SH)  # no eviction between the check and the pin
+            if not self.ready(key):
+                return None
+            pin = open(self.root / PINS / key, "a")  # noqa: SIM115 - held for the job's run
+            fcntl.flock(pin, fcntl.LOCK_SH)
+            return pin
+
+    def _pinned(self, key):
+        try:
+            with open(self.root / PINS / key, "a") as pin:
+                fcntl.flock(pin, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
+
     def make_room(self, keep=frozenset()):
-        for key in evictions(self.entries(), self.budget, keep):
-            log.info("evicting the environment %s (least recently used)", key[:12])
-            shutil.rmtree(self.path(key), ignore_errors=True)
+        """Evict, least recently used first, to fit the budget; never one in keep or pinned by a
+        job on the node (pin), whichever process runs it."""
+        (self.root / PINS).mkdir(parents=True, exist_ok=True)
+        with open(self.root / EVICTING, "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            entries = self.entries()
+            pinned = {e.key for e in entries if self._pinned(e.key)}
+            for key in evictions(entries, self.budget, set(keep) | pinned):
+                log.info("evicting the environment %s (least recently used)", key[:12])
+                shutil.rmtree(self.path(key), ignore_errors=True)
+                (self.root / PINS / key).unlink(missing_ok=True)
         for request in self._requests():  # requests whose environment went
             resolved, _ = self._request(request)
             if not resolved or not self.path(resolved).is_dir():

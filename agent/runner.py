@@ -104,6 +104,11 @@ def _release(sandbox):
             log.exception("could not release the sandbox of allocation %s", sandbox.name)
 
 
+def _close(pin):
+    if pin is not None:
+        pin.close()
+
+
 # Where a job's archive waits, linked read-only into its folder, until its sandbox unpacks it.
 WORK_ARCHIVES = ".work"
 UNPACKER = unpack.__file__  # standard library only: run with -I -S inside the sandbox
@@ -263,6 +268,19 @@ class Runner:
         job.record("notice", data={"text": f"ready ({how}): {' '.join(resolved) or 'nothing beyond the runtime'}", "environment": key})
         return key
 
+    def pinned_environment(self, job):
+        """(key, pin) of the job's environment, ready here (built now if it is not) and held
+        against eviction by any process on the node until the pin is closed; (None, None) where
+        it asked for no packages."""
+        for _ in range(2):  # evicted by another agent between the build and the pin: once more
+            key = self.prepare_environment(job, announce_cached=False)  # ready already, unless not staged here
+            if key is None:
+                return None, None
+            pin = self.envs.pin(key)
+            if pin is not None:
+                return key, pin
+        raise BuildError("its environment was evicted on this node as it started, twice: the node's environment budget is too small")
+
     def publish_environments(self):
         """Tell the scheduler which environments this node holds (as cached blobs under their
         packages digest), so it lines jobs that ask the same up here; and which it no longer does."""
@@ -370,6 +388,7 @@ class Runner:
         dirs = JobDirs(self.work_dir / f"{job.pk}-{str(allocation.pk)[:8]}")
         process = None
         sandbox = None
+        env_pin = None
         try:
             linked = self.stage(job, dirs)
             is_smoke = self.cut_for_smoke(job, dirs)
@@ -391,7 +410,7 @@ class Runner:
             processes = process_count(job.processes, len(allocation.devices), allocation.device_type)
             torchrun = uses_torchrun(processes, gang)
             cwd, script = self.working_folder(job, dirs)
-            env_key = self.prepare_environment(job, announce_cached=False)  # ready here already, unless not staged here
+            env_key, env_pin = self.pinned_environment(job)
             python = str(self.envs.python_of(env_key)) if env_key else sys.executable
             if env_key:
                 self.envs.touch(env_key)
@@ -453,11 +472,13 @@ class Runner:
             _kill_group(process)
             _release(sandbox)
             shutil.rmtree(dirs.root, ignore_errors=True)
+            _close(env_pin)
             return None
         except BaseException:
             _kill_group(process)
             _release(sandbox)
             shutil.rmtree(dirs.root, ignore_errors=True)
+            _close(env_pin)
             raise
         running = RunningJob(
             allocation,
@@ -471,7 +492,7 @@ class Runner:
             disk_pool=self.disk_pool,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
-        running.env_key = env_key
+        running.env_key, running.env_pin = env_key, env_pin
         running.smoke = is_smoke
         self.running[allocation.pk] = running
         return running
@@ -827,7 +848,8 @@ class AllocationAgent(Runner):
     scheduler/engine.py): it runs the job exactly as a runner would (sandbox, environment,
     staging, logs, metrics, checkpoints, outputs), then exits. The engine owns the node: no
     registration, no heartbeats (the scheduler reads the node from the engine), a cgroup folder
-    and a cache of its own (other allocations may run on the node beside it), and the meter runs
+    of its own, the node's cache and environments shared with the other agents there (other
+    allocations may run on the node beside it), and the meter runs
     until the agent is done, for that long the engine holds the compute."""
 
     def __init__(self, allocation_id, work_dir, node_name=None):
@@ -838,20 +860,18 @@ class AllocationAgent(Runner):
             allocation = Allocation.objects.select_related("node").get(gang=allocation.gang, node__name=name)
         self.allocation_id = allocation.pk
         self.engine_dir = Path(work_dir)
-        self.folder = self.engine_dir / str(allocation.pk)
-        # The node's staged data is kept for every later allocation there (the folder may be
-        # shared by all the nodes: each node has a cache of its own); the job's environment,
-        # built while the meter runs, is this allocation's.
+        # The node's staged data and job environments are kept for every later allocation there
+        # (the folder may be shared by all the nodes: each node has its own, nodes/<node>/cache
+        # and cache.envs), shared by its agents, a process each.
         super().__init__(
             name=allocation.node.name,
             devices=allocation.node.devices,
-            work_dir=self.folder / "runs",
+            work_dir=self.engine_dir / str(allocation.pk) / "runs",
             device_type=allocation.node.device_type,
             cache_dir=self.engine_dir / "nodes" / allocation.node.name / "cache",
             address=None,
             shared_cache=True,
         )
-        self.env_root = self.folder / "envs"
         self.node = allocation.node
         self.done = False
         self.terminating = False  # Slurm sent TERM (terminate)
@@ -874,7 +894,8 @@ class AllocationAgent(Runner):
         pass
 
     # The node's stagings are not this agent's: it stages what its job needs and the node's
-    # shared cache lacks (while the meter runs), and tells the scheduler nothing of it.
+    # shared cache lacks, and builds the environment the node lacks (both while the meter runs),
+    # and tells the scheduler nothing of it.
     def claim_stagings(self):
         pass
 
@@ -937,8 +958,7 @@ class AllocationAgent(Runner):
             super().stop_all(reason)
         finally:
             self.node = node
-            for folder in (self.work_dir, self.env_root):  # not Slurm's files beside them
-                shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(self.work_dir, ignore_errors=True)  # not Slurm's files beside it
             # The meter has stopped: the node's cache is brought back within its limit (skipped
             # while another agent stages or links: that one does it when it is done).
             self.cache.evict()

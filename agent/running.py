@@ -175,6 +175,7 @@ class RunningJob:
         self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.group = None  # the process group of the job inside its sandbox (found when first signalled)
         self.env_key = None  # its environment (agent/environments.py): never evicted while it runs
+        self.env_pin = None  # what holds it so (EnvironmentCache.pin), closed at cleanup
         self.allocation = allocation
         self.sandbox = sandbox
         self.disk_pool = disk_pool
@@ -732,6 +733,8 @@ class RunningJob:
         if self.sandbox is not None:
             self.sandbox.release()
         shutil.rmtree(self.dirs.root, ignore_errors=True)
+        if self.env_pin is not None:
+            self.env_pin.close()
 
 
 def metric_values_at(job, step):

@@ -373,3 +373,31 @@ def test_taking_a_folder_back_from_an_untrusted_uid_removes_links_to_files_not_i
     assert outside.stat().st_mode & 0o7777 == 0o4755 and outside.stat().st_uid == 0
     assert (folder / "twin").read_text() == "x"
     assert made.stat().st_uid == 0 and folder.stat().st_uid == 0 and (folder / "pointer").lstat().st_uid == 0
+
+
+def ready_environment(cache, key, used_at):
+    """An environment as a finished build leaves it (what eviction looks at), without building."""
+    from agent.environments import COMPLETE, USED
+
+    folder = cache.path(key)
+    (folder / "bin").mkdir(parents=True)
+    (folder / COMPLETE).write_text("built")
+    (folder / USED).touch()
+    os.utime(folder / USED, (used_at, used_at))
+
+
+@pytest.mark.nodb
+def test_an_environment_a_job_uses_is_never_evicted_by_another_agent_on_the_node(tmp_path):
+    """Under Slurm the node's agents, a process each, share its environments: one building for
+    its job must not evict the environment another's job is running in."""
+    running_here, building_there = local_cache(tmp_path, tmp_path), local_cache(tmp_path, tmp_path)
+    ready_environment(running_here, "old", used_at=1000)
+    ready_environment(running_here, "new", used_at=2000)
+    running_here.budget = building_there.budget = 1  # every environment is over the budget
+    pin = running_here.pin("old")
+    building_there.make_room()
+    assert running_here.ready("old") and not running_here.ready("new")  # the least recently used, but in use
+    pin.close()  # the job is done
+    building_there.make_room()
+    assert not running_here.ready("old")
+    assert running_here.pin("old") is None, "evicted since it was looked up: to be built again"

@@ -122,14 +122,14 @@ def slurm_system(slurm, **extra):  # noqa: F811
     return LiveSystem(env=env)
 
 
-def submit_steps(system, tmp_path, steps, pause):
+def submit_steps(system, tmp_path, steps, pause, **extra):
     """The checkpointing regression of tests/test_gangs.py on one process: a step every pause
     seconds, a checkpoint every 5 steps."""
     from tests.test_gangs import DDP_SCRIPT
 
     script = tmp_path / "train.py"
     script.write_bytes(DDP_SCRIPT)
-    spec = {"name": "steps", "gpus": 1, "span_hours": 1, "config": {"steps": steps, "sleep": pause}, "max_restarts": 3, "train_dataset": "digits"}
+    spec = {"name": "steps", "gpus": 1, "span_hours": 1, "config": {"steps": steps, "sleep": pause}, "max_restarts": 3, "train_dataset": "digits", **extra}
     return system.submit(spec, script)["id"]
 
 
@@ -162,16 +162,26 @@ def test_a_cancelled_job_stops_gracefully_inside_slurm_and_its_slurm_job_ends(sl
 @pytest.mark.bench
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
-def stagings(system, job_id):
-    code = f"from scheduler.models import Staging; print(Staging.objects.filter(job_id='{job_id}').count())"
-    return int(system.manage("shell", "-v", "0", "-c", code))
+def stagings_and_builds(system, job_id):
+    """(stagings of the job's files, builds of its environment) on the nodes so far."""
+    code = (
+        "from scheduler.models import Staging; from jobs.models import JobEvent; "
+        f"texts = [(d or {{}}).get('text', '') for d in JobEvent.objects.filter(job_id='{job_id}', kind='notice').values_list('data', flat=True)]; "
+        f"print(Staging.objects.filter(job_id='{job_id}').count(), sum(t.startswith('building on') for t in texts))"
+    )
+    return tuple(int(n) for n in system.manage("shell", "-v", "0", "-c", code).split())
 
 
 def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_returns(slurm, tmp_path):  # noqa: F811
-    system = slurm_system(slurm)
+    from tests.test_environments import make_wheel
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "e31demo", "1.0", "VALUE = 42\n")
+    system = slurm_system(slurm, E31_ENV_FIND_LINKS=str(wheels), E31_ENV_NO_INDEX="1")
     try:
         system.start(runner=False)
-        job_id = submit_steps(system, tmp_path, steps=60, pause=1.0)
+        job_id = submit_steps(system, tmp_path, steps=60, pause=1.0, packages=["e31demo==1.0"])
         wait_for_checkpoint(system, job_id)
         slurm.stop_slurmd()  # the node's daemon dies: Slurm gives the node up after SlurmdTimeout
         requeued = system.wait_until(lambda: (j := system.job(job_id))["restarts"] == 1 and j, 90, "the job to be requeued")
@@ -181,7 +191,7 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
         # The time from its last checkpoint to Slurm's end is credited: nothing where the job
         # (its node only cut off from Slurm) checkpointed again after Slurm's end.
         assert requeued["credited_seconds"] >= 0
-        assert stagings(system, job_id) == 1, "the first allocation staged the job's files onto the node"
+        assert stagings_and_builds(system, job_id) == (1, 1), "the first allocation staged the job's files and built its environment"
         time.sleep(3)
         assert system.job(job_id)["state"] == "queued", "the node is down: nothing is placed there"
         slurm.start_slurmd()
@@ -191,7 +201,7 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
         resumes = [e for e in job["timeline"] if e["kind"] == "resume"]
         assert resumes and resumes[0]["step"] >= 5
         assert len(job["allocations"]) == 1 and job["restarts"] == 1
-        assert stagings(system, job_id) == 1, "the second found them in the node's cache: nothing staged again"
+        assert stagings_and_builds(system, job_id) == (1, 1), "the second found both on the node: nothing staged or built again"
     finally:
         if "slurmd" not in slurm.processes:
             slurm.start_slurmd()
