@@ -1019,7 +1019,10 @@ class Isolation:
         folders (the var folder, the storage, the cache, the jobs), nor a folder holding one.
         The same for every job of this runner: worked out once."""
 
-        hidden = [os.path.realpath(p) for p in (settings.VAR_DIR, settings.STORAGE_DIR, settings.RUNNER_CACHE_DIR, self.cache_dir, self.work_dir)]
+        hidden = [
+            os.path.realpath(p)
+            for p in (settings.VAR_DIR, settings.STORAGE_DIR, settings.RUNNER_CACHE_DIR, settings.E31_ENGINE_WORK_DIR, self.cache_dir, self.work_dir)
+        ]
         wanted = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(e31.__file__)]
         wanted += [p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)]
         out = []

@@ -862,13 +862,18 @@ class AllocationAgent(Runner):
         self.engine_dir = Path(work_dir)
         # The node's staged data and job environments are kept for every later allocation there
         # (the folder may be shared by all the nodes: each node has its own, nodes/<node>/cache
-        # and cache.envs), shared by its agents, a process each.
+        # and cache.envs), shared by its agents, a process each. Other users of the cluster's
+        # machines reach none of it, nor the locks that guard it.
+        node_dir = self.engine_dir / "nodes" / allocation.node.name
+        node_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for folder in (node_dir.parent, node_dir):
+            os.chmod(folder, 0o700)
         super().__init__(
             name=allocation.node.name,
             devices=allocation.node.devices,
             work_dir=self.engine_dir / str(allocation.pk) / "runs",
             device_type=allocation.node.device_type,
-            cache_dir=self.engine_dir / "nodes" / allocation.node.name / "cache",
+            cache_dir=node_dir / "cache",
             address=None,
             shared_cache=True,
         )

@@ -770,3 +770,20 @@ def test_an_agent_trusts_a_sandbox_started_on_its_node_lately_and_nothing_else(t
     with pytest.raises(isolation.IsolationUnavailable, match="no user namespaces"):
         isolation_.probe("a6", known_good=noted)
     assert not noted.exists()
+
+
+@pytest.mark.nodb
+def test_no_folder_holding_the_engines_work_folder_is_bound_into_a_job(tmp_path, settings):
+    """Under Slurm the agents keep the node's staged data, environments and their locks in
+    E31_ENGINE_WORK_DIR: where an operator put it inside the runtime (the virtual environment
+    here), that folder is not bound into the jobs' sandboxes."""
+    import sys
+
+    from agent import isolation
+
+    def runtime():
+        return isolation.Isolation("agent", tmp_path / "runs", tmp_path / "cache", settings).runtime
+
+    assert os.path.realpath(sys.prefix) in runtime()
+    settings.E31_ENGINE_WORK_DIR = Path(sys.prefix) / "e31-engine"
+    assert not any(Path(os.path.realpath(sys.prefix)).is_relative_to(path) for path in runtime())

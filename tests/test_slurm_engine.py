@@ -89,8 +89,10 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
         # same user's alone, for the next job there. Beside them, the note that a sandbox started
         # on this node (the next agent's start skips trying one), the same user's alone.
         folders = {p.name: p for p in (system.var_dir / "engine").iterdir() if p.is_dir()}
-        cache = folders.pop("nodes") / slurm.node / "cache"
-        assert cache.stat().st_uid == os.getuid() and cache.stat().st_mode & 0o777 == 0o700
+        nodes = folders.pop("nodes")
+        cache = nodes / slurm.node / "cache"
+        for private in (nodes, nodes / slurm.node, cache):  # the cache, its environments and their locks
+            assert private.stat().st_uid == os.getuid() and private.stat().st_mode & 0o777 == 0o700, private
         assert any(cache.glob("??/*")), "the job's files, staged once for this node"
         [folder] = folders.values()
         noted = system.var_dir / "engine" / f".sandbox-started-{slurm.node}"
