@@ -9,14 +9,22 @@ from django.http import Http404
 from accounts.models import Membership
 
 
-def team_of(user):
-    """The user's team, or None for anonymous users and users without a team."""
+def membership_of(user):
+    """The user's membership with its team, or None for anonymous users and users without a
+    team: one query, kept on the user (user.membership) for what reads it next; none where the
+    user was fetched with them (accounts.authentication)."""
     if user is None or not user.is_authenticated:
         return None
-    try:
-        return user.membership.team
-    except Membership.DoesNotExist:
-        return None
+    related = user.__class__.membership.related  # __class__: request.user is a lazy object
+    if not related.is_cached(user):
+        related.set_cached_value(user, Membership.objects.select_related("team").filter(user=user).first())
+    return related.get_cached_value(user)
+
+
+def team_of(user):
+    """The user's team, or None for anonymous users and users without a team."""
+    membership = membership_of(user)
+    return membership.team if membership is not None else None
 
 
 def is_owner(user):

@@ -3,6 +3,7 @@ import zoneinfo
 from django.utils import timezone
 
 from accounts import audit
+from accounts.access import membership_of
 
 
 class UserTimeZoneMiddleware:
@@ -18,7 +19,8 @@ class UserTimeZoneMiddleware:
 
 def activate_for(user):
     """The user's own time zone for this request (the API calls it once a token names the user)."""
-    name = getattr(getattr(user, "membership", None), "time_zone", "") if user is not None and user.is_authenticated else ""
+    membership = membership_of(user)
+    name = membership.time_zone if membership is not None else ""
     if name:
         try:
             timezone.activate(zoneinfo.ZoneInfo(name))

@@ -238,7 +238,7 @@ E31_MAX_UPLOAD_BYTES = env_int("E31_MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "accounts.authentication.TeamTokenAuthentication",  # DRF's, the user's team in the same query
         "accounts.csrf.AuditedSessionAuthentication",  # DRF's, its CSRF failures audited
     ],
     # A team endpoint refuses a user on no team (a staff operator's token) with a 403 and why.

@@ -5,6 +5,7 @@ CaptureQueriesContext on a small team and on a team with four times the jobs, ea
 times the events, allocations, usage records and outputs. bench/read_load.py times them."""
 
 import io
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -82,3 +83,32 @@ def test_a_read_costs_the_same_queries_for_a_small_team_and_a_large_one(client, 
     large = team_of(alice, 6, 4)  # 8 jobs now, the new ones with four times everything
     many = counts(client, large[-1])
     assert many == few
+
+
+def first_table(sql):
+    found = re.search(r'FROM "(\w+)"', sql)
+    return found and found.group(1)
+
+
+def test_a_token_call_reads_its_user_membership_and_team_in_the_tokens_query(client, alice, rate):
+    """A CLI polling with its token: who it is and for which team, in one query before the job's."""
+    from rest_framework.authtoken.models import Token
+
+    job = make_job(alice)
+    token = Token.objects.create(user=alice)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(f"/api/jobs/{job.pk}/", HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert response.status_code == 200
+    first, *rest = [q["sql"] for q in queries]
+    assert first_table(first) == "authtoken_token" and '"accounts_membership"' in first and '"accounts_team"' in first
+    assert not [sql for sql in rest if first_table(sql) in ("auth_user", "accounts_membership", "accounts_team")]
+
+
+def test_a_signed_in_page_reads_the_membership_with_its_team(client, alice, rate):
+    client.force_login(alice)
+    job = make_job(alice)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(f"/jobs/{job.pk}/")
+    assert response.status_code == 200
+    read = [first_table(q["sql"]) for q in queries]
+    assert read.count("accounts_membership") == 1 and "accounts_team" not in read, read
