@@ -68,6 +68,11 @@ def _stamp(st):
     return (st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
 
 
+def _trusted(st):
+    """A cache entry as put: a plain file, read-only (not a link, not made writable since)."""
+    return stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222
+
+
 def _fetcher_alive(name):
     """Whether the process whose pid a temporary file's name carries (sha256.pid.n, or
     .direct.pid.n) still runs on this node."""
@@ -113,8 +118,8 @@ class BlobCache:
                 st = path.lstat()
             except FileNotFoundError:
                 continue  # evicted by another agent as we looked
-            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o222:
-                log.warning("cache: %s is writable (changed by a job?): removed, to be staged again", path.name)
+            if not _trusted(st):
+                log.warning("cache: %s is writable or not a plain file (changed by a job?): removed, to be staged again", path.name)
                 path.unlink(missing_ok=True)
                 continue
             found[path.name] = _stamp(st)
@@ -164,7 +169,7 @@ class BlobCache:
             st = self.path(sha256).lstat()
         except FileNotFoundError:
             return False
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o222:
+        if not _trusted(st):
             return False
         with self.lock:
             self.stamps[sha256] = _stamp(st)

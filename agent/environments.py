@@ -263,15 +263,15 @@ class EnvironmentCache:
             return False
         return False
 
-    def make_room(self, keep=frozenset()):
-        """Evict, least recently used first, to fit the budget; never one in keep or pinned by a
-        job on the node (pin), whichever process runs it."""
+    def make_room(self):
+        """Evict, least recently used first, to fit the budget; never one pinned by a job on the
+        node (pin), whichever process runs it."""
         (self.root / PINS).mkdir(parents=True, exist_ok=True)
         with open(self.root / EVICTING, "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             entries = self.entries()
             pinned = {e.key for e in entries if self._pinned(e.key)}
-            for key in evictions(entries, self.budget, set(keep) | pinned):
+            for key in evictions(entries, self.budget, keep=pinned):
                 log.info("evicting the environment %s (least recently used)", key[:12])
                 shutil.rmtree(self.path(key), ignore_errors=True)
                 (self.root / PINS / key).unlink(missing_ok=True)
@@ -280,7 +280,7 @@ class EnvironmentCache:
             if not resolved or not self.path(resolved).is_dir():
                 (self.root / REQUESTS / request).unlink(missing_ok=True)
 
-    def ensure(self, requirements, keep=frozenset()):
+    def ensure(self, requirements):
         """(key, built): the environment for these requirements (key: what they resolved to),
         built if this node lacks it. Raises BuildError with uv's own message when it cannot be
         built."""
@@ -297,7 +297,7 @@ class EnvironmentCache:
             if resolved:
                 self.touch(resolved)
                 return resolved, False
-            self.make_room(keep)
+            self.make_room()
             building = self.root / BUILDING / request
             try:
                 resolved = self._build(building, requirements)

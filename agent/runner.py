@@ -254,11 +254,10 @@ class Runner:
         requirements = requirements_of(job)
         if not requirements:
             return None
-        in_use = {r.env_key for r in self.running.values() if r.env_key}
         started = time.monotonic()
         if not self.envs.lookup(requirements):
             job.record("notice", data={"text": f"building on {self.name}: {len(requirements)} requirement(s)", "environment": ""})
-        key, built = self.envs.ensure(requirements, keep=in_use)
+        key, built = self.envs.ensure(requirements)  # never evicting one a job runs in (pinned_environment)
         if built:
             self.publish_environments()
         resolved = self.envs.resolved(key)
@@ -492,7 +491,7 @@ class Runner:
             disk_pool=self.disk_pool,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
-        running.env_key, running.env_pin = env_key, env_pin
+        running.env_pin = env_pin
         running.smoke = is_smoke
         self.running[allocation.pk] = running
         return running

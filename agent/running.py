@@ -174,8 +174,7 @@ class RunningJob:
     def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
         self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.group = None  # the process group of the job inside its sandbox (found when first signalled)
-        self.env_key = None  # its environment (agent/environments.py): never evicted while it runs
-        self.env_pin = None  # what holds it so (EnvironmentCache.pin), closed at cleanup
+        self.env_pin = None  # holds its environment against eviction while it runs (EnvironmentCache.pin)
         self.allocation = allocation
         self.sandbox = sandbox
         self.disk_pool = disk_pool
