@@ -145,14 +145,22 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             member["team__memberships__user__auth_token__key"] = self.scope["token"]
         return Job.objects.filter(pk=self.job_id, **member).exists()
 
-    @database_sync_to_async
-    def latest_progress(self):
-        rows = JobEvent.objects.filter(job_id=self.job_id, kind__in=JobEvent.PROGRESS_KINDS)
-        return dict(rows.values("kind").annotate(seq=Max("seq")).values_list("kind", "seq"))
+    # A socket's own reads (its backlog, a gap) run on the hub's one thread, with its kept
+    # connection, as the tails' do: not on a thread and a new connection of each socket's. Five
+    # watchers coming back after a minute away read 6,000 lines each at once: on threads of their
+    # own, their rows' conversion starved the event loop of the GIL for up to 200 ms, and every
+    # other socket's lines waited (bench/stream_load.py).
+    async def latest_progress(self):
+        return await live.hub.run(latest_progress, self.job_id)
 
-    @database_sync_to_async
-    def fetch(self, after, latest, until):
-        return live.events_after(self.job_id, after, latest, until)
+    async def fetch(self, after, latest, until):
+        return await live.hub.run(live.events_after, self.job_id, after, latest, until)
+
+
+def latest_progress(job_id):
+    """{kind: seq} of the job's latest progress event of each kind (meter ticks, staging)."""
+    rows = JobEvent.objects.filter(job_id=job_id, kind__in=JobEvent.PROGRESS_KINDS)
+    return dict(rows.values("kind").annotate(seq=Max("seq")).values_list("kind", "seq"))
 
 
 def allowed(keys):

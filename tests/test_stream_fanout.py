@@ -3,12 +3,21 @@ each announcement is read once for all of them, and every socket still gets ever
 order, whether it joined before the output, behind it (a backlog) or across a gap."""
 
 import asyncio
+import threading
+import uuid
+from datetime import datetime
+from unittest import mock
+from zoneinfo import ZoneInfo
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from jobs import consumers, live
+from jobs.models import JobEvent
 from tests.conftest import make_job
 from tests.test_consumer import communicator, live_mode, logs, receive_until, stop_relay  # noqa: F401 (live_mode: a fixture, used by name)
 
@@ -172,3 +181,153 @@ def test_announcements_from_sync_code_share_one_loop(settings):
         assert live.announcer.loop is loop and loop.is_running()
     finally:
         channel_layers.backends = {}
+
+
+def lines(job, texts, rank=None):
+    """Log lines stored as the runner stores them (JobEvent.append_lines, which announces them
+    with the lines themselves)."""
+    at = timezone.now()
+    return JobEvent.append_lines(job.pk, [("stdout", at, text, rank) for text in texts])
+
+
+@pytest.mark.parametrize("live_mode", ["redis-pubsub", "redis"], indirect=True)
+def test_carried_lines_are_the_rows_as_a_read_sends_them(live_mode, alice):
+    """What an announcement carries is what reading the rows back would send: the same frame."""
+    job = make_job(alice)
+    carried = []
+    announce = live.announce
+
+    def kept(job_id, last_seq, events=None):
+        carried.append(events)
+        announce(job_id, last_seq, events)
+
+    berlin = datetime.now(ZoneInfo("Europe/Berlin")).replace(microsecond=123456)
+    rows = [("stdout", berlin, "a line", None), ("stderr", berlin, "ünïcode \t tab", 3), ("stdout", berlin.replace(microsecond=0), "", 0)]
+    with mock.patch.object(live, "announce", kept):
+        last = JobEvent.append_lines(job.pk, rows)
+    assert len(carried) == 1 and carried[0] is not None
+    assert live.frame(carried[0]) == live.frame(live.events_after(job.pk, last - len(rows)))
+    assert [e["seq"] for e in carried[0]] == list(range(last - 2, last + 1))
+
+
+@pytest.mark.parametrize("live_mode", ["redis-pubsub"], indirect=True)
+def test_lines_that_follow_on_are_handed_on_without_a_read(live_mode, alice, reads, monkeypatch):
+    """The steady state of a running job: each batch of lines goes out as its announcement
+    carried it, to every socket, with no read of the rows."""
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 60.0)  # no catch-up round reads meanwhile
+    job = make_job(alice)
+    key = Token.objects.create(user=alice).key
+
+    async def scenario():
+        comms = [communicator(job, key) for _ in range(3)]
+        for comm in comms:
+            assert (await comm.connect())[0]
+            await receive_until(comm, 1)
+        reads.clear()
+        seen = [[] for _ in comms]
+        for batch in range(3):
+            last = await sync_to_async(lines)(job, [f"line {batch}.{i}" for i in range(4)])
+            for comm, events in zip(comms, seen, strict=True):
+                events += await receive_until(comm, last)
+        for comm in comms:
+            await comm.disconnect()
+        return seen
+
+    seen = async_to_sync(scenario)()
+    for events in seen:
+        assert texts(events) == [f"line {batch}.{i}" for batch in range(3) for i in range(4)]
+        assert [e["seq"] for e in events] == list(range(2, 14))
+    assert reads == []
+
+
+@pytest.mark.parametrize("live_mode", ["redis-pubsub"], indirect=True)
+def test_carried_lines_after_a_lost_announcement_are_read_from_the_rows(live_mode, alice, reads, monkeypatch):
+    """An announcement lost on the way: the next one's lines do not follow on from what the
+    tail handed on, so it reads the rows across the gap, once, and every socket gets them all."""
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 60.0)
+    job = make_job(alice)
+    key = Token.objects.create(user=alice).key
+    announce, lost = live.announce, []
+
+    def lossy(job_id, last_seq, events=None):
+        if not lost:
+            lost.append(last_seq)
+            return
+        announce(job_id, last_seq, events)
+
+    async def scenario():
+        comms = [communicator(job, key) for _ in range(2)]
+        for comm in comms:
+            assert (await comm.connect())[0]
+            await receive_until(comm, 1)
+        reads.clear()
+        with mock.patch.object(live, "announce", lossy):
+            await sync_to_async(lines)(job, ["lost", "announcement"])
+            last = await sync_to_async(lines)(job, ["carried"])
+        seen = [await receive_until(comm, last) for comm in comms]
+        assert live.hub.tails[str(job.pk)].offered == {}  # the carried lines, read meanwhile, are not kept
+        for comm in comms:
+            await comm.disconnect()
+        return seen
+
+    seen = async_to_sync(scenario)()
+    assert lost == [3]
+    for events in seen:
+        assert texts(events) == ["lost", "announcement", "carried"]
+        assert [e["seq"] for e in events] == [2, 3, 4]
+    assert reads == [(job.pk, 1)]
+
+
+def test_storing_lines_takes_their_numbers_in_one_statement(alice):
+    """The runner's hot path: one statement takes the sequence numbers (an UPDATE that returns
+    the counter, not an UPDATE then a SELECT) and one stores the rows."""
+    job = make_job(alice)
+    first = JobEvent.append_lines(job.pk, [("stdout", timezone.now(), "before")])
+    with CaptureQueriesContext(connection) as queries:
+        last = JobEvent.append_lines(job.pk, [("stdout", timezone.now(), text) for text in ("a", "b", "c")])
+    # (PostgreSQL's COPY goes past Django's query log; SQLite's INSERT does not.)
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"].split()[0] not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
+    counter = [sql for sql in statements if 'jobs_job"' in sql]
+    assert len(counter) == 1 and counter[0].startswith("UPDATE") and "RETURNING" in counter[0], statements
+    assert len(statements) == (1 if connection.vendor == "postgresql" else 2), statements
+    assert last == first + 3
+    job.refresh_from_db()
+    assert job.last_seq == last
+    assert list(JobEvent.objects.filter(job=job, seq__gt=first).order_by("seq").values_list("seq", "text")) == [
+        (first + 1, "a"),
+        (first + 2, "b"),
+        (first + 3, "c"),
+    ]
+    with pytest.raises(type(job).DoesNotExist):
+        JobEvent.append_lines(uuid.uuid4(), [("stdout", timezone.now(), "nobody's")])
+
+
+@pytest.mark.usefixtures("live_mode")
+def test_a_socket_reads_its_backlog_on_the_hubs_thread(alice, monkeypatch):
+    """A socket's own reads share the hub's one thread and kept connection with the tails': on
+    threads of their own, a few sockets' backlogs at once starve the event loop of the GIL."""
+    job = make_job(alice)
+    logs(job, [f"line {i}" for i in range(5)])
+    key = Token.objects.create(user=alice).key
+    threads = []
+    read = live.events_after
+
+    def where(*args):
+        threads.append(threading.current_thread().name)
+        return read(*args)
+
+    monkeypatch.setattr(live, "events_after", where)
+
+    async def scenario():
+        comm = communicator(job, key)
+        assert (await comm.connect())[0]
+        events = await receive_until(comm, 6)
+        await comm.disconnect()
+        return events
+
+    try:
+        events = async_to_sync(scenario)()
+    finally:
+        stop_relay()
+    assert texts(events) == [f"line {i}" for i in range(5)]
+    assert threads and all(name.startswith("live-reads") for name in threads), threads
