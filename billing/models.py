@@ -27,13 +27,15 @@ class RateQuerySet(models.QuerySet):
         raise NoRateInForce(gpu_type)
 
     def worst_case(self, at=None, preemptible=False):
-        """The highest rate in force over all GPU types (for requests that take any type)."""
+        """The highest rate in force over all GPU types (for requests that take any type): the
+        latest of each type, read in one query (every submission that names no type asks)."""
         at = at or timezone.now()
-        types = set(self.filter(effective_from__lte=at).values_list("gpu_type", flat=True))
-        rates = [self.in_force(t, at) for t in types]
-        if not rates:
+        latest = {}
+        for rate in self.filter(effective_from__lte=at).order_by("-effective_from", "-id"):
+            latest.setdefault(rate.gpu_type, rate)
+        if not latest:
             raise NoRateInForce("")
-        return max(rates, key=lambda r: r.for_job(preemptible))
+        return max(latest.values(), key=lambda r: r.for_job(preemptible))
 
 
 class Rate(models.Model):

@@ -31,7 +31,7 @@ from jobs.estimates import budget_left, prediction
 from jobs.forms import FOLDER_FIELD, FOLDER_PATHS, FOLDER_UPLOAD, JobForm, RequestForm, keep_uploads
 from jobs.models import Job
 from jobs.retrain_form import RetrainForm
-from jobs.serializers import JobSerializer, JobSubmitForm, JobSubmitJson, RetrainOverridesForm, RetrainOverridesJson, SpecOnlyForm
+from jobs.serializers import JobSerializer, JobSubmitForm, JobSubmitJson, RetrainOverridesForm, RetrainOverridesJson, SpecOnlyForm, as_made
 from jobs.spec_form import spec_form_data
 
 MAX_LOG_LIMIT = 5000
@@ -103,7 +103,7 @@ def jobs(request):
     job = form.save(request.user)
     audit.record(request, "job.submit", job)
     audit.job_env(request, job)
-    return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
+    return Response(JobSerializer(as_made(job, form.made), context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 def filtered_jobs(request, team):

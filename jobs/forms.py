@@ -30,7 +30,7 @@ from e31.recipes import RECIPES, validate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
 from jobs import archive, folder_uploads, folders, launch, lineage, packages, spec_text, states, windows
 from jobs.compute import compute
-from jobs.models import FolderUpload, Job, JobInput, Upload
+from jobs.models import FolderUpload, Job, JobEvent, JobInput, Upload
 
 log = logging.getLogger(__name__)
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}
@@ -566,7 +566,8 @@ class JobForm(WorkTextFields, RequestForm):
         ready = Dataset.objects.filter(team=team, versions__state=DatasetVersion.READY).distinct()
         self.fields["train_dataset"].queryset = ready
         self.fields["heldout_dataset"].queryset = ready
-        versions = DatasetVersion.objects.filter(dataset__team=team, state=DatasetVersion.READY)
+        # With their datasets: the new job keeps each version's NAME@N (Job.save).
+        versions = DatasetVersion.objects.filter(dataset__team=team, state=DatasetVersion.READY).select_related("dataset")
         self.fields["train_version"].queryset = versions
         self.fields["heldout_version"].queryset = versions
         pending = Upload.objects.filter(team=team, job__isnull=True)
@@ -892,19 +893,23 @@ class JobForm(WorkTextFields, RequestForm):
             idle_minutes=cleaned["idle_minutes"],
             stop_if_idle=bool(cleaned.get("stop_if_idle")),
         )
-        JobInput.objects.bulk_create(
+        inputs = JobInput.objects.bulk_create(
             [JobInput(job=job, name=name, version=version, label=version.label) for name, version in (cleaned.get("inputs") or {}).items()]
         )
         uploads = [*([cleaned["kept_code"]] if cleaned.get("kept_code") else []), *cleaned.get("kept_data", []), *cleaned.get("kept_heldout", [])]
         uploads += cleaned.get("kept_inputs") or []
         uploads += cleaned.get("kept_model") or []
         Upload.objects.filter(pk__in=[u.pk for u in uploads]).update(job=job)
-        for label, files, source, description in self.models:
-            lineage.pin_model(job, label, files, source_job=source, description=description)
+        for upload in uploads:
+            upload.job = job
+        models = [lineage.pin_model(job, label, files, source_job=source, description=description) for label, files, source, description in self.models]
         if cleaned.get("smoke_first"):
             lineage.smoke_run(job)
-        job.record("state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
-        job.refresh_from_db()
+        submitted = JobEvent(kind="state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
+        JobEvent.append(job.pk, [submitted])
+        job.refresh_from_db(from_queryset=Job.objects.select_related("team"))  # the audit names its team
+        # What was made with the job, as reading it back would find it (jobs.serializers.as_made).
+        self.made = {"inputs": inputs, "uploads": uploads, "models": models, "events": [submitted]}
         return job
 
 

@@ -100,6 +100,20 @@ def job_prefetch():
     )
 
 
+def as_made(job, made):
+    """A job just made (JobForm.save), with what job_prefetch would read back from the rows
+    made with it (made: its inputs, uploads, models and events), in the relations' own orders,
+    and nothing held, staged or credited yet: its API answer costs no query more (a submission
+    read seven back)."""
+    job.shown_allocations, job.shown_stagings, job.shown_credits = [], [], []
+    job.credited_seconds_total, job.credited_amount_total = 0, Decimal(0)  # as a page's (listed)
+    job.shown_models = sorted(made["models"], key=lambda m: m.pk)
+    job.shown_inputs = sorted(made["inputs"], key=lambda i: i.name)
+    job.shown_uploads = sorted(made["uploads"], key=lambda u: (u.created_at, u.name))
+    job.timeline_events = sorted((e for e in made["events"] if e.kind in Job.TIMELINE_KINDS), key=lambda e: e.seq)
+    return job
+
+
 def credit_sum(field):
     """The sum of the job's credits' field, as the database adds it up (Job.credited)."""
     return Subquery(Credit.objects.filter(job=OuterRef("pk")).order_by().values("job").annotate(total=Sum(field)).values("total"))

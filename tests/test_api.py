@@ -1,5 +1,6 @@
 import io
 import json
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
@@ -303,3 +304,57 @@ def test_precision_is_taken_and_shown_and_a_bad_one_is_a_400_naming_the_choices(
         [message] = response.json()["errors"]["precision"]
         assert f"{bad} is not a precision: choose fp32, bf16 or fp16" in message
     assert Job.objects.count() == 2
+
+
+SUBMITTED = {
+    "a script and its data": ({"name": "plain", "gpus": 1, "span_hours": 1}, {}),
+    "datasets, named inputs, held-out files": (
+        {"name": "inputs", "gpus": 1, "span_hours": 1, "train_dataset": "numbers", "inputs": {"corpus": "numbers@1", "extra": "numbers"}},
+        {"heldout": ("held.csv", b"x,y\n3,4\n")},
+    ),
+    "a base model and a ceiling": (
+        {"name": "tune", "kind": "finetune", "gpus": 2, "ceiling": "12.5", "ceiling_kind": "money"},
+        {"base_model": ("model.safetensors", b"w")},
+    ),
+    "a smoke run first": ({"name": "careful", "gpus": 2, "span_hours": 3, "smoke_first": True, "config": {"epochs": 3}}, {}),
+}
+
+
+@pytest.mark.parametrize("spec, extra", SUBMITTED.values(), ids=SUBMITTED.keys())
+def test_a_submission_answers_the_job_as_reading_it_back_does(api, dataset, spec, extra, django_assert_max_num_queries):
+    """The 201's job is the job as a GET of it shows it, though the answer reads back none of
+    what was made with it (jobs.serializers.as_made)."""
+    payload = {"spec": json.dumps(spec)}
+    for field, (name, content) in {"code": ("train.py", b"print(1)\n"), "data": ("train.csv", b"x,y\n1,2\n"), **extra}.items():
+        payload[field] = io.BytesIO(content)
+        payload[field].name = name
+    if "train_dataset" in spec:
+        del payload["data"]
+    made = api.post(reverse("api:jobs"), payload)
+    assert made.status_code == 201, made.json()
+    read = api.get(reverse("api:job", args=[made.json()["id"]]))
+    assert made.json() == read.json()
+
+
+def test_a_submission_reads_nothing_back_for_its_answer(api, django_assert_num_queries):
+    """After the job is saved and audited, its answer is made without a query: its allocations,
+    stagings, credits, models, inputs, uploads and timeline are what was just made."""
+    from jobs import serializers
+
+    seen = []
+    made_with = serializers.as_made
+
+    def counted(job, made):
+        seen.append(job)
+        return made_with(job, made)
+
+    serializers_answer = serializers.JobSerializer.to_representation
+
+    def answer(self, instance):
+        with django_assert_num_queries(0):
+            return serializers_answer(self, instance)
+
+    with mock.patch("jobs.api.as_made", counted), mock.patch.object(serializers.JobSerializer, "to_representation", answer):
+        response = submit(api, {"name": "quiet", "gpus": 1, "span_hours": 1})
+    assert response.status_code == 201, response.json()
+    assert len(seen) == 1

@@ -40,6 +40,23 @@ def test_the_rate_in_force_is_the_latest_effective_one(db):
         Rate.objects.in_force("cpu", now - timedelta(days=60))
 
 
+def test_the_worst_case_rate_is_the_highest_latest_rate_of_any_type_in_one_query(db, django_assert_num_queries):
+    """A request that takes any type is priced at the dearest type's rate in force: each type's
+    latest (an older, higher rate of a type no longer counts), preemptible or not."""
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    Rate.objects.create(gpu_type="", per_gpu_hour=Decimal("2"), effective_from=now - timedelta(days=9))
+    Rate.objects.create(gpu_type="H100", per_gpu_hour=Decimal("12"), effective_from=now - timedelta(days=9))
+    Rate.objects.create(gpu_type="H100", per_gpu_hour=Decimal("5"), preemptible_per_gpu_hour=Decimal("1"), effective_from=now - timedelta(days=1))
+    Rate.objects.create(gpu_type="A100", per_gpu_hour=Decimal("4"), preemptible_per_gpu_hour=Decimal("3"), effective_from=now - timedelta(days=2))
+    Rate.objects.create(gpu_type="B200", per_gpu_hour=Decimal("30"), effective_from=now + timedelta(days=1))
+    with django_assert_num_queries(1):
+        assert Rate.objects.worst_case(now).per_gpu_hour == 5
+    assert Rate.objects.worst_case(now, preemptible=True).gpu_type == "A100"  # 3 against H100's 1 and the any-type 2
+    assert Rate.objects.worst_case(now + timedelta(days=2)).gpu_type == "B200"
+    with pytest.raises(NoRateInForce):
+        Rate.objects.worst_case(now - timedelta(days=60))
+
+
 def test_a_usage_record_is_gpus_times_held_seconds_times_rate(alice, rate, node):
     job = make_job(alice, gpus=3)
     usage = run_for(job, 1234)
