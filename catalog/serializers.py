@@ -10,7 +10,7 @@ from rest_framework import serializers as s
 
 from catalog import datasets
 from catalog.models import Dataset, DatasetUpload, DatasetVersion
-from core.serializers import Facts, FactsSerializer, Moment, nullable_str
+from core.serializers import Facts, FactsSerializer, Moment, absolute_url, nullable_str
 
 # Datasets -------------------------------------------------------------------------------------
 
@@ -19,8 +19,8 @@ class UploadFacts(Facts):
     def __init__(self, upload, request):
         super().__init__(upload)
         self.sha256 = upload.sha256 or None
-        self.url = request.build_absolute_uri(reverse("api:dataset-upload", args=[upload.pk]))
-        self.complete_url = request.build_absolute_uri(reverse("api:dataset-upload-complete", args=[upload.pk]))
+        self.url = absolute_url(request, "api:dataset-upload", upload.pk)
+        self.complete_url = absolute_url(request, "api:dataset-upload-complete", upload.pk)
 
 
 @extend_schema_serializer(component_name="Upload")
@@ -104,8 +104,8 @@ class DatasetFacts(Facts):
         self.files = latest.file_count if latest else 0
         self.bytes = latest.total_bytes if latest else 0
         self.open_version = open_version.number if open_version else None
-        self.url = request.build_absolute_uri(reverse("api:dataset", args=[dataset.pk]))
-        self.page = request.build_absolute_uri(reverse("datasets:detail", args=[dataset.pk]))
+        self.url = absolute_url(request, "api:dataset", dataset.pk)
+        self.page = absolute_url(request, "datasets:detail", dataset.pk)
         if dataset.source == Dataset.S3:  # else no s3 at all: the field is left out
             # The credentials are stored encrypted and never shown back, here or anywhere.
             self.s3 = {"uri": dataset.s3_uri, "endpoint_url": dataset.s3_endpoint_url, "region": dataset.s3_region, "credentials": "stored"}

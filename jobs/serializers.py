@@ -19,12 +19,11 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import OuterRef, Prefetch, Subquery, Sum, prefetch_related_objects
-from django.urls import reverse
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
 from billing.models import Credit
-from core.serializers import Facts, FactsSerializer, Moment, nullable_str
+from core.serializers import Facts, FactsSerializer, Moment, absolute_url, nullable_str
 from e31.recipes.precision import PRECISIONS
 from jobs.ceiling import job_ceiling
 from jobs.models import Job, JobEvent, Upload
@@ -154,7 +153,7 @@ class JobFacts(Facts):
         self.allocation = job.latest_allocation(allocations)
         self.allocations = job.latest_allocations(allocations)
         self.timeline = [timeline_entry(e) for e in job.timeline_events]
-        self.url = request.build_absolute_uri(reverse("jobs:detail", args=[job.pk]))
+        self.url = absolute_url(request, "jobs:detail", job.pk)
 
 
 class JobSerializer(FactsSerializer):

@@ -112,3 +112,25 @@ def test_a_signed_in_page_reads_the_membership_with_its_team(client, alice, rate
     assert response.status_code == 200
     read = [first_table(q["sql"]) for q in queries]
     assert read.count("accounts_membership") == 1 and "accounts_team" not in read, read
+
+
+def test_a_page_reverses_each_kind_of_url_once(rf):
+    """absolute_url: the first object's URL of each view is reversed, the others' made from it,
+    the same as reversing each."""
+    import uuid
+    from unittest import mock
+
+    from django.urls import reverse
+
+    from core import serializers
+
+    request = rf.get("/api/jobs/", HTTP_HOST="127.0.0.1:8000")
+    ids = [uuid.uuid4() for _ in range(5)]
+    with mock.patch.object(serializers, "reverse", wraps=reverse) as reversing:
+        urls = [serializers.absolute_url(request, "jobs:detail", pk) for pk in ids]
+        assert reversing.call_count == 1
+        assert [serializers.absolute_url(request, "api:dataset", pk) for pk in ids[:2]] == [
+            request.build_absolute_uri(reverse("api:dataset", args=[pk])) for pk in ids[:2]
+        ]
+        assert reversing.call_count == 2  # one more, for the datasets' view
+    assert urls == [request.build_absolute_uri(reverse("jobs:detail", args=[pk])) for pk in ids]
