@@ -95,7 +95,7 @@ def test_on_redis_a_socket_catches_up_on_events_whose_announcement_was_lost(sett
         assert connected
         await receive_until(comm, 1)
         with monkeypatch.context() as lost:  # Redis away: no announcement reaches anyone
-            lost.setattr(live, "announce", lambda job_id, last_seq: None)
+            lost.setattr(live, "announce", lambda job_id, last_seq, events=None: None)
             last = await sync_to_async(logs)(job, ["during", "the outage"])
         events = await receive_until(comm, last)
         assert [e["text"] for e in events] == ["during", "the outage"]  # each once, in order
