@@ -22,6 +22,7 @@ from accounts.middleware import activate_for
 from core.api import fields as body_fields
 from core.api import paginate
 from core.serializers import page_params, paged
+from core.sqltime import IsoUtc
 from jobs import lineage, specfile, states
 from jobs.access import get_artifact, get_job
 from jobs.api_common import int_param
@@ -248,9 +249,10 @@ def job_logs(request, job_id):
     if rank not in (None, ""):
         logs = logs.filter(rank=int_param(request, "rank", 0))  # one process of a run under torchrun
     # Plain rows, not events: a page of a thousand lines spent more making model instances than
-    # reading them (issue 24).
+    # reading them (issue 24); their times as text, written by the database as the JSON would.
+    rows = logs.filter(seq__gt=after).order_by("seq").annotate(at_text=IsoUtc("at"))
     fields = ("seq", "at", "stream", "rank", "text")
-    lines = list(logs.filter(seq__gt=after).order_by("seq").values(*fields)[:limit])
+    lines = [dict(zip(fields, row, strict=True)) for row in rows.values_list("seq", "at_text", "stream", "rank", "text")[:limit]]
     next_after = lines[-1]["seq"] if lines else after
     more = logs.filter(seq__gt=next_after).exists()
     return Response({"lines": lines, "next_after": next_after, "more": more, "state": job.state, "done": job.is_terminal and not more})

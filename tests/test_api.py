@@ -358,3 +358,28 @@ def test_a_submission_reads_nothing_back_for_its_answer(api, django_assert_num_q
         response = submit(api, {"name": "quiet", "gpus": 1, "span_hours": 1})
     assert response.status_code == 201, response.json()
     assert len(seen) == 1
+
+
+def test_log_lines_times_are_written_as_the_json_writes_a_datetime(api, alice):
+    """The log page's times come as text from the database (core.sqltime.IsoUtc): the same text
+    DRF's JSON writes for the datetime, with or without microseconds, in UTC whatever the zone
+    the time was given in."""
+    from datetime import UTC, datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from rest_framework.utils.encoders import JSONEncoder
+
+    job = make_job(alice)
+    base = datetime(2026, 12, 5, 23, 59, 59, tzinfo=UTC)
+    times = [
+        base,
+        base.replace(microsecond=1),
+        base.replace(microsecond=999999),
+        base.replace(microsecond=500000) + timedelta(seconds=1),  # into the next day and month
+        datetime(2026, 3, 29, 2, 30, 0, 120, tzinfo=ZoneInfo("Europe/Berlin")),  # a zone's own clock
+    ]
+    JobEvent.append_lines(job.pk, [("stdout", at, f"line {n}") for n, at in enumerate(times)])
+    body = api.get(reverse("api:job-logs", args=[job.pk])).json()
+    assert [line["at"] for line in body["lines"]] == [JSONEncoder().default(at.astimezone(UTC)) for at in times]
+    assert [line["text"] for line in body["lines"]] == [f"line {n}" for n in range(len(times))]
+    assert list(body["lines"][0]) == ["seq", "at", "stream", "rank", "text"]
