@@ -10,9 +10,16 @@ from django.db.models import CharField, Func
 
 class IsoUtc(Func):
     """A time column as DRF's JSON writes a UTC datetime: ISO 8601, "T", the microseconds only
-    where there are any (datetime.isoformat), "Z" for UTC ("2026-12-05T07:00:00.123456Z")."""
+    where there are any (datetime.isoformat), "Z" for UTC ("2026-12-05T07:00:00.123456Z"); with
+    zone="+00:00", as datetime.isoformat writes it (the websocket's events)."""
 
     output_field = CharField()
+
+    def __init__(self, expression, zone="Z"):
+        if zone not in ("Z", "+00:00"):
+            raise ValueError(f"zone {zone!r}: Z or +00:00")
+        self.zone = zone
+        super().__init__(expression)
 
     def as_sql(self, compiler, connection, **extra):
         raise NotImplementedError(f"IsoUtc has no SQL for {connection.vendor}")
@@ -22,10 +29,10 @@ class IsoUtc(Func):
         utc = f"(({column}) AT TIME ZONE 'UTC')"
         whole = f"to_char({utc}, 'YYYY-MM-DD\"T\"HH24:MI:SS')"
         fraction = f"CASE WHEN date_part('microseconds', {utc})::bigint %% 1000000 = 0 THEN '' ELSE to_char({utc}, '.US') END"
-        return f"({whole} || {fraction} || 'Z')", [*params, *params, *params]
+        return f"({whole} || {fraction} || '{self.zone}')", [*params, *params, *params]
 
     def as_sqlite(self, compiler, connection, **extra):
         # Django keeps an aware time in SQLite as its UTC wall clock, str()'d: "YYYY-MM-DD
         # HH:MM:SS[.ffffff]", the fraction only where there is one, as isoformat writes it.
         column, params = compiler.compile(self.source_expressions[0])
-        return f"(replace({column}, ' ', 'T') || 'Z')", params
+        return f"(replace({column}, ' ', 'T') || '{self.zone}')", params

@@ -442,8 +442,8 @@ class JobEvent(models.Model):
 
 
 def event_message(seq, kind, at, stream, text, data, rank=None):
-    """An event as the websocket sends it."""
-    message = {"seq": seq, "kind": kind, "at": at.isoformat()}
+    """An event as the websocket sends it (at: a datetime, or its isoformat already)."""
+    message = {"seq": seq, "kind": kind, "at": at if isinstance(at, str) else at.isoformat()}
     if kind == "log":
         message["stream"] = stream
         message["text"] = text
