@@ -98,8 +98,14 @@ def produce(env, jobs, rate, seconds, pump_every, start_at, results):
     django.setup()
     from django.utils import timezone
 
+    from jobs import live
     from jobs.models import JobEvent
 
+    # Warm, as a runner is when its jobs print: the database connection open and the announcer's
+    # loop and Redis connection up (an announcement of seq 0 moves no watcher).
+    for job in jobs:
+        JobEvent.objects.filter(job_id=job).exists()
+        live.announce(job, 0)
     sent = dict.fromkeys(jobs, 0)
     last = dict.fromkeys(jobs, 0)
     appends = []

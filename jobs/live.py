@@ -9,8 +9,8 @@ stands just before them hands them on without reading them back, and one that st
 bench/stream_load.py (500 watchers, 50 jobs, 100 lines a second each, one daphne worker, all on
 2 busy cores): with a read per announcement, 500 a second on the tails' one thread, delivery's
 p50 was 149 ms and its p99 464 ms; with the lines carried, 55 ms and (the other changes of the
-same day counted: fewer statements per store, the sockets' own reads on the hub's thread) a
-p50 of 5 ms and a p99 of 147-191 ms.
+same day counted: fewer statements per store, the sockets' own reads on the hub's thread and
+their times as text) a p50 of 5-9 ms and a p99 of 147-225 ms.
 
 Two ways to announce, chosen by settings.E31_LIVE_MODE:
 - "redis": the writer (runner, scheduler, web) group_sends over the Redis channel layer after
