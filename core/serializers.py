@@ -16,15 +16,17 @@ from rest_framework import serializers as s
 
 def absolute_url(request, viewname, pk):
     """request.build_absolute_uri(reverse(viewname, args=[pk])), reversed once per request and
-    view: each object of a page after the first puts its id into the first one's URL. A page of
-    50 jobs reversed 50 URLs, a fifth of its CPU (reverse reads asgiref's Locals, 150 us each)."""
-    key = str(pk)
-    made = request.__dict__.setdefault("_absolute_urls", {}).get(viewname)
-    if made is not None and isinstance(pk, uuid.UUID | int):
-        return made[0] + key + made[1]
+    view: each later object of a page puts its id into the first one's URL. reverse() costs about
+    90 us here (it reads asgiref's Locals), 4.5 ms of a page of 50 jobs; this, 1 us."""
+    if not isinstance(pk, uuid.UUID | int):  # only ids that need no quoting
+        return request.build_absolute_uri(reverse(viewname, args=[pk]))
+    made, key = request.__dict__.setdefault("_absolute_urls", {}), str(pk)
+    if viewname in made:
+        before, after = made[viewname]
+        return before + key + after
     url = request.build_absolute_uri(reverse(viewname, args=[pk]))
-    if isinstance(pk, uuid.UUID | int) and url.count(key) == 1:  # ids that need no quoting, found once
-        request.__dict__["_absolute_urls"][viewname] = tuple(url.split(key))
+    if url.count(key) == 1:
+        made[viewname] = tuple(url.split(key))
     return url
 
 

@@ -57,6 +57,22 @@ def stop_relay():
         live.relay.task = None
 
 
+def one_socket_reads(job, key, last_seq):
+    """The events one socket gets, connected from the start, up to last_seq."""
+
+    async def scenario():
+        comm = communicator(job, key)
+        assert (await comm.connect())[0]
+        events = await receive_until(comm, last_seq)
+        await comm.disconnect()
+        return events
+
+    try:
+        return async_to_sync(scenario)()
+    finally:
+        stop_relay()
+
+
 def test_the_backlog_then_live_events(live_mode, alice, rate):
     job = make_job(alice)
     logs(job, ["one", "two"])
@@ -138,19 +154,7 @@ def test_a_backlog_skips_old_meter_ticks(live_mode, alice, rate):
     for held in range(3):
         job.record("meter", data={"held_seconds": held, "amount": "0", "running": True})
     logs(job, ["after"])
-    key = Token.objects.create(user=alice).key
-
-    async def scenario():
-        comm = communicator(job, key)
-        assert (await comm.connect())[0]
-        events = await receive_until(comm, 5)
-        await comm.disconnect()
-        return events
-
-    try:
-        events = async_to_sync(scenario)()
-    finally:
-        stop_relay()
+    events = one_socket_reads(job, Token.objects.create(user=alice).key, 5)
     assert [(e["kind"], e.get("held_seconds")) for e in events] == [("state", None), ("meter", 2), ("log", None)]
 
 

@@ -19,7 +19,7 @@ from rest_framework.authtoken.models import Token
 from jobs import consumers, live
 from jobs.models import JobEvent
 from tests.conftest import make_job
-from tests.test_consumer import communicator, live_mode, logs, receive_until, stop_relay  # noqa: F401 (live_mode: a fixture, used by name)
+from tests.test_consumer import communicator, live_mode, logs, one_socket_reads, receive_until, stop_relay  # noqa: F401 (live_mode: a fixture, used by name)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,21 +42,24 @@ def texts(events):
     return [e["text"] for e in events if e["kind"] == "log"]
 
 
-@pytest.mark.usefixtures("live_mode")
-def test_many_sockets_get_every_line_in_order_from_one_read_per_announcement(alice, rate, reads):
-    job = make_job(alice)
-    key = Token.objects.create(user=alice).key
-    sockets = 5
+BATCHES = [[f"line {batch}.{i}" for i in range(4)] for batch in range(3)]
+
+
+def batches_to_sockets(job, write, sockets, reads):
+    """BATCHES written one after the other by write(job, texts) while `sockets` sockets watch
+    the job from its first event: the events each socket got after its backlog, with `reads`
+    cleared once the backlogs are in (each socket reads its own, as it must)."""
+    key = Token.objects.create(user=job.created_by).key
 
     async def scenario():
         comms = [communicator(job, key) for _ in range(sockets)]
         for comm in comms:
             assert (await comm.connect())[0]
             await receive_until(comm, 1)
+        reads.clear()
         seen = [[] for _ in comms]
-        reads.clear()  # the backlogs were read by each socket, as they must be
-        for batch in range(3):
-            last = await sync_to_async(logs)(job, [f"line {batch}.{i}" for i in range(4)])
+        for texts_ in BATCHES:
+            last = await sync_to_async(write)(job, texts_)
             for comm, events in zip(comms, seen, strict=True):
                 events += await receive_until(comm, last)
         for comm in comms:
@@ -67,10 +70,16 @@ def test_many_sockets_get_every_line_in_order_from_one_read_per_announcement(ali
         seen = async_to_sync(scenario)()
     finally:
         stop_relay()
-    wanted = [f"line {batch}.{i}" for batch in range(3) for i in range(4)]
     for events in seen:
-        assert texts(events) == wanted
+        assert texts(events) == [text for batch in BATCHES for text in batch]
         assert [e["seq"] for e in events] == list(range(2, 14))
+    return seen
+
+
+@pytest.mark.usefixtures("live_mode")
+def test_many_sockets_get_every_line_in_order_from_one_read_per_announcement(alice, rate, reads):
+    sockets = 5
+    batches_to_sockets(make_job(alice), logs, sockets, reads)
     # One read per announcement for the five sockets (a catch-up round or a relay step that
     # found the rows already read adds nothing), never one per socket.
     assert 3 <= len(reads) < 3 * sockets
@@ -215,28 +224,7 @@ def test_lines_that_follow_on_are_handed_on_without_a_read(live_mode, alice, rea
     """The steady state of a running job: each batch of lines goes out as its announcement
     carried it, to every socket, with no read of the rows."""
     monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 60.0)  # no catch-up round reads meanwhile
-    job = make_job(alice)
-    key = Token.objects.create(user=alice).key
-
-    async def scenario():
-        comms = [communicator(job, key) for _ in range(3)]
-        for comm in comms:
-            assert (await comm.connect())[0]
-            await receive_until(comm, 1)
-        reads.clear()
-        seen = [[] for _ in comms]
-        for batch in range(3):
-            last = await sync_to_async(lines)(job, [f"line {batch}.{i}" for i in range(4)])
-            for comm, events in zip(comms, seen, strict=True):
-                events += await receive_until(comm, last)
-        for comm in comms:
-            await comm.disconnect()
-        return seen
-
-    seen = async_to_sync(scenario)()
-    for events in seen:
-        assert texts(events) == [f"line {batch}.{i}" for batch in range(3) for i in range(4)]
-        assert [e["seq"] for e in events] == list(range(2, 14))
+    batches_to_sockets(make_job(alice), lines, 3, reads)
     assert reads == []
 
 
@@ -317,17 +305,6 @@ def test_a_socket_reads_its_backlog_on_the_hubs_thread(alice, monkeypatch):
         return read(*args)
 
     monkeypatch.setattr(live, "events_after", where)
-
-    async def scenario():
-        comm = communicator(job, key)
-        assert (await comm.connect())[0]
-        events = await receive_until(comm, 6)
-        await comm.disconnect()
-        return events
-
-    try:
-        events = async_to_sync(scenario)()
-    finally:
-        stop_relay()
+    events = one_socket_reads(job, key, 6)
     assert texts(events) == [f"line {i}" for i in range(5)]
     assert threads and all(name.startswith("live-reads") for name in threads), threads
