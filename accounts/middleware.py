@@ -1,5 +1,7 @@
 import zoneinfo
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
 from accounts import audit
@@ -7,20 +9,41 @@ from accounts.access import membership_of
 
 
 class UserTimeZoneMiddleware:
-    """Times a user enters (a deadline) and sees are in their own time zone, as they set it."""
+    """Times a user enters (a deadline) and sees are in their own time zone, as they set it.
+
+    Async as well as sync, like Django's own middleware around it: a sync-only middleware in
+    daphne's async chain runs the rest of the chain in a thread and comes back to the event loop
+    before the view, which goes to a thread again. Under ASGI only a request with a session
+    cookie can name a user here (an API token is read by the view, which activates its user's
+    zone itself: jobs/api.py), so the others need no thread, and no query, at all."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
         activate_for(request.user)
         return self.get_response(request)
 
+    async def __acall__(self, request):
+        signed_in = settings.SESSION_COOKIE_NAME in request.COOKIES
+        activate(await sync_to_async(zone_of)(request.user) if signed_in else "")
+        return await self.get_response(request)
 
-def activate_for(user):
-    """The user's own time zone for this request (the API calls it once a token names the user)."""
+
+def zone_of(user):
+    """The name of the time zone the user set ("" for none, or for no user)."""
     membership = membership_of(user)
-    name = membership.time_zone if membership is not None else ""
+    return membership.time_zone if membership is not None else ""
+
+
+def activate(name):
     if name:
         try:
             timezone.activate(zoneinfo.ZoneInfo(name))
@@ -30,13 +53,30 @@ def activate_for(user):
     timezone.deactivate()
 
 
+def activate_for(user):
+    """The user's own time zone for this request (the API calls it once a token names the user)."""
+    activate(zone_of(user))
+
+
 class AuditRequestMiddleware:
     """The request being answered, for the audit events recorded where only a user is at hand
-    (accounts.audit.current_request)."""
+    (accounts.audit.current_request). A context variable, so the view's thread sees it when the
+    middleware runs in the event loop (asgiref copies the context into sync_to_async)."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
         with audit.answering(request):
             return self.get_response(request)
+
+    async def __acall__(self, request):
+        with audit.answering(request):
+            return await self.get_response(request)

@@ -4,6 +4,10 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "e31web.settings")
+# The web server keeps its PostgreSQL connections in a pool (e31web/settings.py, E31_DB_POOL):
+# room for the E31_WEB_CONCURRENCY (16) requests let in at once, the websockets' reads and the
+# live hub's kept connection. Only the connections in use are open, and idle ones close in time.
+os.environ.setdefault("E31_DB_POOL", "32")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -137,7 +137,7 @@ TEMPLATES = [
 ]
 
 
-def _database(url):
+def _database(url, pool=0):
     config = dj_database_url.parse(url, conn_max_age=0)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # The web server, the scheduler and the runner write at once: WAL lets readers go on
@@ -153,11 +153,23 @@ def _database(url):
         config["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
     elif config["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_URL must be a sqlite:// or postgres:// URL")
+    elif pool:
+        # A pool of connections in the process (psycopg_pool), each checked before it is lent:
+        # one broken while it waited (PostgreSQL restarted) is replaced, never handed to a
+        # request. Django lends one per thread and takes it back at the request's end.
+        config["OPTIONS"] = {"pool": {"min_size": 1, "max_size": pool}}
+        config["CONN_HEALTH_CHECKS"] = True
     return config
 
 
+# PostgreSQL connections per process kept open in a pool, at most this many (0: none, each
+# request connects and hangs up, as Django does by default). e31web/asgi.py sets it for the web
+# server: under ASGI each request runs in a thread of its own, so without a pool every request
+# opened a connection. Measured (one daphne worker, a team of 10,000 jobs, one client): p50 of
+# GET /api/me/ 10.0 -> 5.7 ms, of a job's GET 19.5 -> 13.7 ms.
+E31_DB_POOL = env_int("E31_DB_POOL", 0, minimum=0)
 DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'e31.sqlite3'}", {"sqlite", "postgres", "postgresql", "pgsql"})
-DATABASES = {"default": _database(DATABASE_URL)}
+DATABASES = {"default": _database(DATABASE_URL, E31_DB_POOL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_url("REDIS_URL", None, {"redis", "rediss"})
@@ -186,7 +198,7 @@ else:
 # The cache holds the API's rate-limit counts: Redis, when there is one, so that the limits hold
 # across the server's processes; else each process's memory.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "e31"}}
+    CACHES = {"default": {"BACKEND": "core.cache.SharedRedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "e31"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "e31"}}
 

@@ -1,0 +1,152 @@
+"""What one web request costs before its view runs (issue 24): the connections it opens and the
+threads it crosses. Under daphne each request ran in a thread and context of its own, so it
+opened a PostgreSQL connection and a Redis connection and hung both up, and two sync-only
+middlewares sent it between the event loop and a thread twice more than needed."""
+
+import contextvars
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import zoneinfo
+
+import httpx
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+from django.core.handlers.base import BaseHandler
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from accounts import audit
+from accounts.middleware import AuditRequestMiddleware, UserTimeZoneMiddleware
+from core.cache import SharedRedisCache
+from e31web.settings import _database
+from tests.system import POSTGRES_ADMIN_URL, REDIS_URL, ROOT, LiveSystem
+
+# The pool ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.nodb
+def test_a_pool_is_a_setting_of_postgresql_with_each_connection_checked_before_it_is_lent():
+    pooled = _database("postgres://u@db.example:5432/e31", pool=24)
+    assert pooled["OPTIONS"] == {"pool": {"min_size": 1, "max_size": 24}}
+    assert pooled["CONN_HEALTH_CHECKS"] is True and pooled["CONN_MAX_AGE"] == 0  # Django refuses a pool with persistent connections
+    plain = _database("postgres://u@db.example:5432/e31")
+    assert "pool" not in plain.get("OPTIONS", {}) and plain["CONN_HEALTH_CHECKS"] is False
+    assert "pool" not in _database("sqlite:///x.sqlite3", pool=24)["OPTIONS"]  # SQLite has nothing to connect to
+
+
+@pytest.mark.nodb
+def test_the_web_server_pools_its_connections_and_the_other_processes_do_not(tmp_path):
+    code = "import {module}; from django.conf import settings; print(json.dumps(settings.DATABASES['default'].get('OPTIONS', {{}})))"
+    env = {"PATH": os.environ["PATH"], "E31_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "e31web.settings", "DATABASE_URL": POSTGRES_ADMIN_URL}
+
+    def options(module, **more):
+        setup = "import json, django; django.setup(); " if module != "e31web.asgi" else "import json; "
+        result = subprocess.run(
+            [sys.executable, "-c", setup + code.format(module=module)], cwd=ROOT, env={**env, **more}, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert options("e31web.asgi") == {"pool": {"min_size": 1, "max_size": 32}}
+    assert options("e31web.asgi", E31_DB_POOL="0") == {}  # an operator may turn it off
+    assert options("jobs.models") == {}  # manage.py scheduler, runner, agent: one connection each, as before
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_requests_to_the_web_server_reuse_its_postgresql_connections():
+    def sessions(name):
+        import psycopg
+
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            return conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", [name]).fetchone()[0]
+
+    with LiveSystem(database="postgres") as system:
+        system.processes["scheduler"].terminate()  # only the web server's connections are counted
+        system.processes["runner"].terminate()
+        for _ in range(5):
+            assert system.api("GET", "/api/me/").status_code == 200
+        time.sleep(1.5)  # PostgreSQL counts a session at its start, in statistics flushed within a second
+        before = sessions(system.pg_name)
+        with httpx.Client(base_url=system.url, headers={"Authorization": f"Token {system.token}"}) as client:
+            for _ in range(40):
+                assert client.get("/api/jobs/").status_code == 200
+        time.sleep(1.5)
+        opened = sessions(system.pg_name) - before
+    # Without the pool: 40 or more, one a request.
+    assert opened <= 4, f"{opened} connections opened for 40 requests"
+
+
+# The Redis cache --------------------------------------------------------------------------------
+
+
+def test_the_rate_limits_counts_share_one_redis_connection_pool_across_requests():
+    """Each request has its own context, so its own cache backend (Django's `caches` is a
+    context-local): Django's RedisCache connected to Redis anew for every request's first count."""
+    client = redis.Redis.from_url(REDIS_URL)
+    made = lambda: client.info("stats")["total_connections_received"]  # noqa: E731
+    before = made()
+    for n in range(20):
+        backend = SharedRedisCache(REDIS_URL, {"KEY_PREFIX": "e31-test-shared"})  # what each request's context makes
+        contextvars.copy_context().run(backend.set, f"count-{n}", n, 5)
+        assert backend.get(f"count-{n}") == n
+    assert made() - before <= 2  # one for the process, whatever the number of requests (and the info's own)
+
+
+# The middlewares under ASGI ---------------------------------------------------------------------
+
+
+def test_under_asgi_no_middleware_sends_the_request_to_a_thread_before_its_view(settings, caplog):
+    """Django adapts a sync-only middleware in an async chain by running it, and all the chain
+    after it, in a thread, and logs so (at DEBUG) when settings.DEBUG is on."""
+    settings.DEBUG = True
+    with caplog.at_level(logging.DEBUG, logger="django.request"):
+        BaseHandler().load_middleware(is_async=True)
+    adapted = [r.getMessage() for r in caplog.records if "adapted" in r.getMessage()]
+    assert adapted == [], adapted
+
+
+def _asgi_chain(middleware, seen):
+    async def view(request):
+        seen.update(zone=timezone.get_current_timezone_name(), request=audit.current_request())
+        return HttpResponse("ok")
+
+    return middleware(view)
+
+
+@pytest.mark.django_db
+def test_a_signed_in_users_time_zone_is_active_in_the_asgi_chain(django_user_model, django_assert_num_queries):
+    from accounts.models import Membership, Team
+
+    user = django_user_model.objects.create_user("tz", password="x")
+    Membership.objects.create(user=user, team=Team.objects.create(name="tz-team"), time_zone="Asia/Tokyo")
+    seen = {}
+    chain = _asgi_chain(UserTimeZoneMiddleware, seen)
+    request = HttpRequest()
+    request.COOKIES["sessionid"] = "anything"
+    request.user = django_user_model.objects.get(pk=user.pk)
+    async_to_sync(chain)(request)
+    assert seen["zone"] == "Asia/Tokyo"
+
+    # A request without a session cookie (an API client with a token) names no user here: no
+    # query and no thread; the view activates its token's user's zone (jobs/api.py).
+    timezone.activate(zoneinfo.ZoneInfo("Europe/Paris"))
+    anonymous = HttpRequest()
+    anonymous.user = None  # never looked at
+    with django_assert_num_queries(0):
+        async_to_sync(chain)(anonymous)
+    assert seen["zone"] == timezone.get_default_timezone_name()
+
+
+def test_the_audit_sees_the_request_in_the_asgi_chain():
+    seen = {}
+    request = HttpRequest()
+    async_to_sync(_asgi_chain(AuditRequestMiddleware, seen))(request)
+    assert seen["request"] is request
+    assert audit.current_request() is None  # and only while it is answered
