@@ -22,6 +22,7 @@ from jobs.comparisons import comparison
 from jobs.downloads import artifact_response, log_response
 from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
+from jobs.logs import lines_html
 from jobs.models import Job
 from jobs.run_data import checkpoint_is_gone, get_checkpoint, gone_message, job_checkpoints, metrics_data
 from jobs.spec_form import form_initial
@@ -222,6 +223,7 @@ def job_detail(request, job_id):
         # Its environment: being built, or ready (how, and the versions chosen).
         "environment": job.events.filter(kind="notice", data__has_key="environment").order_by("-seq").first() if job.packages else None,
         "lines": lines,
+        "lines_html": lines_html(lines),
         "earlier_lines": lines and lines[0]["seq"] > 1 and job.events.filter(kind="log", seq__lt=lines[0]["seq"]).exists(),
         "meter": job.meter_event(),
         "ceiling": ceiling_of(job),

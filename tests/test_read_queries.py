@@ -134,3 +134,37 @@ def test_a_page_reverses_each_kind_of_url_once(rf):
         ]
         assert reversing.call_count == 2  # one more, for the datasets' view
     assert urls == [request.build_absolute_uri(reverse("jobs:detail", args=[pk])) for pk in ids]
+
+
+# The job page's log lines, made in Python (jobs.logs.lines_html), not by a template loop.
+LOOP = (
+    '{% for line in lines %}<span class="line {{ line.stream }}" data-seq="{{ line.seq }}"{% if line.rank is not None %} data-rank="{{ line.rank }}"'
+    '{% endif %}>{% if line.rank is not None %}<span class="rank">[{{ line.rank }}]</span> {% endif %}{{ line.text }}\n</span>{% endfor %}'
+)
+LINES = [
+    {"seq": 1, "stream": "stdout", "rank": None, "text": "epoch 1: loss 0.25"},
+    {"seq": 2, "stream": "stderr", "rank": 0, "text": "<script>alert('x')</script> & \"quoted\""},
+    {"seq": 12345, "stream": "stdout", "rank": 3, "text": "naïve ünïcode ✓\tand a tab  "},
+    {"seq": 12346, "stream": "stdout", "rank": None, "text": ""},
+]
+
+
+@pytest.mark.nodb
+def test_the_log_lines_html_is_what_the_template_loop_wrote():
+    from django.template import engines
+
+    from jobs.logs import lines_html
+
+    assert lines_html(LINES) == engines["django"].from_string(LOOP).render({"lines": LINES})
+    assert lines_html([]) == ""
+
+
+def test_the_job_page_shows_its_log_lines_escaped(client, alice):
+    job = make_job(alice)
+    at = datetime.now(UTC)
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=at, stream=line["stream"], rank=line["rank"], text=line["text"]) for line in LINES])
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    log = page.split('<pre class="log" id="log">', 1)[1].split("</pre>", 1)[0]
+    assert "<script>" not in log and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &quot;quoted&quot;" in log
+    assert '<span class="line stdout" data-seq="' in log and '<span class="rank">[3]</span> naïve ünïcode ✓\tand a tab  \n</span>' in log
