@@ -4,6 +4,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from typing import Protocol
 
 from billing import meter
 
@@ -20,6 +21,30 @@ class Usage:
     credit_seconds: int = 0
     credit_amount: Decimal = Decimal(0)
     credit_reason: str = ""
+
+
+class Billable(Protocol):
+    """What a statement reads of each record: a Usage, or anything with its fields (the usage
+    endpoint's rows, billing.usage.Record, which need no copying into Usages first)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def job_name(self) -> str: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def held_seconds(self) -> int: ...
+    @property
+    def rate(self) -> Decimal: ...
+    @property
+    def amount(self) -> Decimal: ...
+    @property
+    def credit_seconds(self) -> int: ...
+    @property
+    def credit_amount(self) -> Decimal: ...
 
 
 @dataclass(frozen=True)
@@ -62,15 +87,31 @@ class Statement:
         return sum(line.held_seconds for line in self.lines)
 
 
-def statement(usages: Iterable[Usage]) -> Statement:
+def statement(usages: Iterable[Billable]) -> Statement:
     """One line per job (its allocations summed), each amount and credit rounded once; the
     total sums what the lines bill (amount less credit)."""
-    by_job: dict[str, list[Usage]] = {}
+    by_job: dict[str, list[Billable]] = {}
     for usage in usages:
         by_job.setdefault(usage.job_id, []).append(usage)
     lines = []
     for job_id, items in by_job.items():
         first = items[0]
+        if len(items) == 1:  # most jobs ran once: the same line, without the sums' generators
+            lines.append(
+                Line(
+                    job_id=job_id,
+                    job_name=first.job_name,
+                    gpus=first.gpus,
+                    gpu_type=first.gpu_type,
+                    held_seconds=first.held_seconds,
+                    gpu_seconds=first.held_seconds * first.gpus,
+                    rates=(first.rate,),
+                    amount=meter.round_money(first.amount),
+                    credit_seconds=first.credit_seconds,
+                    credit=meter.round_money(first.credit_amount),
+                )
+            )
+            continue
         lines.append(
             Line(
                 job_id=job_id,

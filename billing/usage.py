@@ -50,18 +50,5 @@ def month_records(team, year, month):
 
 
 def month_usage(team, year, month, records=None):
-    records = month_records(team, year, month) if records is None else records
-    return statements.statement(
-        statements.Usage(
-            job_id=r.job_id,
-            job_name=r.job_name,
-            gpus=r.gpus,
-            gpu_type=r.gpu_type,
-            held_seconds=r.held_seconds,
-            rate=r.rate,
-            amount=r.amount,
-            credit_seconds=r.credit_seconds,
-            credit_amount=r.credit_amount,
-        )
-        for r in records
-    )
+    """The month's statement: its records are what statements.statement reads (a Billable)."""
+    return statements.statement(month_records(team, year, month) if records is None else records)

@@ -158,3 +158,55 @@ def test_no_job_is_ever_billed_past_its_money_ceiling(gpus, ceiling, runs):
         billed += amount - credit
         assert amount <= cap
     assert billed <= ceiling
+
+
+def _line_summed(job_id, items):
+    """A statement line as the sums over a job's records make it (statement's general case)."""
+    return (
+        job_id,
+        items[0].job_name,
+        max(u.gpus for u in items),
+        ", ".join(sorted({u.gpu_type for u in items})),
+        sum(u.held_seconds for u in items),
+        sum(u.held_seconds * u.gpus for u in items),
+        tuple(sorted({u.rate for u in items})),
+        meter.round_money(sum((u.amount for u in items), Decimal(0))),
+        sum(u.credit_seconds for u in items),
+        meter.round_money(sum((u.credit_amount for u in items), Decimal(0))),
+    )
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d", "e"]),  # the job: some have one record, some several
+            st.integers(1, 8),
+            st.sampled_from(["a100", "h100", "cpu"]),
+            st.integers(0, 10**6),
+            st.decimals(min_value=Decimal("0.01"), max_value=Decimal("99"), places=4),
+            st.decimals(min_value=Decimal("0"), max_value=Decimal("9999"), places=6),
+            st.integers(0, 1000),
+            st.decimals(min_value=Decimal("0"), max_value=Decimal("99"), places=6),
+        ),
+        max_size=12,
+    )
+)
+def test_a_statement_line_is_its_records_summed_whether_the_job_has_one_or_several(records):
+    """A job with one record takes a shorter way to its line (most jobs of a month ran once):
+    the same line as the sums make."""
+    usages = [
+        Usage(job_id=j, job_name=f"job {j}", gpus=g, gpu_type=t, held_seconds=s, rate=r, amount=a, credit_seconds=cs, credit_amount=ca)
+        for j, g, t, s, r, a, cs, ca in records
+    ]
+    by_job = {}
+    for usage in usages:
+        by_job.setdefault(usage.job_id, []).append(usage)
+    made = statement(usages)
+    assert [(x.job_id, x.job_name, x.gpus, x.gpu_type, x.held_seconds, x.gpu_seconds, x.rates, x.amount, x.credit_seconds, x.credit) for x in made.lines] == [
+        _line_summed(job_id, items) for job_id, items in by_job.items()
+    ]
+    assert made.total == sum(
+        (meter.round_money(sum((u.amount for u in i), Decimal(0))) - meter.round_money(sum((u.credit_amount for u in i), Decimal(0))) for i in by_job.values()),
+        Decimal("0.00"),
+    )
