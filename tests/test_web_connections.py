@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import zoneinfo
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -147,6 +148,9 @@ def test_a_signed_in_users_time_zone_is_active_in_the_asgi_chain(django_user_mod
 def test_the_audit_sees_the_request_in_the_asgi_chain():
     seen = {}
     request = HttpRequest()
-    async_to_sync(_asgi_chain(AuditRequestMiddleware, seen))(request)
+    # On a thread of its own: after a browser test, Playwright's event loop (session-wide) is the
+    # running loop of this one, where async_to_sync refuses to run.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(async_to_sync(_asgi_chain(AuditRequestMiddleware, seen)), request).result()
     assert seen["request"] is request
     assert audit.current_request() is None  # and only while it is answered
