@@ -5,6 +5,8 @@ the JSON renderer to write them out again: about 9 us a line, half of a 500-line
 (issue 24). IsoUtc has the database write the text itself.
 """
 
+from functools import cache
+
 from django.db.models import CharField, Func
 
 
@@ -38,6 +40,7 @@ class IsoUtc(Func):
         return f"(replace({column}, ' ', 'T') || '{self.zone}')", params
 
 
+@cache
 def utc_loader():
     """PostgreSQL's timestamptz text read by datetime.fromisoformat (C), for a connection whose
     session time zone is UTC, as Django sets it under USE_TZ.
@@ -73,12 +76,5 @@ def use_utc_loader(sender, connection, **kwargs):
     whose times Django reads in UTC (DATABASES' TIME_ZONE unset)."""
     from datetime import UTC
 
-    if connection.vendor != "postgresql" or connection.timezone is not UTC:
-        return
-    global _loader
-    if _loader is None:
-        _loader = utc_loader()
-    connection.connection.adapters.register_loader("timestamptz", _loader)
-
-
-_loader = None
+    if connection.vendor == "postgresql" and connection.timezone is UTC:
+        connection.connection.adapters.register_loader("timestamptz", utc_loader())
