@@ -173,19 +173,27 @@ DATABASES = {"default": _database(DATABASE_URL, E31_DB_POOL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_url("REDIS_URL", None, {"redis", "rediss"})
+
+
+def layer_hosts(url):
+    """The channel layers' Redis, read without a socket timeout, as before redis-py 8.
+
+    redis-py 8 reads with a 5 s socket timeout by default. channels_redis's queue layer ("core")
+    waits for a message with BZPOPMIN for up to 5 s, and its pub/sub layer reads a subscription
+    that may say nothing for longer: a wait with nothing to receive ended in "Timeout reading
+    from ...", and the socket's consumer failed or an announcement was lost while the layer
+    subscribed again. Redis answers each of the queue layer's waits within its own 5 s."""
+    return [{"address": url, "socket_timeout": None}]
+
+
 if REDIS_URL:
     # "core": channels_redis's queue per channel; "pubsub": Redis PUBLISH/SUBSCRIBE, one
     # subscription per process (what a live announcement needs: no queue to drain per message).
     E31_CHANNEL_LAYER = env_str("E31_CHANNEL_LAYER", "pubsub")
     if E31_CHANNEL_LAYER == "pubsub":
-        CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+        CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": layer_hosts(REDIS_URL)}}}
     elif E31_CHANNEL_LAYER == "core":
-        CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000},
-            }
-        }
+        CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": layer_hosts(REDIS_URL), "capacity": 5000}}}
     else:
         raise ImproperlyConfigured(f"E31_CHANNEL_LAYER={E31_CHANNEL_LAYER!r} must be core or pubsub")
     E31_LIVE_MODE = "redis"

@@ -9,6 +9,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from e31web.asgi import application
+from e31web.settings import layer_hosts
 from jobs import live
 from jobs.models import JobEvent
 from tests.conftest import make_job
@@ -20,9 +21,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def live_mode(request, settings):
     settings.E31_LIVE_MODE = request.param.split("-")[0]
     if request.param == "redis":
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
+        settings.CHANNEL_LAYERS = {
+            "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": layer_hosts("redis://127.0.0.1:6379/1")}}
+        }
     elif request.param == "redis-pubsub":  # the default with Redis (E31_CHANNEL_LAYER)
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
+        settings.CHANNEL_LAYERS = {
+            "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": layer_hosts("redis://127.0.0.1:6379/1")}}
+        }
     else:
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     channel_layers.backends = {}
@@ -99,7 +104,7 @@ def test_on_redis_a_socket_catches_up_on_events_whose_announcement_was_lost(sett
     from jobs import consumers
 
     settings.E31_LIVE_MODE = "redis"
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": layer_hosts("redis://127.0.0.1:6379/1")}}}
     channel_layers.backends = {}
     monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.3)
     job = make_job(alice)

@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
+from e31web.settings import layer_hosts
 from jobs import consumers, live
 from jobs.models import JobEvent
 from tests.conftest import make_job
@@ -179,7 +180,7 @@ def test_announcements_from_sync_code_share_one_loop(settings):
     """The runner's announcements go out on the process's one announcer loop, not a loop (and a
     Redis connection) each."""
     settings.E31_LIVE_MODE = "redis"
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": layer_hosts("redis://127.0.0.1:6379/1")}}}
     from channels.layers import channel_layers
 
     channel_layers.backends = {}

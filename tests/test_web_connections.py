@@ -154,3 +154,27 @@ def test_the_audit_sees_the_request_in_the_asgi_chain():
         thread.submit(async_to_sync(_asgi_chain(AuditRequestMiddleware, seen)), request).result()
     assert seen["request"] is request
     assert audit.current_request() is None  # and only while it is answered
+
+
+def test_a_queue_layer_waits_past_redis_pys_socket_timeout_for_a_message():
+    """redis-py 8 reads with a 5 s socket timeout; channels_redis's queue layer waits up to 5 s in
+    BZPOPMIN: with nothing to receive, the wait ended in "Timeout reading from ..." and the
+    socket's consumer failed (a clean clone's CI, tests/test_stream_fanout.py)."""
+    import asyncio
+
+    from channels_redis.core import RedisChannelLayer
+
+    from e31web.settings import layer_hosts
+
+    async def wait():
+        layer = RedisChannelLayer(hosts=layer_hosts(REDIS_URL))
+        try:
+            channel = await layer.new_channel()
+            await asyncio.wait_for(layer.receive(channel), 7)
+        except TimeoutError:  # the test's own: nothing came, and nothing failed
+            return "waited"
+        finally:
+            await layer.close_pools()
+
+    with ThreadPoolExecutor(1) as thread:  # its own loop: see the audit test above
+        assert thread.submit(asyncio.run, wait()).result() == "waited"

@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from rest_framework.authtoken.models import Token
 
 from accounts.models import Membership, Team
+from e31web.settings import layer_hosts
 from jobs import consumers
 from tests.conftest import make_job
 from tests.test_consumer import communicator, live_mode, logs, receive_until, stop_relay  # noqa: F401 (live_mode: a fixture, used by name)
@@ -109,7 +110,7 @@ def test_on_redis_the_end_of_access_is_told_not_waited_for(settings, alice, bob,
     from rest_framework.authtoken.models import TokenProxy
 
     settings.E31_LIVE_MODE = "redis"
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/1"]}}}
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": layer_hosts("redis://127.0.0.1:6379/1")}}}
     channel_layers.backends = {}
     monkeypatch.setattr(consumers, "ACCESS_CHECK_SECONDS", 600.0)
     job = make_job(alice)
