@@ -152,6 +152,9 @@
     const rows = document.getElementById("checkpoint-rows");
     if (!card || !rows) return;
     const keep = parseInt(card.dataset.keep, 10) || 0;
+    // The card fetched again may have come back after the checkpoint was kept and before its
+    // event reached this page: the server's row is already here, and stays the only one.
+    if ([...rows.children].some((row) => row.dataset.name === e.name)) return;
     const li = document.createElement("li");
     li.dataset.name = e.name;
     const name = document.createElement("div");
