@@ -24,6 +24,8 @@ import e31
 
 config = json.load(open(os.environ["E31_CONFIG"])) if os.path.exists(os.environ.get("E31_CONFIG", "")) else {}
 steps, pause = int(config.get("steps", 40)), float(config.get("sleep", 0))
+if os.environ.get("E31_RESTART", "0") != "0":  # a resumed run may go faster (config "resumed_sleep")
+    pause = float(config.get("resumed_sleep", pause))
 rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 if world > 1:
     dist.init_process_group("gloo")

@@ -131,7 +131,8 @@ def submit_steps(system, tmp_path, steps, pause, **extra):
 
     script = tmp_path / "train.py"
     script.write_bytes(DDP_SCRIPT)
-    spec = {"name": "steps", "gpus": 1, "span_hours": 1, "config": {"steps": steps, "sleep": pause}, "max_restarts": 3, "train_dataset": "digits", **extra}
+    config = {"steps": steps, "sleep": pause, **extra.pop("config", {})}
+    spec = {"name": "steps", "gpus": 1, "span_hours": 1, "config": config, "max_restarts": 3, "train_dataset": "digits", **extra}
     return system.submit(spec, script)["id"]
 
 
@@ -183,7 +184,9 @@ def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_
     system = slurm_system(slurm, E31_ENV_FIND_LINKS=str(wheels), E31_ENV_NO_INDEX="1")
     try:
         system.start(runner=False)
-        job_id = submit_steps(system, tmp_path, steps=60, pause=1.0, packages=["e31demo==1.0"])
+        # A step a second until the node is lost (Slurm takes SlurmdTimeout to give it up), and
+        # the rest quickly once resumed.
+        job_id = submit_steps(system, tmp_path, steps=60, pause=1.0, packages=["e31demo==1.0"], config={"resumed_sleep": 0.05})
         wait_for_checkpoint(system, job_id)
         slurm.stop_slurmd()  # the node's daemon dies: Slurm gives the node up after SlurmdTimeout
         requeued = system.wait_until(lambda: (j := system.job(job_id))["restarts"] == 1 and j, 90, "the job to be requeued")
