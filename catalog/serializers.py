@@ -10,7 +10,7 @@ from rest_framework import serializers as s
 
 from catalog import datasets
 from catalog.models import Dataset, DatasetUpload, DatasetVersion
-from core.serializers import Facts, FactsSerializer, Moment, absolute_url, nullable_str
+from core.serializers import DirectSerializer, Facts, FactsSerializer, Moment, absolute_url, nullable_str
 
 # Datasets -------------------------------------------------------------------------------------
 
@@ -39,7 +39,7 @@ class DatasetUploadSerializer(FactsSerializer):
     complete_url = s.URLField()
 
 
-class DatasetFileSerializer(s.Serializer):
+class DatasetFileSerializer(DirectSerializer):
     path = s.CharField()
     size = s.IntegerField()
     sha256 = s.CharField()

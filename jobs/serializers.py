@@ -23,7 +23,7 @@ from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
 from billing.models import Credit
-from core.serializers import Facts, FactsSerializer, Moment, absolute_url, nullable_str
+from core.serializers import DirectSerializer, Facts, FactsSerializer, Moment, absolute_url, nullable_str
 from e31.recipes.precision import PRECISIONS
 from jobs.ceiling import job_ceiling
 from jobs.models import Job, JobEvent, Upload
@@ -31,7 +31,7 @@ from jobs.models import Job, JobEvent, Upload
 # Jobs -----------------------------------------------------------------------------------------
 
 
-class AllocationSerializer(s.Serializer):
+class AllocationSerializer(DirectSerializer):
     node = s.CharField(source="node.name")
     devices = s.JSONField()
     device_type = s.CharField(allow_blank=True)
@@ -43,13 +43,13 @@ class AllocationSerializer(s.Serializer):
     gang_size = s.IntegerField(allow_null=True)
 
 
-class ModelFileSerializer(s.Serializer):
+class ModelFileSerializer(DirectSerializer):
     name = s.CharField()
     size = s.IntegerField()
     sha256 = s.CharField()
 
 
-class JobModelSerializer(s.Serializer):
+class JobModelSerializer(DirectSerializer):
     label = s.CharField(help_text="Its folder in the job (model/<label>/): start, a fine-tuning's starting weights; an evaluation's new, previous ...")
     source_job = s.UUIDField(source="source_job_id", allow_null=True, help_text="The job whose output these weights are; null: uploaded.")
     description = s.CharField(allow_blank=True)

@@ -168,3 +168,114 @@ def test_the_job_page_shows_its_log_lines_escaped(client, alice):
     log = page.split('<pre class="log" id="log">', 1)[1].split("</pre>", 1)[0]
     assert "<script>" not in log and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &quot;quoted&quot;" in log
     assert '<span class="line stdout" data-seq="' in log and '<span class="rank">[3]</span> naïve ünïcode ✓\tand a tab  \n</span>' in log
+
+
+# Serializers read plain fields with one getattr (core.serializers.DirectSerializer): the same
+# answers as DRF's own reads.
+
+
+def test_the_job_list_and_details_answer_as_drf_s_own_reads_would(client, alice, rate, dataset, monkeypatch):
+    """Jobs with allocations (ended and open), usage, outputs, events; a dataset: their answers
+    through DirectSerializer equal those with DRF's Serializer.to_representation put back."""
+    from rest_framework import serializers as drf
+
+    from core.serializers import DirectSerializer
+
+    client.force_login(alice)
+    jobs = team_of(alice, 3, 2)
+    make_job(alice, name="queued", gpus=2, span_hours=1)
+    paths = ["/api/jobs/", *[f"/api/jobs/{job.pk}/" for job in jobs], "/api/datasets/", f"/api/datasets/{dataset.pk}/"]
+
+    def answers():
+        replies = [client.get(path) for path in paths]
+        assert all(r.status_code == 200 for r in replies), [(p, r.status_code) for p, r in zip(paths, replies, strict=True)]
+        return [r.json() for r in replies]
+
+    direct = answers()
+    monkeypatch.setattr(DirectSerializer, "to_representation", drf.Serializer.to_representation)
+    assert answers() == direct
+    assert direct[0]["results"] and direct[1]["allocations"]
+
+
+class Thing:
+    plain = "a"
+    none = None
+    number = 7
+
+    def method(self):
+        return "called"
+
+    def needs(self, x):
+        return x
+
+    @property
+    def gone(self):
+        from django.core.exceptions import ObjectDoesNotExist
+
+        raise ObjectDoesNotExist("none here")
+
+    @property
+    def broken(self):
+        raise ValueError("broken")
+
+    class Inner:
+        name = "inner"
+
+    inner = Inner()
+
+
+def fields_of(base):
+    from rest_framework import serializers as s
+
+    class Whole(s.Serializer):
+        plain = s.CharField()
+
+    class Reads(base):
+        plain = s.CharField()
+        none = s.CharField(allow_null=True)
+        number = s.IntegerField()
+        renamed = s.CharField(source="plain")
+        method = s.CharField()
+        needs = s.CharField()
+        gone = s.CharField(allow_null=True)
+        missing_default = s.CharField(default="d")
+        missing_null = s.CharField(allow_null=True)
+        missing_skipped = s.CharField(required=False)
+        inner_name = s.CharField(source="inner.name")
+        whole = Whole(source="*")
+
+    return Reads
+
+
+def test_direct_reads_give_what_drf_s_reads_give_field_by_field():
+    """Callables (called or not, as DRF decides), a missing attribute (its default, None, or
+    skipped), ObjectDoesNotExist, a source path, a Mapping instance, and errors: as DRF has them."""
+    from rest_framework import serializers as s
+
+    from core.serializers import DirectSerializer
+
+    direct, drf = fields_of(DirectSerializer)(), fields_of(s.Serializer)()
+    thing = Thing()
+    assert direct.to_representation(thing) == drf.to_representation(thing)
+    mapping = {"plain": "p", "number": 1, "method": "m", "needs": "n", "items": "not dict.items", "inner": {"name": "x"}, "gone": None}
+    assert direct.to_representation(mapping) == drf.to_representation(mapping)
+    assert list(direct.to_representation(thing)) == list(drf.to_representation(thing))  # the same order
+
+    class Record(dict):
+        plain = "an attribute: DRF reads a Mapping's keys"
+
+    record = Record(mapping, plain="the key")
+    assert direct.to_representation(record) == drf.to_representation(record)
+    assert direct.to_representation(record)["plain"] == "the key"
+
+    class Broken(DirectSerializer):
+        broken = s.CharField()
+
+    with pytest.raises(ValueError, match="broken"):
+        Broken().to_representation(thing)
+
+    class Required(DirectSerializer):
+        absent = s.CharField()
+
+    with pytest.raises(AttributeError, match="absent"):
+        Required().to_representation(thing)
