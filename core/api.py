@@ -200,8 +200,9 @@ def _page_param(request, name, default, maximum=None):
     return number
 
 
-def page_of(request, items, to_json, default_size=50, max_size=200):
-    """The page of items that ?page=N&page_size=M asks for, as {count, next, previous, results}.
+def page_of(request, items, to_json, default_size=50, max_size=200, prepare=None):
+    """The page of items that ?page=N&page_size=M asks for, as {count, next, previous, results}
+    (prepare: called with the page's items, as a list, before they are written).
 
     Page 1 is always there (empty when there is nothing); a page past the last one is a 404."""
     size = _page_param(request, "page_size", default_size, max_size)
@@ -217,17 +218,20 @@ def page_of(request, items, to_json, default_size=50, max_size=200):
         query["page"] = str(n)
         return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
 
+    shown = list(page.object_list)
+    if prepare is not None:
+        prepare(shown)
     return {
         "count": paginator.count,
         "next": link(page.next_page_number()) if page.has_next() else None,
         "previous": link(page.previous_page_number()) if page.has_previous() else None,
-        "results": [to_json(item) for item in page.object_list],
+        "results": [to_json(item) for item in shown],
     }
 
 
-def paginate(request, items, to_json, default_size=50, max_size=200):
+def paginate(request, items, to_json, default_size=50, max_size=200, prepare=None):
     """A list endpoint's answer: {"count", "next", "previous", "results"} (see page_of)."""
-    return Response(page_of(request, items, to_json, default_size=default_size, max_size=max_size))
+    return Response(page_of(request, items, to_json, default_size=default_size, max_size=max_size, prepare=prepare))
 
 
 # The OpenAPI schema (descriptions of the views: e31web/api_schema.py) ----------------------------

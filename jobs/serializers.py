@@ -8,9 +8,9 @@ once per object. The fields' classes type the schema; their values are the model
 are (a string, a number, a list), except that times go out as stored (UTC) and the JSON renderer
 writes them ("2026-11-03T10:30:00Z"), whatever time zone the request activated (Moment).
 
-Lists: JobSerializer.prefetch(queryset) fetches what a page of jobs shows in a fixed number of
-queries, however many jobs it holds (tests/test_api_shapes.py counts them); one job alone is
-completed the same way when it is shown.
+Lists: JobSerializer.prefetch(queryset) and prepare(page) fetch what a page of jobs shows in at
+most a fixed number of queries, however many jobs it holds (tests/test_api_shapes.py counts them);
+one job alone is completed the same way when it is shown.
 
 Also here: the request bodies of the views that answer these shapes.
 """
@@ -18,11 +18,12 @@ Also here: the request bodies of the views that answer these shapes.
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import OuterRef, Prefetch, Subquery, Sum, prefetch_related_objects
+from django.db.models import OuterRef, Prefetch, Subquery, Sum
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
 from billing.models import Credit
+from core.prefetch import prefetch_sparse
 from core.serializers import DirectSerializer, Facts, FactsSerializer, Moment, absolute_url, nullable_str
 from e31.recipes.precision import PRECISIONS
 from jobs.ceiling import job_ceiling
@@ -123,7 +124,7 @@ class JobFacts(Facts):
         super().__init__(job)
         listed = hasattr(job, "credited_amount_total")  # one of a page, from JobSerializer.prefetch
         if not listed:  # one job alone: fetched here
-            prefetch_related_objects([job], *job_prefetch())
+            prefetch_sparse([job], *job_prefetch())
         allocations = job.shown_allocations
         if listed:
             credit_seconds, credit_amount = job.credited_seconds_total or 0, job.credited_amount_total or Decimal(0)
@@ -246,11 +247,15 @@ class JobSerializer(FactsSerializer):
 
     @staticmethod
     def prefetch(queryset):
-        """A queryset of jobs with what the serializer reads, in a fixed number of queries."""
+        """A queryset of jobs with their credits' sums; prepare() completes a page of them."""
+        return queryset.annotate(credited_seconds_total=credit_sum("seconds"), credited_amount_total=credit_sum("amount"))
+
+    @staticmethod
+    def prepare(jobs):
+        """A page of jobs (from prefetch's queryset) with what the serializer reads, in at most
+        a fixed number of queries: the relations none of them has rows in are not asked for."""
         credits = Prefetch("credits", Credit.objects.select_related("usage"), to_attr="shown_credits")
-        return queryset.prefetch_related(*job_prefetch(), credits).annotate(
-            credited_seconds_total=credit_sum("seconds"), credited_amount_total=credit_sum("amount")
-        )
+        prefetch_sparse(jobs, *job_prefetch(), credits)
 
 
 # Request bodies -------------------------------------------------------------------------------

@@ -279,3 +279,54 @@ def test_direct_reads_give_what_drf_s_reads_give_field_by_field():
 
     with pytest.raises(AttributeError, match="absent"):
         Required().to_representation(thing)
+
+
+# A page's relations that none of its jobs has rows in are not asked for (core.prefetch).
+
+
+def test_a_page_asks_only_for_the_relations_its_jobs_have_rows_in(client, alice, rate, monkeypatch):
+    """The probe answers as the prefetches would: the same job list and job answers as with
+    every relation prefetched; a page with no models, inputs, uploads, stagings or credits makes
+    none of those queries, and a job that has some gets them."""
+    from django.db.models import prefetch_related_objects
+
+    from jobs import serializers as job_serializers
+    from jobs.models import JobModel
+
+    client.force_login(alice)
+    jobs = team_of(alice, 3, 1)
+    paths = ["/api/jobs/", *[f"/api/jobs/{job.pk}/" for job in jobs]]
+
+    def answers():
+        return [client.get(path).json() for path in paths]
+
+    def tables_read(path):
+        """The tables whose rows the request's queries select (their first column's table)."""
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(path).status_code == 200
+        return {found.group(1) for q in queries if (found := re.match(r'SELECT (?:DISTINCT )?"(\w+)"\.', q["sql"]))}
+
+    sparse = answers()
+    read = tables_read("/api/jobs/")
+    assert not read & {"jobs_jobmodel", "jobs_jobinput", "scheduler_staging", "billing_credit"}, read
+    assert {"scheduler_allocation", "jobs_jobevent"} <= read  # every job has these
+    JobModel.objects.create(job=jobs[0], label="start", files=[{"name": "w.pt", "size": 1, "sha256": "0" * 64}])
+    assert "jobs_jobmodel" in tables_read("/api/jobs/") and "jobs_jobmodel" in tables_read(f"/api/jobs/{jobs[0].pk}/")
+    assert "jobs_jobmodel" not in tables_read(f"/api/jobs/{jobs[1].pk}/")
+    sparse = answers()
+    assert [m["label"] for m in sparse[0]["results"][-1]["models"]] == ["start"]
+
+    monkeypatch.setattr(job_serializers, "prefetch_sparse", prefetch_related_objects)
+    assert answers() == sparse
+
+
+def test_the_probe_reads_sqlite_and_postgres_ids_back_as_the_model_has_them(alice, rate):
+    """having_rows: UUID ids (stored as text on SQLite) come back as the model's own values."""
+    from core.prefetch import having_rows
+    from jobs.models import JobEvent
+
+    job, other = make_job(alice, name="a"), make_job(alice, name="b")
+    JobEvent.objects.filter(job=other).delete()
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=datetime.now(UTC), stream="stdout", text="x")])
+    found, none = having_rows([job, other], [(JobEvent._meta.db_table, "job_id"), (Artifact._meta.db_table, "job_id")])
+    assert found == {job.pk} and none == set()

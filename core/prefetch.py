@@ -1,0 +1,69 @@
+"""Prefetching where most relations are empty: ask once which objects have any rows at all.
+
+A page of 50 jobs prefetches seven relations, and most jobs have nothing in most of them (no
+models, named inputs, stagings or credits). Each prefetch is a query Django builds for the page's
+ids, 1.4-3 ms of CPU even when it finds nothing (issue 24). prefetch_sparse asks one plain SQL
+query which of the objects have rows in each relation, gives the others an empty list at once,
+and prefetches only for those that have some. The answers are the same: a relation's prefetch
+only narrows the rows its table holds for an object, so an object with none there has none.
+"""
+
+from django.db import connections
+from django.db.models import Prefetch, prefetch_related_objects
+from django.db.models.fields.reverse_related import ManyToOneRel
+
+
+def _probed(model, prefetch):
+    """(table, column) holding the objects' ids for a prefetch this module can probe: a list
+    (to_attr) of one reverse foreign key; None for any other."""
+    if not isinstance(prefetch, Prefetch) or not prefetch.to_attr or "__" in prefetch.prefetch_through:
+        return None
+    relation = model._meta.get_field(prefetch.prefetch_through)
+    if not isinstance(relation, ManyToOneRel) or relation.field_name != model._meta.pk.name:
+        return None
+    return relation.related_model._meta.db_table, relation.field.column
+
+
+def having_rows(instances, tables):
+    """For each (table, column): the ids of the instances that have a row there, in one query."""
+    model = type(instances[0])
+    connection = connections[instances[0]._state.db or "default"]
+    pk = model._meta.pk
+    ids = [pk.get_db_prep_value(instance.pk, connection) for instance in instances]
+    quote = connection.ops.quote_name
+    marks = ", ".join(["%s"] * len(ids))
+    sql = " UNION ALL ".join(
+        f"SELECT DISTINCT {n}, {quote(column)} FROM {quote(table)} WHERE {quote(column)} IN ({marks})" for n, (table, column) in enumerate(tables)
+    )
+    found = [set() for _ in tables]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ids * len(tables))
+        for n, value in cursor.fetchall():
+            found[n].add(pk.to_python(value))
+    return found
+
+
+def prefetch_sparse(instances, *prefetches):
+    """prefetch_related_objects(instances, *prefetches), with each probed relation (a Prefetch
+    to a list of a reverse foreign key) prefetched only for the instances that have rows in it;
+    the others get an empty list. Other lookups are prefetched as Django does."""
+    instances = list(instances)
+    if not instances:
+        return
+    model = type(instances[0])
+    probed, plain = [], []
+    for prefetch in prefetches:
+        where = _probed(model, prefetch)
+        (probed if where else plain).append((prefetch, where))
+    if plain:
+        prefetch_related_objects(instances, *(prefetch for prefetch, _ in plain))
+    if not probed:
+        return
+    found = having_rows(instances, [where for _, where in probed])
+    for (prefetch, _), ids in zip(probed, found, strict=True):
+        having = [instance for instance in instances if instance.pk in ids]
+        for instance in instances:
+            if instance.pk not in ids:
+                setattr(instance, prefetch.to_attr, [])
+        if having:
+            prefetch_related_objects(having, prefetch)
