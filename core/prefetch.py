@@ -43,6 +43,17 @@ def having_rows(instances, tables):
     return found
 
 
+def relations_with_rows(instance, names):
+    """Of the instance's reverse foreign keys named, those with rows: one query for them all."""
+    model = type(instance)
+    tables = []
+    for name in names:
+        relation = model._meta.get_field(name)
+        tables.append((relation.related_model._meta.db_table, relation.field.column))
+    found = having_rows([instance], tables)
+    return {name for name, ids in zip(names, found, strict=True) if ids}
+
+
 def prefetch_sparse(instances, *prefetches):
     """prefetch_related_objects(instances, *prefetches), with each probed relation (a Prefetch
     to a list of a reverse foreign key) prefetched only for the instances that have rows in it;

@@ -296,12 +296,13 @@ class Job(models.Model):
         totals = self.credits.aggregate(s=models.Sum("seconds"), a=models.Sum("amount"))
         return totals["s"] or 0, totals["a"] or Decimal(0)
 
-    def meter_event(self, now=None):
-        """The meter as the job page shows it: totals over all allocations, and whether it runs."""
+    def meter_event(self, now=None, allocations=None, credited=None):
+        """The meter as the job page shows it: totals over all allocations, and whether it runs
+        (allocations, credited: as the job's own, where the caller has them)."""
         now = now or timezone.now()
-        allocations = list(self.allocations.all())
+        allocations = list(self.allocations.all() if allocations is None else allocations)
         seconds, amount = self.held(now, allocations)
-        credit_seconds, credit_amount = self.credited()
+        credit_seconds, credit_amount = self.credited() if credited is None else credited
         current = next((a for a in allocations if a.ended_at is None), allocations[-1] if allocations else None)
         return {
             "held_seconds": seconds,

@@ -15,6 +15,7 @@ from rest_framework.exceptions import ValidationError
 from accounts import audit
 from accounts.access import require_team, team_of
 from core.downloads import download_response
+from core.prefetch import relations_with_rows
 from jobs import durations, lineage, metrics, specfile, states, utilization
 from jobs.access import get_artifact, get_job
 from jobs.ceiling import job_ceiling
@@ -199,6 +200,10 @@ def job_estimate(request):
     return render(request, "jobs/_estimate.html", context)
 
 
+# The parts of a job its page reads only when the job has rows in them.
+PAGE_PARTS = ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs")
+
+
 @login_required
 @require_GET
 def job_detail(request, job_id):
@@ -216,6 +221,13 @@ def job_detail(request, job_id):
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
     # As plain rows (what the template reads of them), not events: cheaper to make and to render.
     lines = list(job.events.filter(kind="log", seq__lte=job.last_seq).order_by("-seq").values("seq", "stream", "rank", "text")[:LOG_LINES_ON_PAGE])[::-1]
+    # Its allocations read once; of its other parts, only those it has rows in (most jobs have
+    # no stagings left, credits, models or utilization): an empty query costs as much to make
+    # (every job has its code among its uploads: those are read).
+    allocations = list(job.allocations.select_related("node"))
+    has = relations_with_rows(job, PAGE_PARTS)
+    credits = None if "credits" in has else []
+    artifacts = list(job.artifacts.all()) if "artifacts" in has else []
     context = {
         "job": job,
         "timeline": job.timeline().filter(seq__lte=job.last_seq),
@@ -225,23 +237,23 @@ def job_detail(request, job_id):
         "lines": lines,
         "lines_html": lines_html(lines),
         "earlier_lines": lines and lines[0]["seq"] > 1 and job.events.filter(kind="log", seq__lt=lines[0]["seq"]).exists(),
-        "meter": job.meter_event(),
-        "ceiling": ceiling_of(job),
-        "allocation": job.latest_allocation(),
-        "allocations": job.latest_allocations(),
-        "staging": job.shown_staging(),
-        "artifacts": job.artifacts.all(),
+        "meter": job.meter_event(allocations=allocations, credited=(0, Decimal(0)) if credits == [] else None),
+        "ceiling": job_ceiling(job, credits=credits, allocations=allocations),
+        "allocation": job.latest_allocation(allocations),
+        "allocations": job.latest_allocations(allocations),
+        "staging": job.shown_staging(None if "stagings" in has else []),
+        "artifacts": artifacts,
         "uploads": job.uploads.exclude(role="code"),
         "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,
-        "checkpoints": job_checkpoints(job),
+        "checkpoints": job_checkpoints(job) if "checkpoints" in has else [],
         # The ranks of the lines shown (a run under torchrun), for the filter; live lines add theirs.
         "log_ranks": sorted({line["rank"] for line in lines if line["rank"] is not None}),
         "metrics": chart,
         "metric_rows": metric_rows(chart["summary"]),
     }
-    context.update(lineage_context(job))
-    context.update(utilization_context(job))
+    context.update(lineage_context(job, artifacts=artifacts, models=None if "models" in has else []))
+    context.update(utilization_context(job, runs=None if "utilization_runs" in has else [], allocations=allocations))
     # The cost of the experiment beside its metrics: billed so far (less credits), final once it ended.
     meter_now = context["meter"]
     context["cost"] = Decimal(meter_now["amount"]) - Decimal(meter_now["credit_amount"])
@@ -253,10 +265,11 @@ def ceiling_of(job):
     return job_ceiling(job)
 
 
-def utilization_context(job):
+def utilization_context(job, runs=None, allocations=None):
     """The job's device utilization as the page shows it: charts of every run, the mean and peak
-    per device, and, once it ended, the right-size hints."""
-    runs = list(job.utilization_runs.all())
+    per device, and, once it ended, the right-size hints (runs, allocations: the job's, where the
+    caller has them)."""
+    runs = list(job.utilization_runs.all() if runs is None else runs)
     if not runs:
         return {"utilization": None}
     first = runs[0].started_at
@@ -268,16 +281,16 @@ def utilization_context(job):
             "chart": utilization.chart(drawn),
             "memory_chart": utilization.chart(drawn, memory=True),
             "summary": summary,
-            "hints": right_size_hints(job, summary) if job.is_terminal else [],
+            "hints": right_size_hints(job, summary, allocations) if job.is_terminal else [],
         }
     }
 
 
-def right_size_hints(job, summary):
+def right_size_hints(job, summary, allocations=None):
     """jobs.utilization.right_size for a job that held compute: what it held, for how
     long, and what it paid per device-hour (over all its allocations)."""
     device_seconds, amount, kinds = 0, Decimal(0), set()
-    for allocation in job.allocations.all():
+    for allocation in job.allocations.all() if allocations is None else allocations:
         seconds, charged = allocation.meter()
         device_seconds += allocation.gpus * seconds
         amount += charged
@@ -306,11 +319,12 @@ def previous_right_size(team, name):
     return {"previous_job": previous, "previous_hints": hints} if hints else {}
 
 
-def lineage_context(job):
-    """What the page shows of the models a job starts from or scores, and what can be made of it."""
+def lineage_context(job, artifacts=None, models=None):
+    """What the page shows of the models a job starts from or scores, and what can be made of it
+    (artifacts, models: the job's, where the caller has them)."""
     finished = job.state in (states.SUCCEEDED, states.STOPPED)
-    has_weights = finished and bool(lineage.model_files(job.artifacts.all()))
-    models = list(job.models.all())
+    has_weights = finished and bool(lineage.model_files(job.artifacts.all() if artifacts is None else artifacts))
+    models = list(job.models.all() if models is None else models)
     return {
         "models": models,
         "can_retrain": has_weights and job.kind != Job.KIND_EVALUATE,

@@ -330,3 +330,33 @@ def test_the_probe_reads_sqlite_and_postgres_ids_back_as_the_model_has_them(alic
     JobEvent.append(job.pk, [JobEvent(kind="log", at=datetime.now(UTC), stream="stdout", text="x")])
     found, none = having_rows([job, other], [(JobEvent._meta.db_table, "job_id"), (Artifact._meta.db_table, "job_id")])
     assert found == {job.pk} and none == set()
+
+
+def test_the_job_page_reads_its_allocations_once_and_only_the_parts_the_job_has(client, alice, rate, monkeypatch):
+    """The same page as with every part read; a job without credits, stagings, checkpoints,
+    models or utilization reads none of those tables, and its allocations once."""
+    from jobs import views
+
+    client.force_login(alice)
+    [job] = team_of(alice, 1, 2)
+    Allocation.objects.filter(job=job, ended_at__isnull=True).update(ended_at=datetime.now(UTC), end_reason=Allocation.EXITED)
+    Job.objects.filter(pk=job.pk).update(state="succeeded", finished_at=datetime.now(UTC))
+    path = f"/jobs/{job.pk}/"
+
+    def page():
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(path)
+        assert response.status_code == 200
+        html = re.sub(r'(csrfmiddlewaretoken" value="|CSRFToken": ")[^"]+', r"\\1", response.content.decode())  # a new token each time
+        # Every table a query reads (the probe's union aside)
+        return html, [table for q in queries if not q["sql"].startswith("SELECT DISTINCT 0") for table in re.findall(r'FROM "(\w+)"', q["sql"])]
+
+    html, tables = page()
+    assert tables.count("scheduler_allocation") == 1, tables
+    unread = {"billing_credit", "scheduler_staging", "jobs_checkpoint", "jobs_jobmodel", "jobs_utilization"}
+    assert not unread & set(tables), unread & set(tables)
+    assert "jobs_artifact" in tables and "out/model-1.pt" in html
+    monkeypatch.setattr(views, "relations_with_rows", lambda job, names: set(names))
+    every_part, tables = page()
+    assert unread <= set(tables)
+    assert every_part == html
