@@ -13,15 +13,20 @@ from django.db.models import Prefetch, prefetch_related_objects
 from django.db.models.fields.reverse_related import ManyToOneRel
 
 
-def _probed(model, prefetch):
-    """(table, column) holding the objects' ids for a prefetch this module can probe: a list
-    (to_attr) of one reverse foreign key; None for any other."""
-    if not isinstance(prefetch, Prefetch) or not prefetch.to_attr or "__" in prefetch.prefetch_through:
-        return None
-    relation = model._meta.get_field(prefetch.prefetch_through)
+def _where(model, name):
+    """(table, column) holding the model's ids for its relation `name`: a reverse foreign key to
+    its primary key; None for any other relation."""
+    relation = model._meta.get_field(name)
     if not isinstance(relation, ManyToOneRel) or relation.field_name != model._meta.pk.name:
         return None
     return relation.related_model._meta.db_table, relation.field.column
+
+
+def _probed(model, prefetch):
+    """_where of a prefetch this module can probe: a list (to_attr) of one reverse foreign key."""
+    if not isinstance(prefetch, Prefetch) or not prefetch.to_attr or "__" in prefetch.prefetch_through:
+        return None
+    return _where(model, prefetch.prefetch_through)
 
 
 def having_rows(instances, tables):
@@ -45,12 +50,7 @@ def having_rows(instances, tables):
 
 def relations_with_rows(instance, names):
     """Of the instance's reverse foreign keys named, those with rows: one query for them all."""
-    model = type(instance)
-    tables = []
-    for name in names:
-        relation = model._meta.get_field(name)
-        tables.append((relation.related_model._meta.db_table, relation.field.column))
-    found = having_rows([instance], tables)
+    found = having_rows([instance], [_where(type(instance), name) for name in names])
     return {name for name, ids in zip(names, found, strict=True) if ids}
 
 

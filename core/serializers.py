@@ -76,8 +76,8 @@ class DirectSerializer(s.Serializer):
             if attribute is not None:
                 try:
                     value = getattr(instance, attribute)
-                except Exception:  # noqa: BLE001 - DRF's read below says what it means
-                    value = _UNREAD
+                except Exception:  # noqa: BLE001, S110 - DRF's read below says what it means
+                    pass
                 else:
                     if callable(value):
                         value = _UNREAD

@@ -226,7 +226,7 @@ def job_detail(request, job_id):
     # (every job has its code among its uploads: those are read).
     allocations = list(job.allocations.select_related("node"))
     has = relations_with_rows(job, PAGE_PARTS)
-    credits = None if "credits" in has else []
+    credited = "credits" in has
     artifacts = list(job.artifacts.all()) if "artifacts" in has else []
     context = {
         "job": job,
@@ -237,8 +237,8 @@ def job_detail(request, job_id):
         "lines": lines,
         "lines_html": lines_html(lines),
         "earlier_lines": lines and lines[0]["seq"] > 1 and job.events.filter(kind="log", seq__lt=lines[0]["seq"]).exists(),
-        "meter": job.meter_event(allocations=allocations, credited=(0, Decimal(0)) if credits == [] else None),
-        "ceiling": job_ceiling(job, credits=credits, allocations=allocations),
+        "meter": job.meter_event(allocations=allocations, credited=None if credited else (0, Decimal(0))),
+        "ceiling": job_ceiling(job, credits=None if credited else [], allocations=allocations),
         "allocation": job.latest_allocation(allocations),
         "allocations": job.latest_allocations(allocations),
         "staging": job.shown_staging(None if "stagings" in has else []),
