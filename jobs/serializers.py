@@ -57,12 +57,25 @@ class JobModelSerializer(DirectSerializer):
     files = ModelFileSerializer(many=True)
 
 
-def timeline_entry(event):
+def timeline_entry(seq, at, kind, data):
     """A state change, or a checkpoint or resume, as the job's timeline lists it."""
-    data = event.data or {}
-    if event.kind == "state":
-        return {"seq": event.seq, "at": event.at, "kind": "state", "state": data.get("state"), "from": data.get("from"), "reason": data.get("reason", "")}
-    return {"seq": event.seq, "at": event.at, "kind": event.kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
+    data = data or {}
+    if kind == "state":
+        return {"seq": seq, "at": at, "kind": "state", "state": data.get("state"), "from": data.get("from"), "reason": data.get("reason", "")}
+    return {"seq": seq, "at": at, "kind": kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
+
+
+def read_timelines(jobs):
+    """Each job's timeline (Job.timeline()'s events as timeline_entry shapes them), in one query
+    of plain rows: made into model instances, a page's 150-odd events cost more than the query
+    itself (issue 24)."""
+    entries = {job.pk: [] for job in jobs}
+    if entries:
+        rows = JobEvent.objects.filter(job_id__in=list(entries), kind__in=Job.TIMELINE_KINDS).order_by("seq")
+        for job_id, seq, at, kind, data in rows.values_list("job_id", "seq", "at", "kind", "data"):
+            entries[job_id].append(timeline_entry(seq, at, kind, data))
+    for job in jobs:
+        job.timeline_entries = entries[job.pk]
 
 
 def job_inputs(inputs, uploads):
@@ -82,12 +95,11 @@ def plain(value):
 
 def job_prefetch():
     """What JobFacts reads besides the job's row and its credits: prefetched for a page of jobs
-    (JobSerializer.prefetch), or for one job when it is shown. The timeline: Job.timeline()'s.
+    (JobSerializer.prepare), or for one job when it is shown; the timeline is read_timelines'.
 
     Each as a list (to_attr), in the relation's own order: prefetched into the related managers'
     caches, Django makes a queryset per job and relation, which cost a page of 50 jobs more
     than its queries and its JSON together (issue 24)."""
-    timeline = JobEvent.objects.filter(kind__in=Job.TIMELINE_KINDS).order_by("seq")
     # The scheduler's models, reached through the job's relations (jobs does not import it).
     allocations, stagings = (Job._meta.get_field(name).related_model._default_manager.select_related("node") for name in ("allocations", "stagings"))
     return (
@@ -96,7 +108,6 @@ def job_prefetch():
         Prefetch("inputs", to_attr="shown_inputs"),
         Prefetch("uploads", to_attr="shown_uploads"),
         Prefetch("stagings", stagings, to_attr="shown_stagings"),
-        Prefetch("events", timeline, to_attr="timeline_events"),
     )
 
 
@@ -110,7 +121,8 @@ def as_made(job, made):
     job.shown_models = sorted(made["models"], key=lambda m: m.pk)
     job.shown_inputs = sorted(made["inputs"], key=lambda i: i.name)
     job.shown_uploads = sorted(made["uploads"], key=lambda u: (u.created_at, u.name))
-    job.timeline_events = sorted((e for e in made["events"] if e.kind in Job.TIMELINE_KINDS), key=lambda e: e.seq)
+    timeline = sorted((e for e in made["events"] if e.kind in Job.TIMELINE_KINDS), key=lambda e: e.seq)
+    job.timeline_entries = [timeline_entry(e.seq, e.at, e.kind, e.data) for e in timeline]
     return job
 
 
@@ -125,6 +137,7 @@ class JobFacts(Facts):
         listed = hasattr(job, "credited_amount_total")  # one of a page, from JobSerializer.prefetch
         if not listed:  # one job alone: fetched here
             prefetch_sparse([job], *job_prefetch())
+            read_timelines([job])
         allocations = job.shown_allocations
         if listed:
             credit_seconds, credit_amount = job.credited_seconds_total or 0, job.credited_amount_total or Decimal(0)
@@ -153,7 +166,7 @@ class JobFacts(Facts):
         self.currency = settings.E31_CURRENCY
         self.allocation = job.latest_allocation(allocations)
         self.allocations = job.latest_allocations(allocations)
-        self.timeline = [timeline_entry(e) for e in job.timeline_events]
+        self.timeline = job.timeline_entries
         self.url = absolute_url(request, "jobs:detail", job.pk)
 
 
@@ -256,6 +269,7 @@ class JobSerializer(FactsSerializer):
         a fixed number of queries: the relations none of them has rows in are not asked for."""
         credits = Prefetch("credits", Credit.objects.select_related("usage"), to_attr="shown_credits")
         prefetch_sparse(jobs, *job_prefetch(), credits)
+        read_timelines(jobs)
 
 
 # Request bodies -------------------------------------------------------------------------------

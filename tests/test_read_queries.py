@@ -320,6 +320,28 @@ def test_a_page_asks_only_for_the_relations_its_jobs_have_rows_in(client, alice,
     assert answers() == sparse
 
 
+def test_the_timelines_are_read_as_plain_rows_and_list_what_job_timeline_lists(client, alice, rate, monkeypatch):
+    """A page's timelines (its jobs' state changes, checkpoints and resumes) are read without
+    making an event instance each, and list, in order, what Job.timeline() holds."""
+    from jobs.serializers import timeline_entry
+
+    client.force_login(alice)
+    jobs = team_of(alice, 3, 1)
+    JobEvent.append(jobs[1].pk, [JobEvent(kind="checkpoint", at=datetime.now(UTC), data={"name": "step-2.pt", "step": 2, "text": "kept step-2.pt"})])
+    made = []
+    real_from_db = JobEvent.from_db.__func__
+    monkeypatch.setattr(JobEvent, "from_db", classmethod(lambda cls, *args: made.append(args) or real_from_db(cls, *args)))
+    listed = {job["id"]: job["timeline"] for job in client.get("/api/jobs/").json()["results"]}
+    shown = client.get(f"/api/jobs/{jobs[1].pk}/").json()["timeline"]
+    assert made == []
+    monkeypatch.undo()
+    for job in jobs:
+        expected = [timeline_entry(e.seq, e.at, e.kind, e.data) for e in job.timeline()]
+        assert [{**entry, "at": None} for entry in listed[str(job.pk)]] == [{**entry, "at": None} for entry in expected]
+        assert [datetime.fromisoformat(entry["at"].replace("Z", "+00:00")) for entry in listed[str(job.pk)]] == [e["at"] for e in expected]
+    assert [entry["kind"] for entry in shown][-1] == "checkpoint" and shown == listed[str(jobs[1].pk)]
+
+
 def test_the_probe_reads_sqlite_and_postgres_ids_back_as_the_model_has_them(alice, rate):
     """having_rows: UUID ids (stored as text on SQLite) come back as the model's own values."""
     from core.prefetch import having_rows
