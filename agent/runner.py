@@ -214,6 +214,9 @@ class Runner:
         self.env_root = self.cache.root.with_name(self.cache.root.name + ".envs")
         self._published_envs = set()
         self.disk_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disk")
+        # Set when a job's process exits or its output ends: the loop's wait for its next turn
+        # ends then, and the job is finished at once rather than up to a turn later.
+        self.wake = threading.Event()
 
     @cached_property
     def envs(self):
@@ -489,6 +492,7 @@ class Runner:
             ranked=torchrun,
             sandbox=sandbox,
             disk_pool=self.disk_pool,
+            wake=self.wake,
         )
         running.linked = linked  # the cache's files the job saw: checked when it ends
         running.env_pin = env_pin
@@ -836,7 +840,8 @@ class Runner:
                     busy = False
                     time.sleep(1)
                 if not busy:
-                    time.sleep(interval)
+                    self.wake.wait(interval)
+                self.wake.clear()  # before the next step, which sees whatever set it
         finally:
             self.stop_all()
             self.stop_heartbeats()

@@ -63,10 +63,12 @@ class OutputReader:
     """Reads a process's stdout and stderr line by line on two threads into one queue.
 
     ranked: the process is torchrun, which marks each worker's line "[rankN]:"; the mark is
-    taken off and kept as the line's rank."""
+    taken off and kept as the line's rank. wake: an Event set when a pipe has been read to its end
+    (the runner's loop, waiting for its next turn, then finishes the job at once)."""
 
-    def __init__(self, process, max_line_bytes, ranked=False):
+    def __init__(self, process, max_line_bytes, ranked=False, wake=None):
         self.ranked = ranked
+        self.wake = wake
         self.lines = queue.Queue(maxsize=QUEUE_LINES)
         self.threads = [
             threading.Thread(target=self._read, args=(pipe, name, max_line_bytes), daemon=True)
@@ -87,6 +89,8 @@ class OutputReader:
                 self.lines.put((stream, timezone.now(), text, rank))
         finally:
             pipe.close()
+            if self.wake is not None:
+                self.wake.set()
 
     def drain(self, limit):
         batch = []
@@ -109,18 +113,22 @@ class OutputReader:
 
 
 class ExitClock:
-    """When a process exited, to the moment: a thread waits on it. The runner's loop only
-    notices an exit at its next turn (up to a tenth of a second later), and the meter stops at
-    the exit, not at the moment the runner noticed it."""
+    """When a process exited, to the moment: a thread waits on it, and the meter stops at the
+    exit, not at the moment the runner's loop noticed it. wake: an Event set at the exit, which
+    ends the loop's wait for its next turn (on a cluster engine the meter runs until the agent
+    is done with the job: a tenth of a second slept through there was billed)."""
 
-    def __init__(self, process):
+    def __init__(self, process, wake=None):
         self.process = process
+        self.wake = wake
         self.stamp = None  # (datetime, monotonic) just after the process was reaped
         threading.Thread(target=self._wait, daemon=True, name=f"exit-{process.pid}").start()
 
     def _wait(self):
         self.process.wait()
         self.stamp = (timezone.now(), time.monotonic())
+        if self.wake is not None:
+            self.wake.set()
 
     def exited(self):
         """(datetime, monotonic) of the exit, or None while it runs. An exit reaped by another
@@ -171,7 +179,7 @@ def parse_metric_line(raw, now):
 class RunningJob:
     held_until_done = False  # on a cluster engine: the meter stops when the agent is done (finish)
 
-    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None):
+    def __init__(self, allocation, process, dirs, max_line_bytes, keeper=None, watch=None, ranked=False, sandbox=None, disk_pool=None, wake=None):
         self.linked = set()  # digests of the cache's files hard-linked into its folder
         self.group = None  # the process group of the job inside its sandbox (found when first signalled)
         self.env_pin = None  # holds its environment against eviction while it runs (EnvironmentCache.pin)
@@ -189,8 +197,8 @@ class RunningJob:
         self.metrics_pos = 0
         self.metrics_rest = b""
         self.bad_metric_lines = 0
-        self.reader = OutputReader(process, max_line_bytes, ranked=ranked)
-        self.exit_clock = ExitClock(process)
+        self.reader = OutputReader(process, max_line_bytes, ranked=ranked, wake=wake)
+        self.exit_clock = ExitClock(process, wake=wake)
         self.stop = None
         self.smoke = False  # a script's smoke run: reaching its limit is a pass
         self.exited_at = None

@@ -55,6 +55,30 @@ def log_lines(job):
     return list(job.events.filter(kind="log").order_by("seq").values_list("stream", "text"))
 
 
+def test_the_loop_finishes_a_job_when_it_ends_not_at_its_next_turn(runner, alice, rate):
+    """Runner.run waits for its next turn on an event that a job's exit and the end of its output
+    set: with a turn of ten minutes, a job that ends a second after the loop went to sleep is
+    finished at once (on a cluster engine the meter runs until the agent is done with it)."""
+    import threading
+
+    job = make_job(alice, script=b"import time\ntime.sleep(1)\nprint('done')\n")
+    run_until(runner, lambda: bool(runner.running))
+    loop = threading.Thread(target=runner.run, kwargs={"interval": 600}, daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not Job.objects.get(pk=job.pk).is_terminal:
+            time.sleep(0.1)
+        job.refresh_from_db()
+        assert job.state == "succeeded", job.state
+        assert log_lines(job) == [("stdout", "done")]
+    finally:
+        runner.shutdown = True
+        runner.wake.set()
+        loop.join(30)
+    assert not loop.is_alive()
+
+
 def test_a_job_runs_and_everything_is_kept(runner, alice, rate):
     script = b"""
 import os, sys
