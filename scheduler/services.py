@@ -145,6 +145,9 @@ def line_up(now=None):
     node is staged on enough nodes to hold it together. A job whose nodes are all busy while
     another node that could run it has its devices spare is staged there too
     (policy.choose_another_staging_node): it starts on whichever is ready first."""
+    queued = list(Job.objects.filter(state=states.QUEUED).order_by("created_at"))
+    if not queued:
+        return []  # an idle cycle: nothing to stage, no node read
     engine_nodes = {str(pk) for pk in Node.objects.live(now).exclude(executor="").values_list("pk", flat=True)}
     nodes = [n for n in node_states(now) if n.id not in engine_nodes]  # an engine's: staged by our agent when it starts
     if not nodes:
@@ -176,7 +179,7 @@ def line_up(now=None):
             for row in CachedBlob.objects.filter(sha256__in=digests, node_id__in=live_ids).values("node_id").annotate(total=Sum("size"))
         }
 
-    for job in Job.objects.filter(state=states.QUEUED).order_by("created_at"):
+    for job in queued:
         already = staging_on.get(job.pk, set())
         wanted = policy.QueuedJob(id=str(job.pk), gpus=job.gpus, submitted_at=job.created_at, gpu_type=job.gpu_type)
         if already and job.gpus <= largest:
@@ -283,7 +286,10 @@ def schedule(now=None):
     deadlines that can no longer be met, and tell the rest why they wait."""
     given, now = now, now or timezone.now()
     lineage.settle_smoke_runs()
-    queue, nodes = queued_jobs(now), node_states(now)
+    queue = queued_jobs(now)
+    if not queue:
+        return []  # an idle cycle: nothing to place, preempt for, or flag
+    nodes = node_states(now)
     # A job whose worst case alone would overrun its team's budget is not planned at all: it
     # must not hold devices back from, or preempt, jobs that can start.
     over_budget = budget_holds([(q.id, None) for q in queue], now, cumulative=False)

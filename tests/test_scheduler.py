@@ -197,3 +197,23 @@ def test_the_scheduler_gives_up_dataset_uploads_left_for_days(alice):
     call_command("scheduler", "--once")
     upload.refresh_from_db()
     assert upload.state == "aborted"
+
+
+def test_an_idle_cycle_reads_the_queue_and_nothing_more(alice, rate, node):
+    """With nothing queued, lining up and scheduling read whether anything waits (and settle
+    smoke runs), not the nodes, the running allocations, the teams' usage or their shares: the
+    scheduler runs this every second however quiet the network is. A queued job is still placed."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert services.line_up() == [] and services.schedule() == []
+    # The tables the queries select rows of (their first column's)
+    tables = {found.group(1) for q in queries if (found := re.match(r'SELECT (?:DISTINCT )?"(\w+)"\.', q["sql"]))}
+    assert not tables & {"scheduler_allocation", "billing_usagerecord", "accounts_team"}, tables
+    assert len(queries) <= 6, [q["sql"][:120] for q in queries]
+    job = make_job(alice)
+    [allocation] = schedule_now()
+    assert allocation.job_id == job.pk
