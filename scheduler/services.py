@@ -145,9 +145,11 @@ def line_up(now=None):
     node is staged on enough nodes to hold it together. A job whose nodes are all busy while
     another node that could run it has its devices spare is staged there too
     (policy.choose_another_staging_node): it starts on whichever is ready first."""
-    queued = list(Job.objects.filter(state=states.QUEUED).order_by("created_at"))
-    if not queued:
-        return []  # an idle cycle: nothing to stage, no node read
+    # An idle cycle reads no node; the queue's rows are read only where a node could take their
+    # data (never on a cluster engine's nodes alone, however long the queue).
+    queued = Job.objects.filter(state=states.QUEUED).order_by("created_at")
+    if not queued.exists():
+        return []
     engine_nodes = {str(pk) for pk in Node.objects.live(now).exclude(executor="").values_list("pk", flat=True)}
     nodes = [n for n in node_states(now) if n.id not in engine_nodes]  # an engine's: staged by our agent when it starts
     if not nodes:

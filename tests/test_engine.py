@@ -349,6 +349,22 @@ def test_a_node_the_engine_runs_is_not_staged_on_beforehand(alice, rate):
     assert queued.staged_on == frozenset({str(Node.objects.get().pk)})
 
 
+def test_lining_up_on_an_engines_nodes_alone_never_reads_the_queues_rows(alice, rate):
+    """Nothing is staged beforehand on an engine's nodes: however long the queue, lining up
+    asks only whether anything waits, and reads no job row, every cycle."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    engine.sync_nodes(Engine(info("n1", devices=4, free=4)))
+    for n in range(3):
+        make_job(alice, name=f"waits-{n}", gpus=1)
+    with CaptureQueriesContext(connection) as queries:
+        assert services.line_up() == []
+    assert not [q["sql"] for q in queries if re.match(r'SELECT (?:DISTINCT )?"jobs_job"\.', q["sql"])]
+
+
 def test_where_the_engine_keeps_accounting_the_meter_is_reconciled_with_its_record(placed):
     fake, job, allocation, handle = placed
     started = allocation.started_at + timedelta(seconds=2)
