@@ -263,7 +263,8 @@ REST_FRAMEWORK = {
     ],
     # A team endpoint refuses a user on no team (a staff operator's token) with a 403 and why.
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "accounts.permissions.OnATeam"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # DRF's JSON, written by orjson (core/renderers.py).
+    "DEFAULT_RENDERER_CLASSES": ["core.renderers.FastJSONRenderer"],
     # JSON bodies read with a depth limit: nested past the stack is a 400, not a 500.
     "DEFAULT_PARSER_CLASSES": [
         "core.parsers.BoundedJSONParser",
