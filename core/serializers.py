@@ -14,7 +14,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, inline_serializer
 from rest_framework import serializers as s
 from rest_framework.fields import Field, SkipField
-from rest_framework.relations import PKOnlyObject
+from rest_framework.relations import ManyRelatedField, PKOnlyObject, RelatedField
 
 
 def absolute_url(request, viewname, pk):
@@ -53,18 +53,25 @@ class DirectSerializer(s.Serializer):
     callable (DRF calls it or not), an attribute that is missing or raises (DRF's default, None,
     skip or error), any field with a source path or a read of its own, and any Mapping instance."""
 
+    # True: the class's fields are made once, not per serializer (see _reads). DRF deep-copies
+    # every declared field for each serializer made, a serializer per request: 1.2 ms of a job
+    # list's CPU (issue 24). Only where no field reads the serializer's context (its request),
+    # which _reads checks.
+    shared_fields = False
+
     def _reads(self):
         """(name, attribute, field) of each readable field; attribute None: read DRF's way."""
         reads = self.__dict__.get("_direct_reads")
         if reads is None:
-            reads = self.__dict__["_direct_reads"] = [
-                (
-                    field.field_name,
-                    field.source_attrs[0] if type(field).get_attribute is Field.get_attribute and len(field.source_attrs) == 1 else None,
-                    field,
-                )
-                for field in self._readable_fields
-            ]
+            cls = type(self)
+            if not cls.shared_fields:
+                reads = _reads_of(self)
+            elif (reads := cls.__dict__.get("_shared_reads")) is None:
+                reads = _reads_of(cls())  # fields bound to a serializer with no context
+                if unfit := [name for name, _, field in reads if not _context_free(field)]:
+                    raise TypeError(f"{cls.__name__}.shared_fields: {', '.join(unfit)} may read the context")
+                cls._shared_reads = reads
+            self.__dict__["_direct_reads"] = reads
         return reads
 
     def to_representation(self, instance):
@@ -92,6 +99,27 @@ class DirectSerializer(s.Serializer):
 
 
 _UNREAD = object()
+
+
+def _reads_of(serializer):
+    return [
+        (
+            field.field_name,
+            field.source_attrs[0] if type(field).get_attribute is Field.get_attribute and len(field.source_attrs) == 1 else None,
+            field,
+        )
+        for field in serializer._readable_fields
+    ]
+
+
+def _context_free(field):
+    """Whether a field writes its value without the serializer's context: a plain field, or a
+    DirectSerializer (one of FactsSerializer's reads the request), or a list of either."""
+    if isinstance(field, s.ListSerializer):
+        return _context_free(field.child)
+    if isinstance(field, s.BaseSerializer):
+        return isinstance(field, DirectSerializer) and not isinstance(field, FactsSerializer)
+    return not isinstance(field, s.SerializerMethodField | RelatedField | ManyRelatedField)
 
 
 class Facts:

@@ -33,6 +33,7 @@ from jobs.models import Job, JobEvent, Upload
 
 
 class AllocationSerializer(DirectSerializer):
+    shared_fields = True
     node = s.CharField(source="node.name")
     devices = s.JSONField()
     device_type = s.CharField(allow_blank=True)
@@ -45,12 +46,14 @@ class AllocationSerializer(DirectSerializer):
 
 
 class ModelFileSerializer(DirectSerializer):
+    shared_fields = True
     name = s.CharField()
     size = s.IntegerField()
     sha256 = s.CharField()
 
 
 class JobModelSerializer(DirectSerializer):
+    shared_fields = True
     label = s.CharField(help_text="Its folder in the job (model/<label>/): start, a fine-tuning's starting weights; an evaluation's new, previous ...")
     source_job = s.UUIDField(source="source_job_id", allow_null=True, help_text="The job whose output these weights are; null: uploaded.")
     description = s.CharField(allow_blank=True)
@@ -172,6 +175,7 @@ class JobFacts(Facts):
 
 class JobSerializer(FactsSerializer):
     facts_class = JobFacts
+    shared_fields = True
 
     id = s.UUIDField()
     name = s.CharField(allow_blank=True)

@@ -281,6 +281,43 @@ def test_direct_reads_give_what_drf_s_reads_give_field_by_field():
         Required().to_representation(thing)
 
 
+def test_the_job_serializers_fields_are_made_once_not_per_request(client, alice, rate, monkeypatch):
+    """DRF deep-copies a serializer's declared fields for each serializer made (one a request);
+    shared_fields makes them once per class. A second job list and job copy no field."""
+    import copy
+
+    from rest_framework import serializers as s
+
+    from core.serializers import DirectSerializer, FactsSerializer
+    from jobs.serializers import JobSerializer
+
+    client.force_login(alice)
+    jobs = team_of(alice, 3, 2)
+    assert client.get("/api/jobs/").status_code == client.get(f"/api/jobs/{jobs[0].pk}/").status_code == 200
+    copies, deepcopy = [], copy.deepcopy
+
+    def counted(value, *args):
+        if isinstance(value, s.Field) or (isinstance(value, dict) and any(isinstance(v, s.Field) for v in value.values())):
+            copies.append(value)
+        return deepcopy(value, *args)
+
+    monkeypatch.setattr(copy, "deepcopy", counted)
+    listed, shown = client.get("/api/jobs/"), client.get(f"/api/jobs/{jobs[0].pk}/")
+    assert listed.json()["results"][0]["allocations"] and shown.json()["allocation"]
+    assert copies == []
+    assert JobSerializer(context={"request": 1})._reads() is JobSerializer(context={"request": 2})._reads()
+
+    class Nested(FactsSerializer):
+        name = s.CharField()
+
+    class Unfit(DirectSerializer):  # a FactsSerializer inside reads the request from the context
+        shared_fields = True
+        inner = Nested(many=True)
+
+    with pytest.raises(TypeError, match="Unfit.shared_fields: inner may read the context"):
+        Unfit().to_representation(Thing())
+
+
 # A page's relations that none of its jobs has rows in are not asked for (core.prefetch).
 
 
