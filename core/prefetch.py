@@ -36,13 +36,18 @@ def having_rows(instances, tables):
     pk = model._meta.pk
     ids = [pk.get_db_prep_value(instance.pk, connection) for instance in instances]
     quote = connection.ops.quote_name
-    marks = ", ".join(["%s"] * len(ids))
+    if connection.vendor == "postgresql":
+        # The ids as one array: psycopg parses a statement of more than 50 parameters anew each
+        # time (a page's 50 ids in six relations: 300), 0.5 ms of the job list (issue 24).
+        within, params = "= ANY(%s)", [ids] * len(tables)
+    else:
+        within, params = f"IN ({', '.join(['%s'] * len(ids))})", ids * len(tables)
     sql = " UNION ALL ".join(
-        f"SELECT DISTINCT {n}, {quote(column)} FROM {quote(table)} WHERE {quote(column)} IN ({marks})" for n, (table, column) in enumerate(tables)
+        f"SELECT DISTINCT {n}, {quote(column)} FROM {quote(table)} WHERE {quote(column)} {within}" for n, (table, column) in enumerate(tables)
     )
     found = [set() for _ in tables]
     with connection.cursor() as cursor:
-        cursor.execute(sql, ids * len(tables))
+        cursor.execute(sql, params)
         for n, value in cursor.fetchall():
             found[n].add(pk.to_python(value))
     return found

@@ -357,6 +357,19 @@ def test_a_page_asks_only_for_the_relations_its_jobs_have_rows_in(client, alice,
     assert answers() == sparse
 
 
+def test_the_probe_passes_a_pages_ids_as_one_array_on_postgresql(client, alice, rate):
+    """psycopg parses a statement of over 50 parameters anew each time: on PostgreSQL the probe
+    passes a page's ids as one array per relation, whatever the page's size."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no arrays: the probe lists the ids")
+    client.force_login(alice)
+    team_of(alice, 12, 1)
+    with CaptureQueriesContext(connection) as captured:
+        assert len(client.get("/api/jobs/").json()["results"]) == 12
+    probes = [q["sql"] for q in captured.captured_queries if "UNION ALL" in q["sql"]]
+    assert len(probes) == 1 and "= ANY(" in probes[0] and " IN (" not in probes[0]
+
+
 def test_the_timelines_are_read_as_plain_rows_and_list_what_job_timeline_lists(client, alice, rate, monkeypatch):
     """A page's timelines (its jobs' state changes, checkpoints and resumes) are read without
     making an event instance each, and list, in order, what Job.timeline() holds."""
