@@ -39,13 +39,13 @@ def month_records(team, year, month):
     credits = {}
     for usage_id, seconds, amount, reason in Credit.objects.filter(usage__in=records.values("pk")).values_list("usage_id", "seconds", "amount", "reason"):
         credits.setdefault(usage_id, []).append((seconds, amount, reason))
-    out = []
+    out, none = [], (0, Decimal(0), "")  # most records have no credit
     for pk, job_id, job_name, *rest in records.values_list(*fields):
-        given = credits.get(pk, ())
-        seconds = sum(c[0] for c in given)
-        amount = sum((c[1] for c in given), Decimal(0))
-        reason = "; ".join(dict.fromkeys(c[2] for c in given if c[2]))
-        out.append(Record(str(job_id), job_name, *rest, seconds, amount, reason))
+        given = credits.get(pk)
+        credited = (
+            none if given is None else (sum(c[0] for c in given), sum((c[1] for c in given), Decimal(0)), "; ".join(dict.fromkeys(c[2] for c in given if c[2])))
+        )
+        out.append(Record(str(job_id), job_name, *rest, *credited))
     return out
 
 
