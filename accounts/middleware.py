@@ -11,11 +11,11 @@ from accounts.access import membership_of
 class UserTimeZoneMiddleware:
     """Times a user enters (a deadline) and sees are in their own time zone, as they set it.
 
-    Async as well as sync, like Django's own middleware around it: a sync-only middleware in
-    daphne's async chain runs the rest of the chain in a thread and comes back to the event loop
-    before the view, which goes to a thread again. Under ASGI only a request with a session
-    cookie can name a user here (an API token is read by the view, which activates its user's
-    zone itself: jobs/api.py), so the others need no thread, and no query, at all."""
+    Sync in the web worker, whose chain runs in the request's one thread (e31web.handler); async
+    as well, for Django's own ASGI handler, where a sync-only middleware would run the rest of
+    the chain in a thread and come back to the event loop before the view. There only a request
+    with a session cookie can name a user here (an API token is read by the view, which
+    activates its user's zone itself: jobs/api.py), so the others need no thread at all."""
 
     sync_capable = True
     async_capable = True

@@ -1,14 +1,14 @@
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "e31web.settings")
 # The web server keeps its PostgreSQL connections in a pool (e31web/settings.py, E31_DB_POOL):
 # room for the E31_WEB_CONCURRENCY (16) requests let in at once, the websockets' reads and the
 # live hub's kept connection. Only the connections in use are open, and idle ones close in time.
 os.environ.setdefault("E31_DB_POOL", "32")
-django_asgi_app = get_asgi_application()
+from e31web.handler import application as django_application  # noqa: E402
+
+django_asgi_app = django_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402

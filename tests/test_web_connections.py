@@ -3,6 +3,7 @@ threads it crosses. Under daphne each request ran in a thread and context of its
 opened a PostgreSQL connection and a Redis connection and hung both up, and two sync-only
 middlewares sent it between the event loop and a thread twice more than needed."""
 
+import asyncio
 import contextvars
 import json
 import logging
@@ -111,6 +112,60 @@ def test_under_asgi_no_middleware_sends_the_request_to_a_thread_before_its_view(
         BaseHandler().load_middleware(is_async=True)
     adapted = [r.getMessage() for r in caplog.records if "adapted" in r.getMessage()]
     assert adapted == [], adapted
+
+
+def _served(app, path):
+    """(status, headers) of a GET of path through an ASGI app, on a thread of its own (a
+    browser test's session-wide loop may be this thread's running loop)."""
+    sent, received = [], []
+
+    async def receive():
+        if received:  # the client stays until it is answered
+            await asyncio.Event().wait()
+        received.append(True)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": [(b"host", b"testserver")], "server": ("testserver", 80)}
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(async_to_sync(app), scope, receive, send).result()
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], [(k.decode().lower(), v.decode()) for k, v in start["headers"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_daphne_a_request_goes_to_a_thread_once_not_per_middleware_method(monkeypatch):
+    """e31web.handler: the chain is built sync and run in one sync_to_async. Django's own ASGI
+    handler has MiddlewareMixin send each process_request and process_response to a thread."""
+    from django.core.handlers.asgi import ASGIHandler
+    from django.utils import deprecation
+
+    from e31web import handler
+
+    hops = {"middleware": 0, "handler": 0}
+
+    def counting(module, key):
+        real = module.sync_to_async
+
+        def counted(*args, **kwargs):
+            hops[key] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "sync_to_async", counted)
+
+    counting(deprecation, "middleware")
+    counting(handler, "handler")
+    status, headers = _served(handler.OneHopASGIHandler(), "/accounts/login/")
+    assert status == 200 and hops == {"middleware": 0, "handler": 1}
+    # Every layer ran: the clickjacking, security and CSRF middleware's marks are on the answer.
+    assert ("x-frame-options", "DENY") in headers and ("x-content-type-options", "nosniff") in headers
+    assert any(k == "set-cookie" and v.startswith("csrftoken=") for k, v in headers)
+    assert _served(ASGIHandler(), "/accounts/login/")[0] == 200 and hops["middleware"] >= 10
+    from e31web import asgi  # the web worker's
+
+    assert isinstance(asgi.django_asgi_app, handler.OneHopASGIHandler)
 
 
 def _asgi_chain(middleware, seen):
