@@ -124,9 +124,14 @@ def _context_free(field):
 
 class Facts:
     """An object as a serializer reads it: its own attributes, and the API's figures about it
-    (set in a subclass's __init__), which take precedence."""
+    (set in a subclass's __init__), which take precedence.
+
+    The object's own values (a model's fields) are copied in, so a serializer reads each with
+    one lookup: through __getattr__, a page of 50 jobs read 2,300 of them at 0.5 us each (issue
+    24). What the object has beyond its values (a property, a method) is still read from it."""
 
     def __init__(self, obj):
+        self.__dict__.update(getattr(obj, "__dict__", ()))
         self.obj = obj
 
     def __getattr__(self, name):  # only for what the facts do not have themselves

@@ -197,6 +197,20 @@ def test_the_job_list_and_details_answer_as_drf_s_own_reads_would(client, alice,
     assert direct[0]["results"] and direct[1]["allocations"]
 
 
+def test_a_jobs_own_values_are_read_from_its_facts_not_through_getattr(client, alice, rate, monkeypatch):
+    """Facts copy the object's values in: a serializer reads a job's fields with one lookup
+    each, and __getattr__ reaches the job only for what is not a value (a property)."""
+    from core.serializers import Facts
+
+    client.force_login(alice)
+    team_of(alice, 3, 1)
+    asked, real = [], Facts.__getattr__
+    monkeypatch.setattr(Facts, "__getattr__", lambda facts, name: asked.append(name) or real(facts, name))
+    assert len(client.get("/api/jobs/").json()["results"]) == 3
+    fields = {f.attname for f in Job._meta.concrete_fields}
+    assert not fields & set(asked), sorted(fields & set(asked))
+
+
 class Thing:
     plain = "a"
     none = None
