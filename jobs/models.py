@@ -292,9 +292,11 @@ class Job(models.Model):
         return seconds, amount
 
     def credited(self):
-        """(seconds, amount) credited for time lost through the network's fault."""
-        totals = self.credits.aggregate(s=models.Sum("seconds"), a=models.Sum("amount"))
-        return totals["s"] or 0, totals["a"] or Decimal(0)
+        """(seconds, amount) credited for time lost through the network's fault: the credits
+        added up here, as a page of jobs adds up its own (jobs.serializers), to the amount's 8
+        places on every database (SQLite's SUM of decimals is a float's 15)."""
+        credits = list(self.credits.values_list("seconds", "amount"))
+        return sum(seconds for seconds, _ in credits), sum((amount for _, amount in credits), Decimal(0))
 
     def meter_event(self, now=None, allocations=None, credited=None):
         """The meter as the job page shows it: totals over all allocations, and whether it runs

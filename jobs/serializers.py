@@ -8,9 +8,9 @@ once per object. The fields' classes type the schema; their values are the model
 are (a string, a number, a list), except that times go out as stored (UTC) and the JSON renderer
 writes them ("2026-11-03T10:30:00Z"), whatever time zone the request activated (Moment).
 
-Lists: JobSerializer.prefetch(queryset) and prepare(page) fetch what a page of jobs shows in at
-most a fixed number of queries, however many jobs it holds (tests/test_api_shapes.py counts them);
-one job alone is completed the same way when it is shown.
+Lists: JobSerializer.prepare(page) fetches what a page of jobs shows in at most a fixed number of
+queries, however many jobs it holds (tests/test_api_shapes.py counts them); one job alone is
+completed the same way when it is shown.
 
 Also here: the request bodies of the views that answer these shapes.
 """
@@ -18,7 +18,7 @@ Also here: the request bodies of the views that answer these shapes.
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import OuterRef, Prefetch, Subquery, Sum
+from django.db.models import Prefetch
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
@@ -129,21 +129,16 @@ def as_made(job, made):
     return job
 
 
-def credit_sum(field):
-    """The sum of the job's credits' field, as the database adds it up (Job.credited)."""
-    return Subquery(Credit.objects.filter(job=OuterRef("pk")).order_by().values("job").annotate(total=Sum(field)).values("total"))
-
-
 class JobFacts(Facts):
     def __init__(self, job, request):
         super().__init__(job)
-        listed = hasattr(job, "credited_amount_total")  # one of a page, from JobSerializer.prefetch
+        listed = hasattr(job, "credited_amount_total")  # one of a page, from JobSerializer.prepare
         if not listed:  # one job alone: fetched here
             prefetch_sparse([job], *job_prefetch())
             read_timelines([job])
         allocations = job.shown_allocations
         if listed:
-            credit_seconds, credit_amount = job.credited_seconds_total or 0, job.credited_amount_total or Decimal(0)
+            credit_seconds, credit_amount = job.credited_seconds_total, job.credited_amount_total
             ceiling = job_ceiling(job, credits=job.shown_credits, allocations=allocations)
         else:
             credit_seconds, credit_amount = job.credited()
@@ -263,17 +258,17 @@ class JobSerializer(FactsSerializer):
     url = s.URLField()
 
     @staticmethod
-    def prefetch(queryset):
-        """A queryset of jobs with their credits' sums; prepare() completes a page of them."""
-        return queryset.annotate(credited_seconds_total=credit_sum("seconds"), credited_amount_total=credit_sum("amount"))
-
-    @staticmethod
     def prepare(jobs):
-        """A page of jobs (from prefetch's queryset) with what the serializer reads, in at most
-        a fixed number of queries: the relations none of them has rows in are not asked for."""
+        """A page of jobs with what the serializer reads, in at most a fixed number of queries:
+        the relations none of them has rows in are not asked for. Their credits' sums are the
+        credits' own, added up here: most jobs have none, and two sums in the page's query cost
+        it two subqueries a job (issue 24)."""
         credits = Prefetch("credits", Credit.objects.select_related("usage"), to_attr="shown_credits")
         prefetch_sparse(jobs, *job_prefetch(), credits)
         read_timelines(jobs)
+        for job in jobs:
+            job.credited_seconds_total = sum(credit.seconds for credit in job.shown_credits)
+            job.credited_amount_total = sum((credit.amount for credit in job.shown_credits), Decimal(0))
 
 
 # Request bodies -------------------------------------------------------------------------------

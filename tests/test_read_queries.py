@@ -211,6 +211,25 @@ def test_a_jobs_own_values_are_read_from_its_facts_not_through_getattr(client, a
     assert not fields & set(asked), sorted(fields & set(asked))
 
 
+def test_a_pages_credits_are_added_up_from_its_credits_not_in_its_query(client, alice, rate):
+    """The page's query reads the jobs alone; a job with credits gets them, summed, from its
+    credits' rows (to the amount's 8 places), and the others none."""
+    from billing.models import Credit, UsageRecord
+
+    client.force_login(alice)
+    jobs = team_of(alice, 3, 1)
+    usage = UsageRecord.objects.filter(job=jobs[1]).first()
+    for seconds, amount in ((600, "0.4"), (30, "0.02")):
+        Credit.objects.create(team=jobs[1].team, job=jobs[1], usage=usage, seconds=seconds, amount=Decimal(amount), reason="node lost", period=usage.period)
+    with CaptureQueriesContext(connection) as captured:
+        listed = {j["id"]: j for j in client.get("/api/jobs/").json()["results"]}
+    page = [q["sql"] for q in captured.captured_queries if q["sql"].startswith('SELECT "jobs_job"."id"')]
+    assert len(page) == 1 and "billing_credit" not in page[0]
+    assert (listed[str(jobs[1].pk)]["credited_seconds"], listed[str(jobs[1].pk)]["credited"]) == (630, "0.42000000")
+    assert (listed[str(jobs[0].pk)]["credited_seconds"], listed[str(jobs[0].pk)]["credited"]) == (0, "0")
+    assert client.get(f"/api/jobs/{jobs[1].pk}/").json()["credited"] == "0.42000000"  # one job alone: the same
+
+
 class Thing:
     plain = "a"
     none = None
