@@ -160,7 +160,8 @@ def read_spec(request, field="spec"):
 
 def job_form(request, team, spec, form_class=None):
     """The job form over a spec and the files sent with it: (data, new uploads, form)."""
-    data = spec_form_data(spec, team, pin=True)
+    resolved = []  # the dataset versions the spec names: the form takes them unread
+    data = spec_form_data(spec, team, pin=True, resolved=resolved)
     missing = {}
     for file_field, paths in spec.files.items():
         if not request.FILES.getlist(file_field):
@@ -179,7 +180,7 @@ def job_form(request, team, spec, form_class=None):
     if folder_ref:  # or a folder uploaded ahead, by its id (POST /api/folders/), as from the form
         data = {**data, FOLDER_UPLOAD: str(folder_ref)}
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
-    form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors)
+    form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors, known=[*created, *resolved])
     return data, created, form
 
 

@@ -83,6 +83,17 @@ class MultipleFileInput(forms.ClearableFileInput):
     allow_multiple_selected = True
 
 
+class KnownChoiceField(forms.ModelChoiceField):
+    """A ModelChoiceField that takes an object the request already holds without reading it
+    again: one that the form's own checks made sure of (JobForm's `known`), by its id."""
+
+    known: dict[str, object] = {}
+
+    def to_python(self, value):
+        found = self.known.get(str(value)) if value not in self.empty_values else None
+        return found if found is not None else super().to_python(value)
+
+
 class DateTimeLocalInput(forms.DateTimeInput):
     input_type = "datetime-local"
 
@@ -410,7 +421,7 @@ class JobForm(WorkTextFields, RequestForm):
         "a script runs a few minutes on 1% of each input, with E31_SMOKE=1, and passes if it has not failed by then. The full run starts only if it passes.",
     )
     code = forms.FileField(required=False, label="Training script or archive", help_text="A .py script, or a .zip / .tar.gz archive; or a folder, below.")
-    kept_code = forms.ModelChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.HiddenInput)
+    kept_code = KnownChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.HiddenInput)
     # Chosen or dropped in the browser, its files sent with their paths (static/js/folder.js)
     # and packed into a zip by keep_uploads: the page shows it only where JavaScript runs.
     code_folder = forms.FileField(
@@ -477,12 +488,12 @@ class JobForm(WorkTextFields, RequestForm):
     )
 
     # Data
-    train_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Training dataset", help_text="Its latest version is used.")
-    train_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
+    train_dataset = KnownChoiceField(queryset=Dataset.objects.none(), required=False, label="Training dataset", help_text="Its latest version is used.")
+    train_version = KnownChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     data = forms.FileField(required=False, widget=MultipleFileInput, label="Training files")
     kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
-    heldout_dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Held-out dataset")
-    heldout_version = forms.ModelChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
+    heldout_dataset = KnownChoiceField(queryset=Dataset.objects.none(), required=False, label="Held-out dataset")
+    heldout_version = KnownChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
     kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     kept_inputs = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
@@ -559,7 +570,10 @@ class JobForm(WorkTextFields, RequestForm):
         "A run across several nodes always has the network, to reach its peers.",
     )
 
-    def __init__(self, *args, team, upload_errors=None, **kwargs):
+    def __init__(self, *args, team, upload_errors=None, known=(), **kwargs):
+        """known: objects this request made or resolved for the team (the files it sent, the
+        dataset versions its spec named), which the fields then take without a query each;
+        only where each is what the field's queryset would find (_known)."""
         super().__init__(*args, **kwargs)
         self.team = team
         self.upload_errors = upload_errors or {}
@@ -579,6 +593,8 @@ class JobForm(WorkTextFields, RequestForm):
         finished = Job.objects.filter(team=team, state__in=[states.SUCCEEDED, states.STOPPED], artifacts__isnull=False).distinct()
         self.fields["start_job"].queryset = finished
         self.fields["evaluate_jobs"].queryset = finished
+        for field, objects in _known(team, known).items():
+            self.fields[field].known = objects
 
         self.recipes = RECIPES
         self.fields["recipe"].choices = [("", "None: my own script")] + [(name, r.title) for name, r in RECIPES.items()]
@@ -911,6 +927,22 @@ class JobForm(WorkTextFields, RequestForm):
         # What was made with the job, as reading it back would find it (jobs.serializers.as_made).
         self.made = {"inputs": inputs, "uploads": uploads, "models": models, "events": [submitted]}
         return job
+
+
+def _known(team, objects):
+    """{field: {id: object}} of the objects a JobForm's fields may take unread: those its
+    querysets would find. A code upload of the team not yet with a job (kept_code); a ready
+    version of one of the team's datasets, and its dataset (the train and held-out fields)."""
+    found = {}
+    for obj in objects:
+        if isinstance(obj, Upload) and obj.team_id == team.pk and obj.job_id is None and obj.role == Upload.CODE:
+            found.setdefault("kept_code", {})[str(obj.pk)] = obj
+        elif isinstance(obj, DatasetVersion) and obj.state == DatasetVersion.READY and obj.dataset.team_id == team.pk:
+            for field in ("train_version", "heldout_version"):
+                found.setdefault(field, {})[str(obj.pk)] = obj
+            for field in ("train_dataset", "heldout_dataset"):
+                found.setdefault(field, {})[str(obj.dataset_id)] = obj.dataset
+    return found
 
 
 def is_uuid(value):

@@ -74,9 +74,9 @@ def _kinds(types):
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
-def pin_datasets(data, team):
+def pin_datasets(data, team, resolved=None):
     """Datasets named by name or id, with an optional @version ("digits@2"), as the form's
-    dataset and version fields."""
+    dataset and version fields; the versions found are added to `resolved` where given."""
     for field, version_field in (("train_dataset", "train_version"), ("heldout_dataset", "heldout_version")):
         if data.get(field):
             try:
@@ -85,6 +85,8 @@ def pin_datasets(data, team):
                 raise ValidationError({field: [f"{str(error)[0].upper()}{str(error)[1:]}."]}) from None
             data[field] = str(version.dataset_id)
             data[version_field] = str(version.pk)
+            if resolved is not None:
+                resolved.append(version)
     return data
 
 
@@ -107,11 +109,12 @@ def resolve_jobs(data, team):
     return data
 
 
-def spec_form_data(spec, team, pin=False):
-    """A read spec's fields as the form's data; type errors name the spec's line."""
+def spec_form_data(spec, team, pin=False, resolved=None):
+    """A read spec's fields as the form's data; type errors name the spec's line. resolved:
+    pin_datasets'."""
     try:
         data = spec_to_form_data(spec.fields, team)
-        return resolve_jobs(pin_datasets(data, team), team) if pin else data
+        return resolve_jobs(pin_datasets(data, team, resolved), team) if pin else data
     except ValidationError as error:
         raise ValidationError(
             {field: [specfile.where(spec.name, spec.line_of(field)) + str(m) for m in messages] for field, messages in error.detail.items()}

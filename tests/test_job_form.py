@@ -392,3 +392,43 @@ def test_a_retraining_and_a_smoke_run_keep_the_precision(client_a, alice):
     Artifact.objects.create(job=job, name="model.safetensors", key="k", size=1, sha256="0" * 64)
     job.refresh_from_db()
     assert lineage.retrain(job, alice).precision == "fp16"
+
+
+# What a submission already holds, its form takes unread (jobs.forms.KnownChoiceField) -------------
+
+
+def test_a_submission_reads_back_neither_its_code_nor_the_dataset_its_spec_named(client, alice, rate, dataset):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(alice)
+    spec = "name: known\nwork:\n  code: train.py\ndata:\n  train: numbers\nrequest:\n  gpus: 1\n  span_hours: 1\n"
+    with CaptureQueriesContext(connection) as captured:
+        response = client.post("/api/jobs/", {"spec": spec, "spec_name": "job.yaml", "code": script()})
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.train_version == dataset.latest_version() and job.uploads.get().name == "train.py"
+    reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    assert not [sql for sql in reads if 'FROM "jobs_upload"' in sql]  # the upload was made here
+    assert len([sql for sql in reads if 'FROM "jobs_dataset"' in sql]) == 1  # the spec's name, resolved once
+    assert len([sql for sql in reads if 'FROM "jobs_datasetversion"' in sql]) == 1
+
+
+def test_the_form_takes_unread_only_what_its_querysets_would_find(alice, charlie, dataset):
+    from catalog.models import DatasetVersion
+    from jobs.forms import _known
+    from tests.conftest import upload
+
+    team = alice.membership.team
+    mine = upload(team, alice, Upload.CODE, "train.py", b"x")
+    theirs = upload(charlie.membership.team, charlie, Upload.CODE, "train.py", b"x")
+    data = upload(team, alice, Upload.TRAIN, "a.csv", b"1")
+    used = upload(team, alice, Upload.CODE, "old.py", b"x")
+    used.job = Job.objects.create(team=team, created_by=alice, name="old", gpus=1)
+    ready = dataset.latest_version()
+    sealing = DatasetVersion.objects.create(dataset=dataset, number=ready.number + 1, state=DatasetVersion.OPEN)
+    found = _known(team, [mine, theirs, data, used, ready, sealing])
+    assert found["kept_code"] == {str(mine.pk): mine}
+    assert found["train_version"] == found["heldout_version"] == {str(ready.pk): ready}
+    assert found["train_dataset"] == {str(dataset.pk): dataset}
+    assert _known(charlie.membership.team, [mine, ready]) == {}
