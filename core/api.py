@@ -200,9 +200,9 @@ def _page_param(request, name, default, maximum=None):
     return number
 
 
-def page_of(request, items, to_json, default_size=50, max_size=200, prepare=None):
+def page_of(request, items, to_json, default_size=50, max_size=200, prepare=None, release=None):
     """The page of items that ?page=N&page_size=M asks for, as {count, next, previous, results}
-    (prepare: called with the page's items, as a list, before they are written).
+    (prepare: called with the page's items, as a list, before they are written; release: after).
 
     Page 1 is always there (empty when there is nothing); a page past the last one is a 404."""
     size = _page_param(request, "page_size", default_size, max_size)
@@ -221,17 +221,20 @@ def page_of(request, items, to_json, default_size=50, max_size=200, prepare=None
     shown = list(page.object_list)
     if prepare is not None:
         prepare(shown)
+    results = [to_json(item) for item in shown]
+    if release is not None:
+        release(shown)
     return {
         "count": paginator.count,
         "next": link(page.next_page_number()) if page.has_next() else None,
         "previous": link(page.previous_page_number()) if page.has_previous() else None,
-        "results": [to_json(item) for item in shown],
+        "results": results,
     }
 
 
-def paginate(request, items, to_json, default_size=50, max_size=200, prepare=None):
+def paginate(request, items, to_json, default_size=50, max_size=200, prepare=None, release=None):
     """A list endpoint's answer: {"count", "next", "previous", "results"} (see page_of)."""
-    return Response(page_of(request, items, to_json, default_size=default_size, max_size=max_size, prepare=prepare))
+    return Response(page_of(request, items, to_json, default_size=default_size, max_size=max_size, prepare=prepare, release=release))
 
 
 # The OpenAPI schema (descriptions of the views: e31web/api_schema.py) ----------------------------

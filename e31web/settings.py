@@ -115,6 +115,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: the view lets go of its rendered answer, which it held in a cycle (core/middleware.py).
+    "core.middleware.ReleaseViewMiddleware",
 ]
 
 ROOT_URLCONF = "e31web.urls"

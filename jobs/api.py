@@ -93,7 +93,7 @@ def jobs(request):
     activate_for(request.user)  # a token's user: "by morning" is the morning where they are
     if request.method == "GET":
         shown = JobSerializer(context={"request": request})
-        return paginate(request, filtered_jobs(request, team), shown.to_representation, prepare=JobSerializer.prepare)
+        return paginate(request, filtered_jobs(request, team), shown.to_representation, prepare=JobSerializer.prepare, release=JobSerializer.release)
     spec = read_spec(request)
     _data, created, form = job_form(request, team, spec)
     if not form.is_valid():
