@@ -114,7 +114,7 @@ def test_under_asgi_no_middleware_sends_the_request_to_a_thread_before_its_view(
     assert adapted == [], adapted
 
 
-def _served(app, path):
+def _served(app, path, headers=()):
     """(status, headers) of a GET of path through an ASGI app, on a thread of its own (a
     browser test's session-wide loop may be this thread's running loop)."""
     sent, received = [], []
@@ -128,7 +128,7 @@ def _served(app, path):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": [(b"host", b"testserver")], "server": ("testserver", 80)}
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": [(b"host", b"testserver"), *headers], "server": ("testserver", 80)}
     with ThreadPoolExecutor(1) as thread:
         thread.submit(async_to_sync(app), scope, receive, send).result()
     start = next(m for m in sent if m["type"] == "http.response.start")
@@ -166,6 +166,56 @@ def test_under_daphne_a_request_goes_to_a_thread_once_not_per_middleware_method(
     from e31web import asgi  # the web worker's
 
     assert isinstance(asgi.django_asgi_app, handler.OneHopASGIHandler)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_and_its_jobs_are_freed_when_sent_not_left_in_cycles_for_the_collector(alice, rate):
+    """The view, the response and its renderer context made a cycle holding every answer's
+    data, and each job of a page a cycle with the rows prefetched for it: the collector's to
+    free, in its oldest generation (core.middleware, JobSerializer.release)."""
+    import gc
+
+    from rest_framework.authtoken.models import Token
+
+    from e31web.handler import OneHopASGIHandler
+    from jobs.models import Job
+    from tests.test_read_queries import team_of
+
+    team_of(alice, 3, 1)
+    auth = [(b"authorization", f"Token {Token.objects.create(user=alice).key}".encode())]
+    app = OneHopASGIHandler()
+    assert _served(app, "/api/jobs/", auth)[0] == 200
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            assert _served(app, "/api/jobs/", auth)[0] == 200
+        gc.collect()
+        pages = [o for o in gc.garbage if isinstance(o, dict) and "results" in o]
+        jobs = [o for o in gc.garbage if isinstance(o, Job)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert (len(pages), len(jobs)) == (0, 0)
+
+
+def test_what_survives_the_collectors_full_passes_is_frozen_ever_more_rarely(monkeypatch):
+    import gc
+
+    from e31web import asgi, collector
+
+    frozen = []
+    refreeze = collector.Refreeze()
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(refreeze.passes))
+    for generation in (0, 1, 2, 2, 1, 2, 2, 2, 2, 2, 2, 2, 2):
+        refreeze("start", {"generation": generation})
+        refreeze("stop", {"generation": generation})
+    assert frozen == [1, 2, 4, 8]  # after the full passes numbered by powers of two
+    assert sum(isinstance(c, collector.Refreeze) for c in gc.callbacks) == 1  # the web worker's (asgi)
+    collector.install()
+    assert sum(isinstance(c, collector.Refreeze) for c in gc.callbacks) == 1 and asgi.application
 
 
 def _asgi_chain(middleware, seen):
