@@ -3,7 +3,8 @@
 DRF's renderer runs json.dumps with a Python `default` for every time, UUID and decimal: a page
 of 50 jobs (100 KB) took 1.6 ms of a request's CPU, 0.33 ms here (issue 24). The output is the
 same, floats aside (below): compact, UTF-8 (not ASCII-escaped), times as DRF writes them (ISO
-8601, "Z" for UTC, microseconds where there are any), anything orjson does not know through
+8601, "Z" for UTC, microseconds where there are any; an offset of seconds, as old local mean
+times have, in whole minutes: the API's times are UTC), anything orjson does not know through
 DRF's own encoder (decimals as numbers, lazy texts as strings, ...), and U+2028 and U+2029
 escaped as DRF escapes them. tests/test_renderers.py compares the two on the API's answers.
 

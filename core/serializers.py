@@ -113,13 +113,14 @@ def _reads_of(serializer):
 
 
 def _context_free(field):
-    """Whether a field writes its value without the serializer's context: a plain field, or a
-    DirectSerializer (one of FactsSerializer's reads the request), or a list of either."""
-    if isinstance(field, s.ListSerializer):
+    """Whether a field writes its value without the serializer's context: a plain field (not a
+    method field, a relation or a file, whose URL needs the request), a list or dict of such, or
+    a DirectSerializer whose fields all are (a FactsSerializer reads the request)."""
+    if isinstance(field, s.ListSerializer | s.ListField | s.DictField):
         return _context_free(field.child)
     if isinstance(field, s.BaseSerializer):
-        return isinstance(field, DirectSerializer) and not isinstance(field, FactsSerializer)
-    return not isinstance(field, s.SerializerMethodField | RelatedField | ManyRelatedField)
+        return isinstance(field, DirectSerializer) and not isinstance(field, FactsSerializer) and all(map(_context_free, field.fields.values()))
+    return not isinstance(field, s.SerializerMethodField | RelatedField | ManyRelatedField | s.FileField)
 
 
 class Facts:

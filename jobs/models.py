@@ -296,7 +296,7 @@ class Job(models.Model):
         added up here, as a page of jobs adds up its own (jobs.serializers), to the amount's 8
         places on every database (SQLite's SUM of decimals is a float's 15)."""
         credits = list(self.credits.values_list("seconds", "amount"))
-        return sum(seconds for seconds, _ in credits), sum((amount for _, amount in credits), Decimal(0))
+        return sum(seconds for seconds, _ in credits), sum((amount for _, amount in credits), Decimal(0)) or Decimal(0)
 
     def meter_event(self, now=None, allocations=None, credited=None):
         """The meter as the job page shows it: totals over all allocations, and whether it runs

@@ -96,7 +96,7 @@ def plain(value):
     return None if value is None else f"{value:f}"
 
 
-SHOWN = ("shown_allocations", "shown_models", "shown_inputs", "shown_uploads", "shown_stagings", "shown_credits")  # what prepare() reads
+SHOWN = ("shown_allocations", "shown_models", "shown_inputs", "shown_uploads", "shown_stagings", "shown_credits")  # what prepare() sets, JobFacts reads
 
 
 def job_prefetch():
@@ -271,7 +271,7 @@ class JobSerializer(FactsSerializer):
         read_timelines(jobs)
         for job in jobs:
             job.credited_seconds_total = sum(credit.seconds for credit in job.shown_credits)
-            job.credited_amount_total = sum((credit.amount for credit in job.shown_credits), Decimal(0))
+            job.credited_amount_total = sum((credit.amount for credit in job.shown_credits), Decimal(0)) or Decimal(0)  # none: 0
 
     @staticmethod
     def release(jobs):

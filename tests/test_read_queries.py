@@ -228,6 +228,10 @@ def test_a_pages_credits_are_added_up_from_its_credits_not_in_its_query(client, 
     assert (listed[str(jobs[1].pk)]["credited_seconds"], listed[str(jobs[1].pk)]["credited"]) == (630, "0.42000000")
     assert (listed[str(jobs[0].pk)]["credited_seconds"], listed[str(jobs[0].pk)]["credited"]) == (0, "0")
     assert client.get(f"/api/jobs/{jobs[1].pk}/").json()["credited"] == "0.42000000"  # one job alone: the same
+    Credit.objects.create(team=jobs[2].team, job=jobs[2], usage=usage, seconds=0, amount=Decimal(0), reason="", period=usage.period)
+    listed = {j["id"]: j for j in client.get("/api/jobs/").json()["results"]}
+    assert listed[str(jobs[2].pk)]["credited"] == "0"  # credits of nothing: 0, as no credit
+    assert client.get(f"/api/jobs/{jobs[2].pk}/").json()["credited"] == "0"
 
 
 class Thing:
@@ -349,6 +353,17 @@ def test_the_job_serializers_fields_are_made_once_not_per_request(client, alice,
 
     with pytest.raises(TypeError, match="Unfit.shared_fields: inner may read the context"):
         Unfit().to_representation(Thing())
+
+    class Inner(DirectSerializer):  # not shared itself: its file's URL needs the request
+        file = s.FileField()
+
+    class Holder(DirectSerializer):
+        shared_fields = True
+        plain = s.CharField()
+        inner = Inner()
+
+    with pytest.raises(TypeError, match="Holder.shared_fields: inner may read the context"):
+        Holder().to_representation(Thing())
 
 
 # A page's relations that none of its jobs has rows in are not asked for (core.prefetch).

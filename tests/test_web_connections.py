@@ -213,6 +213,9 @@ def test_what_survives_the_collectors_full_passes_is_frozen_ever_more_rarely(mon
         refreeze("start", {"generation": generation})
         refreeze("stop", {"generation": generation})
     assert frozen == [1, 2, 4, 8]  # after the full passes numbered by powers of two
+    for _ in range(5000):
+        refreeze("stop", {"generation": 2})
+    assert frozen == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]  # and no more
     assert sum(isinstance(c, collector.Refreeze) for c in gc.callbacks) == 1  # the web worker's (asgi)
     collector.install()
     assert sum(isinstance(c, collector.Refreeze) for c in gc.callbacks) == 1 and asgi.application
