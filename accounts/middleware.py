@@ -1,14 +1,15 @@
 import zoneinfo
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
 from accounts import audit
 from accounts.access import membership_of
+from core.middleware import BothModes
 
 
-class UserTimeZoneMiddleware:
+class UserTimeZoneMiddleware(BothModes):
     """Times a user enters (a deadline) and sees are in their own time zone, as they set it.
 
     Sync in the web worker, whose chain runs in the request's one thread (e31web.handler); async
@@ -17,17 +18,7 @@ class UserTimeZoneMiddleware:
     with a session cookie can name a user here (an API token is read by the view, which
     activates its user's zone itself: jobs/api.py), so the others need no thread at all."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
+    def call(self, request):
         activate_for(request.user)
         return self.get_response(request)
 
@@ -58,22 +49,12 @@ def activate_for(user):
     activate(zone_of(user))
 
 
-class AuditRequestMiddleware:
+class AuditRequestMiddleware(BothModes):
     """The request being answered, for the audit events recorded where only a user is at hand
     (accounts.audit.current_request). A context variable, so the view's thread sees it when the
     middleware runs in the event loop (asgiref copies the context into sync_to_async)."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
+    def call(self, request):
         with audit.answering(request):
             return self.get_response(request)
 
