@@ -19,6 +19,13 @@ from jobs import live, states
 from notifications import events as notifications
 
 
+def add_credits(credits):
+    """(seconds, amount) of credits given as (seconds, amount) pairs: 0 and 0 for none, or for
+    credits of nothing."""
+    credits = list(credits)
+    return sum(seconds for seconds, _ in credits), sum((amount for _, amount in credits), Decimal(0)) or Decimal(0)
+
+
 class Job(models.Model):
     KIND_TRAIN = "train"
     KIND_FINETUNE = "finetune"
@@ -295,8 +302,7 @@ class Job(models.Model):
         """(seconds, amount) credited for time lost through the network's fault: the credits
         added up here, as a page of jobs adds up its own (jobs.serializers), to the amount's 8
         places on every database (SQLite's SUM of decimals is a float's 15)."""
-        credits = list(self.credits.values_list("seconds", "amount"))
-        return sum(seconds for seconds, _ in credits), sum((amount for _, amount in credits), Decimal(0)) or Decimal(0)
+        return add_credits(self.credits.values_list("seconds", "amount"))
 
     def meter_event(self, now=None, allocations=None, credited=None):
         """The meter as the job page shows it: totals over all allocations, and whether it runs
