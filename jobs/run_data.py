@@ -11,14 +11,25 @@ from jobs.models import event_message
 # Metrics ------------------------------------------------------------------------------------
 
 
-def metric_events(job, after=0, upto=None):
+METRIC_CHUNK = 2000  # metric events read at a time
+
+
+def metric_events(job, after=0, upto=None, chunk=METRIC_CHUNK):
     """The job's metric events after seq `after` (up to `upto`), in order, as the websocket
-    sends them; read in chunks, so a job with many thousands of points is not held as rows."""
-    rows = job.events.filter(kind="metric", seq__gt=after)
+    sends them; read `chunk` at a time, each chunk after the last seq read (events are only
+    appended, with growing seqs), so a job with many thousands of points is not held as rows.
+    A job's page reads its usual hundred points in one query, where a server-side cursor cost
+    three round trips (DECLARE, FETCH, CLOSE) and a copy of the rows into the cursor."""
+    rows = job.events.filter(kind="metric")
     if upto is not None:
         rows = rows.filter(seq__lte=upto)
-    for seq, at, data in rows.order_by("seq").values_list("seq", "at", "data").iterator(chunk_size=2000):
-        yield event_message(seq, "metric", at, "", "", data)
+    while True:
+        page = list(rows.filter(seq__gt=after).order_by("seq").values_list("seq", "at", "data")[:chunk])
+        for seq, at, data in page:
+            yield event_message(seq, "metric", at, "", "", data)
+        if len(page) < chunk:
+            return
+        after = page[-1][0]
 
 
 def metric_modes(job):

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from core.storage import get_storage
-from jobs import metrics
+from jobs import metrics, run_data
 from jobs.models import Checkpoint, JobEvent
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job, schedule_now
@@ -169,6 +169,23 @@ def test_metrics_api_points_limit(api, alice):
     add_metrics(job, [(s, {"loss": 1.0 / s}) for s in range(1, 501)])
     body = api.get(reverse("api:job-metrics", args=[job.pk]), {"points": 50}).json()
     assert len(body["series"]["loss"]) <= 50 and body["summary"]["loss"]["count"] == 500
+
+
+def test_metric_events_are_read_in_chunks_after_the_last_seq_read(alice, django_assert_num_queries):
+    job = make_job(alice)
+    add_metrics(job, [(s, {"loss": 1.0 / s}) for s in range(1, 4)])
+    job.record("log", data=None)  # other kinds between the points are passed by
+    add_metrics(job, [(s, {"loss": 1.0 / s}) for s in range(4, 8)])
+    # Seven points, three a chunk: three queries; a job's page's hundred points are one.
+    with django_assert_num_queries(3):
+        events = list(run_data.metric_events(job, chunk=3))
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6, 7]
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events) and len({e["seq"] for e in events}) == 7
+    # after and upto bound every chunk: the 2nd point to the 6th.
+    second, sixth = events[1]["seq"], events[5]["seq"]
+    assert [e["step"] for e in run_data.metric_events(job, after=second, upto=sixth, chunk=2)] == [3, 4, 5, 6]
+    with django_assert_num_queries(1):
+        assert len(list(run_data.metric_events(job))) == 7
 
 
 def test_run_api_is_for_the_jobs_team_only(client, alice, bob, charlie, rate):
