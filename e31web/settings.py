@@ -212,6 +212,10 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "e31"}}
 
+# Django's ModelBackend, a session's user read with its membership and team (one query, not two).
+# Sessions signed in under another backend's name are signed out (once, at the change).
+AUTHENTICATION_BACKENDS = ["accounts.backends.TeamModelBackend"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},

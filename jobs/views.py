@@ -220,7 +220,11 @@ def job_detail(request, job_id):
     chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE)
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
     # As plain rows (what the template reads of them), not events: cheaper to make and to render.
-    lines = list(job.events.filter(kind="log", seq__lte=job.last_seq).order_by("-seq").values("seq", "stream", "rank", "text")[:LOG_LINES_ON_PAGE])[::-1]
+    # One line more than the page shows says whether there are earlier ones (no second query).
+    lines = list(job.events.filter(kind="log", seq__lte=job.last_seq).order_by("-seq").values("seq", "stream", "rank", "text")[: LOG_LINES_ON_PAGE + 1])[::-1]
+    earlier_lines = len(lines) > LOG_LINES_ON_PAGE
+    lines = lines[1:] if earlier_lines else lines
+    timeline, unisolated, environment = page_events(job)
     # Its allocations read once; of its other parts, only those it has rows in (most jobs have
     # no stagings left, credits, models or utilization): an empty query costs as much to make
     # (every job has its code among its uploads: those are read).
@@ -230,13 +234,12 @@ def job_detail(request, job_id):
     artifacts = list(job.artifacts.all()) if "artifacts" in has else []
     context = {
         "job": job,
-        "timeline": job.timeline().filter(seq__lte=job.last_seq),
-        "unisolated": job.events.filter(kind="notice", data__isolation="off").first(),
-        # Its environment: being built, or ready (how, and the versions chosen).
-        "environment": job.events.filter(kind="notice", data__has_key="environment").order_by("-seq").first() if job.packages else None,
+        "timeline": timeline,
+        "unisolated": unisolated,
+        "environment": environment,
         "lines": lines,
         "lines_html": lines_html(lines),
-        "earlier_lines": lines and lines[0]["seq"] > 1 and job.events.filter(kind="log", seq__lt=lines[0]["seq"]).exists(),
+        "earlier_lines": earlier_lines,
         "meter": job.meter_event(allocations=allocations, credited=None if credited else (0, Decimal(0))),
         "ceiling": job_ceiling(job, credits=None if credited else [], allocations=allocations),
         "allocation": job.latest_allocation(allocations),
@@ -258,6 +261,24 @@ def job_detail(request, job_id):
     meter_now = context["meter"]
     context["cost"] = Decimal(meter_now["amount"]) - Decimal(meter_now["credit_amount"])
     return render(request, "jobs/detail.html", context)
+
+
+def page_events(job):
+    """(its timeline, the notice that it ran without isolation or None, the latest notice of
+    its environment, being built or ready, or None) up to job.last_seq, in one query: its
+    state changes, checkpoints, resumes and notices are few, beside its log lines and metric
+    points (an index of their own: jobs.models.JobEvent)."""
+    timeline, unisolated, environment = [], None, None
+    for event in job.events.filter(kind__in=(*job.TIMELINE_KINDS, "notice"), seq__lte=job.last_seq).order_by("seq"):
+        if event.kind != "notice":
+            timeline.append(event)
+            continue
+        data = event.data if isinstance(event.data, dict) else {}
+        if unisolated is None and data.get("isolation") == "off":
+            unisolated = event
+        if "environment" in data and job.packages:
+            environment = event
+    return timeline, unisolated, environment
 
 
 def ceiling_of(job):

@@ -110,8 +110,61 @@ def test_a_signed_in_page_reads_the_membership_with_its_team(client, alice, rate
     with CaptureQueriesContext(connection) as queries:
         response = client.get(f"/jobs/{job.pk}/")
     assert response.status_code == 200
+    # The session's user with its membership and team, in one query (accounts.backends).
     read = [first_table(q["sql"]) for q in queries]
-    assert read.count("accounts_membership") == 1 and "accounts_team" not in read, read
+    [user] = [q["sql"] for q in queries if first_table(q["sql"]) == "auth_user"]
+    assert '"accounts_membership"' in user and '"accounts_team"' in user
+    assert "accounts_membership" not in read and "accounts_team" not in read, read
+
+
+def test_a_session_of_an_inactive_or_removed_user_signs_nobody_in(client, alice, rate):
+    client.force_login(alice)
+    assert client.get("/api/me/").status_code == 200
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    assert client.get("/api/me/").status_code in (401, 403)
+    alice.is_active = True
+    alice.save(update_fields=["is_active"])
+    client.force_login(alice)
+    alice.membership.delete()
+    body = client.get("/api/me/")
+    assert body.status_code == 200 and body.json()["team"] is None
+
+
+def test_the_job_page_reads_its_log_lines_timeline_and_notices_in_two_queries(client, alice, rate):
+    """One line more than the page shows says there are earlier ones; the state changes, the
+    unisolated notice and the environment's latest notice come in one query."""
+    from jobs import views
+
+    client.force_login(alice)
+    job = make_job(alice, packages="numpy\n")
+    at = datetime.now(UTC)
+    JobEvent.append(
+        job.pk,
+        [
+            JobEvent(kind="notice", at=at, data={"text": "building on node-1: 1 requirement(s)", "environment": ""}),
+            JobEvent(kind="notice", at=at, data={"text": "ran WITHOUT isolation", "isolation": "off"}),
+            JobEvent(kind="state", at=at, data={"state": "running", "from": "queued", "reason": "started"}),
+            JobEvent(kind="notice", at=at, data={"text": "ready (cached): numpy==2.0", "environment": "key"}),
+            *[JobEvent(kind="log", at=at, stream="stdout", text=f"line {i}") for i in range(views.LOG_LINES_ON_PAGE)],
+        ],
+    )
+
+    def page():
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get(f"/jobs/{job.pk}/").content.decode()
+        return html, [q["sql"] for q in queries if first_table(q["sql"]) == "jobs_jobevent"]
+
+    html, events = page()
+    assert len(events) == 3, events  # the metric points, the log lines, the rest
+    assert 'id="unisolated">Ran WITHOUT isolation.' in html
+    assert "Environment: ready (cached): numpy==2.0" in html
+    assert "Earlier lines are in the full log." not in html and "line 0\n" in html
+    assert html.index("queued") < html.index("running")
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=at, stream="stdout", text="one more")])
+    html, events = page()
+    assert len(events) == 3
+    assert "Earlier lines are in the full log." in html and "line 0\n" not in html and "line 1\n" in html and "one more" in html
 
 
 def test_a_page_reverses_each_kind_of_url_once(rf):
