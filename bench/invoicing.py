@@ -3,7 +3,8 @@
 On a fresh PostgreSQL database (CREATE DATABASE e31_bench_..., migrated with manage.py
 migrate, dropped at the end), --teams teams get --records usage records in October 2026 over
 jobs of a random number each (so invoices have from a few lines to many), every job with a
-staging row (bulk_create throughout). Then the month is issued as `manage.py invoices --month
+staging row (bulk_create throughout; the tables populated then vacuumed and analyzed, as autovacuum
+leaves them by a month's end). Then the month is issued as `manage.py invoices --month
 2026-10` does (invoice_service.invoice_month: teams in chunks, each chunk in one transaction and
 a fixed number of queries), timed, its queries counted per chunk: the count must be the same for
 every full chunk, however many records or lines a chunk holds. First, for comparison, the first
