@@ -35,9 +35,13 @@ true durations, the simulator's `oracle` reference), `edf` (earliest deadline fi
 backfill), and `ours`:
 
     ours first protects one starving job: of the jobs (not preemptible) whose wait has reached
-    their patience, max(STARVE_MIN, expected duration) capped at STARVE_CAP (2 h to 3 days),
-    the one whose wait is the most times its patience goes first: it starts if it fits, else it
-    holds the reservation, so no job, however large or long, is overtaken for ever. One job, not
+    their patience, the one whose wait is the most times its patience goes first: it starts if it
+    fits, else it holds the reservation, so no job, however large or long, is overtaken for ever.
+    A job's patience is the shorter of max(STARVE_MIN, expected duration) capped at STARVE_CAP
+    (2 h to 3 days) and STARVE_MIN + its FIFO drain time: when first-come-first-served would reach
+    it, (the running allocations' expected GPU-seconds left + those of the jobs queued before it,
+    not preemptible) / the pool's GPUs, an estimate of what EASY would make it wait. A long job
+    submitted to a quiet cluster is protected after hours, not after its own days. One job, not
     all that waited long: where waits run to days a rule that put every long-waiting job first,
     oldest first, turned the policy into FIFO (1.88x the oracle's mean JCT on one cluster).
     Then the jobs whose deadline can still be met and whose slack (deadline - now -
@@ -620,9 +624,11 @@ def plan(
     if policy == "ours":
         # First the one starving job (the module's docstring), then urgent deadlines, least slack
         # first, then the rest by priority, all around the reservation.
-        starving = [j for j in due if not j.preemptible and now - j.submitted_at >= patience(j)]
+        fifo_waits = _fifo_waits(due, running, pool, now)
+        patiences = {j.id: patience(j, fifo_waits[j.id]) for j in due if not j.preemptible}
+        starving = [j for j in due if not j.preemptible and now - j.submitted_at >= patiences[j.id]]
         if starving:
-            first = max(starving, key=lambda j: ((now - j.submitted_at) / patience(j), -j.submitted_at))
+            first = max(starving, key=lambda j: ((now - j.submitted_at) / patiences[j.id], -j.submitted_at))
             consider(first)
             handled.add(first.id)
         for job in due:
@@ -639,9 +645,24 @@ def plan(
     return result
 
 
-def patience(job: QueuedJob) -> float:
-    """How long a job may wait before ours protects it (the module's docstring)."""
-    return min(STARVE_CAP, max(STARVE_MIN, job.expected_seconds))
+def patience(job: QueuedJob, fifo_wait: float = INF) -> float:
+    """How long a job may wait before ours protects it (the module's docstring); fifo_wait: its
+    FIFO drain time (_fifo_waits)."""
+    return min(STARVE_CAP, max(STARVE_MIN, job.expected_seconds), STARVE_MIN + fifo_wait)
+
+
+def _fifo_waits(due: Iterable[QueuedJob], running: Iterable[Running], pool: _Pool, now: float) -> dict[str, float]:
+    """{job id: when first-come-first-served would reach it} for the jobs that are not
+    preemptible: (the running allocations' expected GPU-seconds left, those with no expected end
+    left out, + the expected GPU-seconds of the jobs before it in submission order) / the GPUs it
+    could use. One sort and one sum. The pool's GPUs of the job's types, but the work of all types
+    (a cluster of several types overstates a job's drain time, and protects it sooner)."""
+    ahead = sum(len(a.devices) * max(0.0, a.expected_end - now) for a in running if a.expected_end is not None)
+    waits: dict[str, float] = {}
+    for job in sorted((j for j in due if not j.preemptible), key=queue_order):
+        waits[job.id] = ahead / max(1, pool.capacity(job)[1])
+        ahead += job.gpus * job.expected_seconds
+    return waits
 
 
 def _type_ok(job: QueuedJob, node: NodeState) -> bool:

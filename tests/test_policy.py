@@ -253,12 +253,32 @@ def test_a_job_that_waited_past_its_patience_goes_first_and_holds_the_reservatio
     small = job("small", 1, 1, expected_seconds=2 * HOUR)
     result = plan([old, small], nodes, held, NOW)
     assert ids(result) == [] and result.reservations == {"old-big": NOW + HOUR}
-    # Younger, it would be the larger job and the small one would start.
-    young = job("young-big", 4, 19 * HOUR / MIN, expected_seconds=20 * HOUR)
+    # Younger than its patience (two hours at least), it would be the larger job and the small one would start.
+    young = job("young-big", 4, HOUR / MIN, expected_seconds=20 * HOUR)
     assert ids(plan([young, small], nodes, held, NOW)) == ["small"]
     # However long a job, three days is the most it waits before it is protected.
     assert policy.patience(job("x", 1, 0, expected_seconds=30 * 86400)) == policy.STARVE_CAP == 3 * 86400
     assert policy.patience(job("y", 1, 0, expected_seconds=60)) == policy.STARVE_MIN == 2 * HOUR
+
+
+def test_a_long_job_is_protected_once_it_waited_past_when_fifo_would_have_reached_it():
+    """Patience is the shorter of the job's expected duration and two hours past its FIFO drain
+    time: (the running allocations' GPU-seconds left + those of the jobs queued before it) / GPUs."""
+    nodes = [node("n1", 4, free=(1, 2, 3))]
+    held = [running("r", "n1", [0], 30, preemptible=False, expected_end=NOW + HOUR)]  # 1 GPU-hour left: 15 min on 4 GPUs
+    long = job("long", 4, 3 * HOUR / MIN, expected_seconds=40 * HOUR)  # its patience: 2 h 15 min, not its 40 h
+    small = job("small", 1, 1, expected_seconds=2 * HOUR)
+    assert policy.patience(long, 15 * MIN) == 2 * HOUR + 15 * MIN
+    result = plan([long, small], nodes, held, NOW)
+    assert ids(result) == [] and result.reservations == {"long": NOW + HOUR}
+    # Before that, it is the larger job and the small one starts.
+    fresh = job("long", 4, 2 * HOUR / MIN, expected_seconds=40 * HOUR)
+    assert ids(plan([fresh, small], nodes, held, NOW)) == ["small"]
+    # Behind 20 GPU-hours queued before it, FIFO reaches it in 5 h 15 min: it is not starving yet,
+    # the job before it is.
+    ahead = job("ahead", 4, 5 * HOUR / MIN, expected_seconds=5 * HOUR)
+    result = plan([ahead, long, small], nodes, held, NOW)
+    assert ids(result) == [] and result.reservations == {"ahead": NOW + HOUR}
 
 
 def test_one_starving_job_is_protected_at_a_time_the_rest_stay_shortest_first():
