@@ -220,6 +220,14 @@ def resolve(team, ref):
     @version: "digits", "digits@2". Raises DatasetError."""
     ref = str(ref).strip()
     name, _, number = ref.rpartition("@") if "@" in ref else (ref, "", "")
+    # What a spec names most often, a ready version of a dataset of the team by its name, in
+    # one query with its dataset; anything else (an id, a version not ready, no such dataset)
+    # the way below, with its reasons.
+    if not number or number.isdigit():
+        ready = DatasetVersion.objects.select_related("dataset").filter(dataset__team=team, dataset__name=name, state=DatasetVersion.READY)
+        found = (ready.filter(number=int(number)) if number else ready.order_by("-number")).first()
+        if found is not None:
+            return found
     datasets = Dataset.objects.filter(team=team)
     dataset = datasets.filter(name=name).first()
     if dataset is None:

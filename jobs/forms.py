@@ -908,7 +908,10 @@ class JobForm(WorkTextFields, RequestForm):
             network=bool(cleaned.get("network")),
             idle_minutes=cleaned["idle_minutes"],
             stop_if_idle=bool(cleaned.get("stop_if_idle")),
+            last_seq=1,  # its first event, below
         )
+        submitted = JobEvent(kind="state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
+        JobEvent.store_first(job, [submitted])
         inputs = JobInput.objects.bulk_create(
             [JobInput(job=job, name=name, version=version, label=version.label) for name, version in (cleaned.get("inputs") or {}).items()]
         )
@@ -921,8 +924,6 @@ class JobForm(WorkTextFields, RequestForm):
         models = [lineage.pin_model(job, label, files, source_job=source, description=description) for label, files, source, description in self.models]
         if cleaned.get("smoke_first"):
             lineage.smoke_run(job)
-        submitted = JobEvent(kind="state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
-        JobEvent.append(job.pk, [submitted])
         job.refresh_from_db(from_queryset=Job.objects.select_related("team"))  # the audit names its team
         # What was made with the job, as reading it back would find it (jobs.serializers.as_made).
         self.made = {"inputs": inputs, "uploads": uploads, "models": models, "events": [submitted]}

@@ -416,6 +416,20 @@ class JobEvent(models.Model):
         return last
 
     @classmethod
+    def store_first(cls, job, events):
+        """append() for the first events of a job made in the caller's transaction with its
+        counter already past them (last_seq = len(events)): no other writer can see the job
+        before the commit, so their numbers are 1.. without moving the counter (a submission's
+        "submitted" event: one INSERT, not a savepoint, an UPDATE and the INSERT)."""
+        if job.last_seq != len(events):
+            raise ValueError(f"store_first: a job made with last_seq {len(events)}, not {job.last_seq}")
+        for seq, event in enumerate(events, start=1):
+            event.job_id, event.seq = job.pk, seq
+        cls.objects.bulk_create(events)
+        transaction.on_commit(lambda: live.announce(job.pk, job.last_seq))
+        return job.last_seq
+
+    @classmethod
     def append_lines(cls, job_id, lines):
         """append() for log lines given as (stream, at, text) or (stream, at, text, rank), the
         runner's hot path: plain rows in one statement (COPY on PostgreSQL), no model instances.

@@ -360,6 +360,44 @@ def test_a_submission_reads_nothing_back_for_its_answer(api, django_assert_num_q
     assert len(seen) == 1
 
 
+def test_a_submission_stores_its_first_event_with_the_job_and_resolves_a_dataset_in_one_query(api, alice, dataset):
+    """The job is made with its counter past its "submitted" event (no savepoint, no UPDATE of
+    the job); a dataset named in the spec is found with its ready version in one query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from catalog.models import DatasetVersion
+
+    newer = dataset.new_version()
+    DatasetVersion.objects.filter(pk=newer.pk).update(state=DatasetVersion.READY)  # numbers@2, the latest
+    with CaptureQueriesContext(connection) as queries:
+        response = submit(api, {"name": "first", "gpus": 1, "span_hours": 1, "train_dataset": "numbers"}, data=False)
+    assert response.status_code == 201, response.json()
+    sql = [q["sql"] for q in queries]
+    assert not [q for q in sql if q.startswith("UPDATE") and "jobs_job" in q.split("SET")[0]], sql
+    # One transaction (the test's own makes it a savepoint), none inside it.
+    assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 1, "\n".join(q[:90] for q in sql)
+    assert len([q for q in sql if 'FROM "jobs_dataset' in q]) == 1, sql
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.train_version.pk == newer.pk and job.train_version.number == 2
+    assert job.last_seq == 1 and list(job.events.values_list("seq", "kind", "data__reason")) == [(1, "state", "submitted")]
+    job.record("notice", data={"text": "and then"})  # the counter goes on from there
+    assert list(job.events.order_by("seq").values_list("seq", flat=True)) == [1, 2]
+    # The older version by its number, one not ready, an unknown name: as before, with reasons.
+    assert submit(api, {"name": "older", "gpus": 1, "span_hours": 1, "train_dataset": "numbers@1"}, data=False).status_code == 201
+    opened = dataset.new_version()
+    for ref, reason in ((f"numbers@{opened.number}", "has no ready version"), ("nothing", "No dataset 'nothing'"), ("numbers@x", "must be a number")):
+        refused = submit(api, {"name": "bad", "gpus": 1, "span_hours": 1, "train_dataset": ref}, data=False)
+        assert refused.status_code == 400 and reason in json.dumps(refused.json()), (ref, refused.json())
+
+
+def test_store_first_refuses_a_job_whose_counter_does_not_stand_past_them(alice):
+    job = make_job(alice)  # its "submitted" event already stored: last_seq 1
+    with pytest.raises(ValueError):
+        JobEvent.store_first(job, [JobEvent(kind="notice", at=job.created_at, data={}) for _ in range(2)])
+    assert job.events.count() == 1
+
+
 def test_log_lines_times_are_written_as_the_json_writes_a_datetime(api, alice):
     """The log page's times come as text from the database (core.sqltime.IsoUtc): the same text
     DRF's JSON writes for the datetime, with or without microseconds, in UTC whatever the zone

@@ -410,8 +410,9 @@ def test_a_submission_reads_back_neither_its_code_nor_the_dataset_its_spec_named
     assert job.train_version == dataset.latest_version() and job.uploads.get().name == "train.py"
     reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
     assert not [sql for sql in reads if 'FROM "jobs_upload"' in sql]  # the upload was made here
-    assert len([sql for sql in reads if 'FROM "jobs_dataset"' in sql]) == 1  # the spec's name, resolved once
-    assert len([sql for sql in reads if 'FROM "jobs_datasetversion"' in sql]) == 1
+    # The spec's name, resolved once: its ready version with its dataset, in one query.
+    [resolved] = [sql for sql in reads if 'FROM "jobs_dataset' in sql]
+    assert 'FROM "jobs_datasetversion" INNER JOIN "jobs_dataset"' in resolved
 
 
 def test_the_form_takes_unread_only_what_its_querysets_would_find(alice, charlie, dataset):
