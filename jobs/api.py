@@ -101,9 +101,7 @@ def jobs(request):
         for upload in created:
             upload.delete()
         return spec_refused(spec, form.errors)
-    job = form.save(request.user)
-    audit.record(request, "job.submit", job)
-    audit.job_env(request, job)
+    job = form.submit(request)
     return Response(JobSerializer(as_made(job, form.made), context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 

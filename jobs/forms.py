@@ -20,6 +20,7 @@ from django.db import transaction
 from django.http import QueryDict
 from django.utils import timezone
 
+from accounts import audit
 from accounts.access import get_for_team
 from billing import meter
 from billing.models import NoRateInForce, Rate
@@ -869,7 +870,17 @@ class JobForm(WorkTextFields, RequestForm):
             self.add_error("idle_minutes", "Stop if idle needs an idle time of at least 1 minute.")
         cleaned["early_stop_mode"] = cleaned.get("early_stop_mode") or "min"
 
-    @transaction.atomic
+    def submit(self, request):
+        """save() and the submission's audit records (job.submit; job.env, the names of the
+        variables it sets) in one transaction: one commit, not two, and no job without its
+        record."""
+        with transaction.atomic():
+            job = self.save(request.user)
+            audit.record(request, "job.submit", job)
+            audit.job_env(request, job)
+        return job
+
+    @transaction.atomic(savepoint=False)  # in submit()'s transaction, no savepoint of its own
     def save(self, user):
         cleaned = self.cleaned_data
         request = self.meter_request()

@@ -116,9 +116,7 @@ def job_new(request):
         data, upload_errors, _ = keep_uploads(request.FILES, request.POST, team, request.user)
         form = JobForm(data, team=team, upload_errors=upload_errors)
         if form.is_valid():
-            job = form.save(request.user)
-            audit.record(request, "job.submit", job)
-            audit.job_env(request, job)
+            job = form.submit(request)
             messages.success(request, f"Job {job.name} submitted.")
             return redirect("jobs:detail", job_id=job.pk)
         estimate_form = form

@@ -375,8 +375,11 @@ def test_a_submission_stores_its_first_event_with_the_job_and_resolves_a_dataset
     assert response.status_code == 201, response.json()
     sql = [q["sql"] for q in queries]
     assert not [q for q in sql if q.startswith("UPDATE") and "jobs_job" in q.split("SET")[0]], sql
-    # One transaction (the test's own makes it a savepoint), none inside it.
+    # One transaction (the test's own makes it a savepoint), none inside it, with the audit's record.
     assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 1, "\n".join(q[:90] for q in sql)
+    [audited] = [i for i, q in enumerate(sql) if q.startswith('INSERT INTO "accounts_auditevent"')]
+    [released] = [i for i, q in enumerate(sql) if q.startswith("RELEASE SAVEPOINT")]
+    assert audited < released
     assert len([q for q in sql if 'FROM "jobs_dataset' in q]) == 1, sql
     job = Job.objects.get(pk=response.json()["id"])
     assert job.train_version.pk == newer.pk and job.train_version.number == 2
@@ -389,6 +392,17 @@ def test_a_submission_stores_its_first_event_with_the_job_and_resolves_a_dataset
     for ref, reason in ((f"numbers@{opened.number}", "has no ready version"), ("nothing", "No dataset 'nothing'"), ("numbers@x", "must be a number")):
         refused = submit(api, {"name": "bad", "gpus": 1, "span_hours": 1, "train_dataset": ref}, data=False)
         assert refused.status_code == 400 and reason in json.dumps(refused.json()), (ref, refused.json())
+
+
+def test_no_job_is_submitted_without_its_audit_record(api, alice):
+    with mock.patch("accounts.audit.record", side_effect=RuntimeError("the audit log is down")), pytest.raises(RuntimeError):
+        submit(api, {"name": "unrecorded", "gpus": 1, "span_hours": 1, "env": {"TOKEN": "x"}})
+    assert not Job.objects.filter(name="unrecorded").exists()
+    response = submit(api, {"name": "recorded", "gpus": 1, "span_hours": 1, "env": {"TOKEN": "x"}})
+    assert response.status_code == 201
+    from accounts.models import AuditEvent
+
+    assert sorted(AuditEvent.objects.filter(object_id=response.json()["id"]).values_list("action", flat=True)) == ["job.env", "job.submit"]
 
 
 def test_store_first_refuses_a_job_whose_counter_does_not_stand_past_them(alice):
