@@ -104,6 +104,46 @@ def test_a_token_call_reads_its_user_membership_and_team_in_the_tokens_query(cli
     assert not [sql for sql in rest if first_table(sql) in ("auth_user", "accounts_membership", "accounts_team")]
 
 
+def fields_of(obj):
+    return {name: value for name, value in vars(obj).items() if not name.startswith("_")}
+
+
+def test_a_token_is_read_by_its_compiled_query_as_the_orm_reads_it(client, alice, bob, rate, django_assert_num_queries):
+    """accounts.authentication.TokenRead: the same token, user, membership and team, field by
+    field, as select_related gives them, with nothing left to read; a user without a team, an
+    unknown key and an inactive user as before."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from accounts.authentication import TokenRead
+
+    mine = Token.objects.create(user=alice)
+    read = TokenRead.of(connection, Token)
+    assert TokenRead.of(connection, Token) is read  # made once for the connection
+    for _ in range(2):
+        with django_assert_num_queries(1):
+            token = read(mine.key)
+            membership = token.user.membership
+            team = membership.team
+        orm = Token.objects.select_related("user__membership__team").get(key=mine.key)
+        assert fields_of(token) == fields_of(orm) and fields_of(token.user) == fields_of(orm.user)
+        assert fields_of(membership) == fields_of(orm.user.membership) and fields_of(team) == fields_of(orm.user.membership.team)
+        assert team.name == "Team A" and membership.role == "owner"
+    lone = get_user_model().objects.create_user("lone", "lone@example.com", "pw")
+    theirs = Token.objects.create(user=lone)
+    with django_assert_num_queries(1):
+        token = read(theirs.key)
+        assert token.user == lone and not hasattr(token.user, "membership")  # no team: cached as none
+    assert read("0" * 40) is None and read(mine.key[:-1]) is None
+    answers = [client.get("/api/me/", HTTP_AUTHORIZATION=f"Token {key}") for key in (mine.key, "f" * 40)]
+    assert [a.status_code for a in answers] == [200, 401] and answers[1].json()["detail"].startswith("Invalid token.")
+    get_user_model().objects.filter(pk=alice.pk).update(is_active=False)
+    refused = client.get("/api/me/", HTTP_AUTHORIZATION=f"Token {mine.key}")
+    assert refused.status_code == 401 and refused.json()["detail"].startswith("User inactive or deleted.")
+    bob.membership.delete()
+    assert client.get("/api/me/", HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob).key}").json()["team"] is None
+
+
 def test_a_signed_in_page_reads_the_membership_with_its_team(client, alice, rate):
     client.force_login(alice)
     job = make_job(alice)
