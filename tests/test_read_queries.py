@@ -118,8 +118,8 @@ def test_a_token_is_read_by_its_compiled_query_as_the_orm_reads_it(client, alice
     from accounts.authentication import TokenRead
 
     mine = Token.objects.create(user=alice)
-    read = TokenRead.of(connection, Token)
-    assert TokenRead.of(connection, Token) is read  # made once for the connection
+    read = TokenRead.of(Token)
+    assert TokenRead.of(Token) is read  # made once in the process
     for _ in range(2):
         with django_assert_num_queries(1):
             token = read(mine.key)
@@ -142,6 +142,35 @@ def test_a_token_is_read_by_its_compiled_query_as_the_orm_reads_it(client, alice
     assert refused.status_code == 401 and refused.json()["detail"].startswith("User inactive or deleted.")
     bob.membership.delete()
     assert client.get("/api/me/", HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob).key}").json()["team"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_token_read_made_on_one_thread_reads_on_another_with_that_threads_connection():
+    """Under ASGI each request has a thread and a connection of its own: the compiled read is
+    the process's, the query runs on the caller's connection."""
+    import threading
+
+    from django.contrib.auth import get_user_model
+    from django.db import connections
+    from rest_framework.authtoken.models import Token
+
+    from accounts.authentication import TokenRead
+
+    key = Token.objects.create(user=get_user_model().objects.create_user("threaded", "t@example.com", "pw")).key
+    TokenRead.made.clear()
+    read = TokenRead.of(Token)  # compiled on this thread's connection
+    seen = []
+
+    def request():
+        try:
+            seen.append(read(key).user.username)
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=request)
+    worker.start()
+    worker.join()
+    assert seen == ["threaded"]
 
 
 def test_a_signed_in_page_reads_the_membership_with_its_team(client, alice, rate):
