@@ -19,8 +19,9 @@ What the policy sees and what decides, for a trace (columns in shared/traces/REA
 - Expected duration (what the policy sees): the true duration x f, f = max(1, lognormal with
   median 1.5 and sigma 0.5), drawn per job from Random(seed): users over-estimate (a fifth of
   them exactly right, the median by half, one in twenty by 3x or more). The true duration
-  decides when a job ends; a job never runs past its estimate here, but one that would is just
-  extended (the policy then sees its expected end as now).
+  decides when a job ends; the estimate is its limit (it never runs past it), and a running
+  job's allocation is expected to end at its limit (less what earlier runs held), as
+  production's are (scheduler.allocations.running_allocations), whatever the policy was told.
 - Learned durations (`ours`, or any policy with learn=True): as scheduler.services tells the
   real scheduler, min(the estimate, jobs.durations.learned_seconds of the held times of the jobs
   of the same work that had finished when the job arrived), a minute at least; the work is
@@ -188,7 +189,8 @@ class _Sim:
         self.policy, self.half_life, self.shares, self.check = policy, half_life, shares, check
         self.queue = {}  # job id -> QueuedJob
         self.left = {}  # job id -> true seconds of work left
-        self.estimate_left = {}
+        self.estimate_left = {}  # job id -> the seconds the policy is told are left
+        self.limit_left = {}  # job id -> the seconds its limit (the declared estimate) leaves it
         self.jobs = {}  # job id -> TraceJob
         self.running = {}  # allocation id -> [Running, job id, true end]
         self.by_job = {}  # job id -> [allocation ids]
@@ -206,6 +208,7 @@ class _Sim:
         self.jobs[job.id] = job
         self.left[job.id] = job.duration
         declared = job.estimate if job.estimate is not None else job.duration
+        self.limit_left[job.id] = declared
         if self.learn:
             # As scheduler.services does: learned once, when the job is first queued, from the
             # runs of its work that had finished by then.
@@ -304,6 +307,7 @@ class _Sim:
             ran = t - started
             self.left[job_id] -= ran
             self.estimate_left[job_id] = max(60.0, self.estimate_left[job_id] - ran)
+            self.limit_left[job_id] = max(60.0, self.limit_left[job_id] - ran)
             self.last_preempted[job_id] = t
             self.enqueue(self.jobs[job_id], t)
         for placement in result.placements:
@@ -335,7 +339,7 @@ class _Sim:
                     started_at=t,
                     job_id=job.id,
                     team=job.team,
-                    expected_end=t + job.expected_seconds,
+                    expected_end=t + self.limit_left[job.id],  # its limit, as production's (allocations.running_allocations)
                     last_preempted_at=self.last_preempted.get(job.id),
                 )
                 self.free[node_id].difference_update(devices)
@@ -430,7 +434,7 @@ def predict_queue(queue, nodes, running, now, *, usage=None, shares=None, policy
             job.not_before,
             job.gpu_type,
         )
-        sim.left[job.id] = sim.estimate_left[job.id] = job.expected_seconds
+        sim.left[job.id] = sim.estimate_left[job.id] = sim.limit_left[job.id] = job.expected_seconds
         sim.outcomes[job.id] = Outcome()
         sim.queue[job.id] = job
     _run(sim, [], start=now)

@@ -210,3 +210,27 @@ def test_the_command_can_leave_learning_out(tiny_trace):
     out = StringIO()
     call_command("simulate", trace=str(tiny_trace), gpus=16, json=True, no_learning=True, stdout=out)
     assert json.loads(out.getvalue())["learning"] is False
+
+
+def test_a_running_job_is_expected_to_end_at_its_limit_not_its_learned_duration(monkeypatch):
+    # As production's scheduler sees allocations (scheduler.allocations.running_allocations).
+    # Two GPUs; learned from A and B, C is told 100 s, but it runs 300 s; its declared 1,000 s is its
+    # limit. Expected to end at its learned end, it was "past its expected end" after 100 s and
+    # taken to end at every pass, and a reservation sat on its device "from now" for 200 s.
+    jobs = [
+        S.TraceJob("A", 0, 1, 100, estimate=1000, team="t"),
+        S.TraceJob("B", 1, 1, 100, estimate=1000, team="t"),
+        S.TraceJob("C", 250, 1, 300, estimate=1000, team="t"),
+        S.TraceJob("D", 400, 2, 50, estimate=50, team="u"),  # both GPUs: it waits for C
+    ]
+    seen, plan = [], S.P.plan
+
+    def watch(queue, nodes, running, now, **kwargs):
+        seen.extend((now, r.job_id, r.expected_end - r.started_at) for r in running)
+        return plan(queue, nodes, running, now, **kwargs)
+
+    monkeypatch.setattr(S.P, "plan", watch)
+    result = S.simulate(jobs, S.make_nodes(2, 2), "ours")
+    assert result.outcomes["C"].told == 100
+    assert (400, "C", 1000) in seen  # D arrives while C runs: C's limit, not its 100 s
+    assert result.outcomes["D"].first_start == 550
