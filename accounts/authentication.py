@@ -11,11 +11,12 @@ four-table select_related query anew each time, 1.1 ms of CPU a call where runni
 each request runs in a thread of its own, with a connection object of its own.
 """
 
-from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models.query import get_related_populators
+from django.db import DEFAULT_DB_ALIAS
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
+
+from core.compiled import Param, Read
 
 
 class TeamTokenAuthentication(TokenAuthentication):
@@ -34,27 +35,15 @@ class TeamTokenAuthentication(TokenAuthentication):
 
 class TokenRead:
     """`model.objects.select_related("user__membership__team").filter(key=key)` compiled once
-    for a database: its SQL kept, the rows turned into the token, its user, membership and team
-    as Django's ModelIterable turns them (the compiler's converters, Model.from_db, the related
-    populators), so the objects are the ORM's own. The query runs on the calling thread's own
-    connection; the compiler, made on another's, only converts values (the backend's pure
-    functions)."""
+    per process and database (core.compiled.Read), so the token, its user, membership and team
+    are the ORM's own objects."""
 
-    KEY = "\x00key"  # stands for the key while the query is compiled
     made: dict[tuple[str, type], "TokenRead"] = {}
 
     def __init__(self, model, alias=DEFAULT_DB_ALIAS):
-        queryset = model.objects.using(alias).select_related("user__membership__team").filter(key=self.KEY)
         self.alias = alias
-        self.compiler = queryset.query.get_compiler(using=alias)
-        self.sql, params = self.compiler.as_sql()
-        self.params = list(params)
-        self.at = self.params.index(self.KEY)
-        select, klass_info = self.compiler.select, self.compiler.klass_info
-        self.model = klass_info["model"]
-        self.start, self.end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
-        self.names = [column[0].target.attname for column in select[self.start : self.end]]
-        self.populators = get_related_populators(klass_info, select, alias)
+        self.read = Read(lambda: model.objects.select_related("user__membership__team").filter(key=Param("key", model._meta.pk))[:1])
+        self.read.compiled(alias)
 
     @classmethod
     def of(cls, model, alias=DEFAULT_DB_ALIAS):
@@ -67,14 +56,4 @@ class TokenRead:
 
     def __call__(self, key):
         """The token of that key, with its user, membership and team; None if there is none."""
-        params = list(self.params)
-        params[self.at] = key
-        with connections[self.alias].cursor() as cursor:
-            cursor.execute(self.sql, params)
-            rows = cursor.fetchall()
-        for row in self.compiler.results_iter(results=[rows]):
-            token = self.model.from_db(self.alias, self.names, row[self.start : self.end])
-            for populator in self.populators:
-                populator.populate(row, token)
-            return token
-        return None
+        return self.read.first(self.alias, key=key)

@@ -4,7 +4,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Case, F, FloatField, Func, Q, Sum, Value, When
+from django.db.models import BigIntegerField, Case, F, FloatField, Func, Q, Sum, UUIDField, Value, When
 from django.db.models.functions import Cast, Coalesce, Greatest, Least
 from django.http import HttpResponse, HttpResponseGone
 from django.shortcuts import redirect, render
@@ -14,6 +14,7 @@ from rest_framework.exceptions import ValidationError
 
 from accounts import audit
 from accounts.access import require_team, team_of
+from core.compiled import Param, Read
 from core.downloads import download_response
 from core.prefetch import relations_with_rows
 from jobs import durations, lineage, metrics, specfile, states, utilization
@@ -24,7 +25,7 @@ from jobs.downloads import artifact_response, log_response
 from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.logs import lines_html
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from jobs.run_data import checkpoint_is_gone, get_checkpoint, gone_message, job_checkpoints, metrics_data
 from jobs.spec_form import form_initial
 
@@ -198,6 +199,24 @@ def job_estimate(request):
     return render(request, "jobs/_estimate.html", context)
 
 
+# The page's reads of a job's rows, their SQL made once (core.compiled): its last log lines (one
+# more than it shows), its timeline and notices, its allocations with their nodes.
+LAST_LINES = Read(
+    lambda: (
+        JobEvent.objects.filter(job_id=Param("job", UUIDField()), kind="log", seq__lte=Param("upto", BigIntegerField()))
+        .order_by("-seq")
+        .values("seq", "stream", "rank", "text")[: LOG_LINES_ON_PAGE + 1]
+    )
+)
+PAGE_EVENTS = Read(
+    lambda: JobEvent.objects.filter(
+        job_id=Param("job", UUIDField()), kind__in=(*Job.TIMELINE_KINDS, "notice"), seq__lte=Param("upto", BigIntegerField())
+    ).order_by("seq")
+)
+JOB_ALLOCATIONS = Read(
+    lambda: Job.allocations.rel.related_model.objects.filter(job_id=Param("job", UUIDField())).select_related("node")
+)  # the scheduler's, read through the relation
+
 # The parts of a job its page reads only when the job has rows in them.
 PAGE_PARTS = ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs")
 
@@ -219,14 +238,14 @@ def job_detail(request, job_id):
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
     # As plain rows (what the template reads of them), not events: cheaper to make and to render.
     # One line more than the page shows says whether there are earlier ones (no second query).
-    lines = list(job.events.filter(kind="log", seq__lte=job.last_seq).order_by("-seq").values("seq", "stream", "rank", "text")[: LOG_LINES_ON_PAGE + 1])[::-1]
+    lines = LAST_LINES(job=job.pk, upto=job.last_seq)[::-1]
     earlier_lines = len(lines) > LOG_LINES_ON_PAGE
     lines = lines[1:] if earlier_lines else lines
     timeline, unisolated, environment = page_events(job)
     # Its allocations read once; of its other parts, only those it has rows in (most jobs have
     # no stagings left, credits, models or utilization): an empty query costs as much to make
     # (every job has its code among its uploads: those are read).
-    allocations = list(job.allocations.select_related("node"))
+    allocations = JOB_ALLOCATIONS(job=job.pk, known={"job": job})
     has = relations_with_rows(job, PAGE_PARTS)
     credited = "credits" in has
     artifacts = list(job.artifacts.all()) if "artifacts" in has else []
@@ -267,7 +286,7 @@ def page_events(job):
     state changes, checkpoints, resumes and notices are few, beside its log lines and metric
     points (an index of their own: jobs.models.JobEvent)."""
     timeline, unisolated, environment = [], None, None
-    for event in job.events.filter(kind__in=(*job.TIMELINE_KINDS, "notice"), seq__lte=job.last_seq).order_by("seq"):
+    for event in PAGE_EVENTS(job=job.pk, upto=job.last_seq, known={"job": job}):
         if event.kind != "notice":
             timeline.append(event)
             continue

@@ -1,0 +1,140 @@
+"""Reads whose SQL Django makes once per process, not at every call (issue 24).
+
+Django builds a queryset and compiles its SQL anew at every call. For the job page's reads that
+was most of each read's CPU: a job's last log lines as values() cost 0.72 ms, of which building
+the queryset 0.19, compiling it 0.14 and turning its rows into dicts 0.25, where executing the
+SQL and fetching the rows cost 0.15 (bench/read_load.py's data, PostgreSQL).
+
+A Read is a queryset built once, with a Param where each value goes. Compiled on first use for a
+database, its SQL and the compiler are kept; a call puts the values into the params (each
+prepared by its Param's field, as a lookup prepares it), runs the SQL on the calling thread's own
+connection, and gives back what the queryset would: model instances (Model.from_db, with
+select_related's related objects and annotations, as Django's ModelIterable makes them), dicts
+for values(), tuples or values for values_list(). Rows go through the compiler's converters, so
+every value reads as the ORM reads it. Under ASGI each request has a thread and a connection of
+its own, so the Read is the process's: the compiler, made on the first caller's connection, only
+converts values (the backend's pure functions).
+
+What a Read refuses (TypeError when it is made): prefetch_related (a second query per call),
+iterables other than those four, and values() or values_list() with extra or annotated columns.
+A Read's shape is fixed: what varies between calls goes in Params (no lists whose length varies:
+an IN of a list is compiled with one placeholder per item).
+"""
+
+import threading
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Expression
+from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesIterable, ValuesListIterable, get_related_populators
+
+
+class Param(Expression):
+    """Where a Read's value named `name` goes; `field` (a model field instance) prepares it for
+    the database as a lookup on such a field would (a UUID's text becomes a UUID)."""
+
+    def __init__(self, name, field):
+        super().__init__(output_field=field)
+        self.name = name
+
+    def as_sql(self, compiler, connection):
+        return "%s", [self]
+
+    def __repr__(self):
+        return f"Param({self.name!r})"
+
+
+class Read:
+    """A queryset read with its SQL made once per process and database (the module's
+    docstring). `build`: a function of no arguments that returns the queryset, with Params; it
+    is called when the Read is first used (after Django's apps are ready)."""
+
+    def __init__(self, build):
+        self.build = build
+        self._made = {}  # alias -> _Compiled
+        self._lock = threading.Lock()
+
+    def compiled(self, using=DEFAULT_DB_ALIAS):
+        """Its compiled form for the database, made on first use (once, whatever the threads)."""
+        compiled = self._made.get(using)
+        if compiled is None:
+            with self._lock:
+                compiled = self._made.get(using) or self._made.setdefault(using, _Compiled(self.build(), using))
+        return compiled
+
+    def __call__(self, using=DEFAULT_DB_ALIAS, known=None, **values):
+        """The rows for these values, as a list of what the queryset gives. known: {attribute:
+        object} set on each model instance, as a related manager's queryset sets the object it
+        was read through (allocation.job: the job, with no query)."""
+        rows = self.compiled(using).run(values)
+        if known:
+            for row in rows:
+                for name, obj in known.items():
+                    setattr(row, name, obj)
+        return rows
+
+    def first(self, using=DEFAULT_DB_ALIAS, known=None, **values):
+        """The first row, or None (the queryset should be sliced [:1])."""
+        rows = self(using, known, **values)
+        return rows[0] if rows else None
+
+
+class _Compiled:
+    def __init__(self, queryset, alias):
+        if queryset._prefetch_related_lookups:
+            raise TypeError("a Read cannot prefetch_related: a query per relation at each call")
+        self.kind = queryset._iterable_class
+        if self.kind not in (ModelIterable, ValuesIterable, ValuesListIterable, FlatValuesListIterable):
+            raise TypeError(f"a Read gives model instances, values() or values_list(), not {self.kind.__name__}")
+        query = queryset.query
+        if self.kind is not ModelIterable and (query.extra_select or query.annotation_select):
+            raise TypeError("a Read's values() or values_list() reads fields only (no extra or annotated columns)")
+        self.alias = alias
+        self.compiler = query.get_compiler(using=alias)
+        self.sql, params = self.compiler.as_sql()
+        self.params = list(params)
+        self.slots = [(i, p.name, p.output_field) for i, p in enumerate(self.params) if isinstance(p, Param)]
+        self.names = frozenset(name for _, name, _ in self.slots)
+        if self.kind is ModelIterable:
+            select, klass_info = self.compiler.select, self.compiler.klass_info
+            self.model = klass_info["model"]
+            fields = klass_info["select_fields"]
+            self.start, self.end = fields[0], fields[-1] + 1
+            self.attnames = [column[0].target.attname for column in select[self.start : self.end]]
+            self.populators = get_related_populators(klass_info, select, alias)
+            self.annotations = dict(self.compiler.annotation_col_map or {})
+        elif self.kind is ValuesIterable:
+            self.fields = list(query.values_select)
+
+    def run(self, values):
+        if set(values) != self.names:
+            missing, unknown = sorted(self.names - set(values)), sorted(set(values) - self.names)
+            raise TypeError(
+                f"a Read takes {', '.join(sorted(self.names)) or 'no values'}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+            )
+        connection = connections[self.alias]
+        params = list(self.params)
+        for i, name, field in self.slots:
+            params[i] = field.get_db_prep_value(values[name], connection, prepared=False)
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            rows = cursor.fetchall()
+        if not rows:
+            return []
+        converted = self.compiler.results_iter(results=[rows])
+        if self.kind is ModelIterable:
+            out = []
+            for row in converted:
+                obj = self.model.from_db(self.alias, self.attnames, row[self.start : self.end])
+                for populator in self.populators:
+                    populator.populate(row, obj)
+                for name, at in self.annotations.items():
+                    setattr(obj, name, row[at])
+                out.append(obj)
+            return out
+        if self.kind is ValuesIterable:
+            return [dict(zip(self.fields, row, strict=True)) for row in converted]
+        if self.kind is FlatValuesListIterable:
+            return [row[0] for row in converted]
+        return [tuple(row) for row in converted]

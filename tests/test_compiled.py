@@ -1,0 +1,90 @@
+"""core.compiled.Read: a queryset's SQL made once, its rows what the ORM gives."""
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.db.models import BigIntegerField, Count, UUIDField
+
+from core.compiled import Param, Read
+from jobs.models import Job, JobEvent
+from scheduler.models import Allocation, Node
+from tests.conftest import make_job
+
+
+def values_of(obj):
+    return {name: value for name, value in vars(obj).items() if not name.startswith("_")}
+
+
+@pytest.fixture
+def job(alice, rate):
+    job = make_job(alice)
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    JobEvent.append(job.pk, [JobEvent(kind="log", stream="stdout", text=f"line {n}", at=now) for n in range(5)])
+    JobEvent.append(job.pk, [JobEvent(kind="metric", data={"step": 1, "values": {"loss": 0.5}}, at=now)])
+    node = Node.objects.create(name="n1", device_type="a100", devices=8)
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    for n in range(2):
+        Allocation.objects.create(job=job, node=node, devices=[n], device_type="a100", rate=Decimal("2.40"), started_at=start + timedelta(hours=n))
+    job.refresh_from_db()
+    return job
+
+
+def test_model_instances_with_their_related_rows_are_the_orms_own(job, django_assert_num_queries):
+    built = []
+
+    def build():
+        built.append(1)
+        return Allocation.objects.filter(job_id=Param("job", UUIDField())).select_related("node", "job").order_by("started_at")
+
+    read = Read(build)
+    orm = list(Allocation.objects.filter(job=job).select_related("node", "job").order_by("started_at"))
+    for given in (job.pk, str(job.pk)):  # a UUID's text is prepared as a lookup prepares it
+        with django_assert_num_queries(1):
+            rows = read(job=given)
+            assert [r.node.name for r in rows] == ["n1", "n1"] and rows[0].job.name == job.name  # nothing left to read
+        assert [values_of(r) for r in rows] == [values_of(o) for o in orm]
+        assert [values_of(r.node) for r in rows] == [values_of(o.node) for o in orm]
+        assert [values_of(r.job) for r in rows] == [values_of(o.job) for o in orm]
+        assert all(not r._state.adding and r._state.db == "default" for r in rows)
+    assert built == [1]  # built and compiled once
+    assert read(job=Job.objects.exclude(pk=job.pk).values_list("pk", flat=True).first() or "00000000-0000-0000-0000-000000000000") == []
+
+
+def test_known_objects_are_set_on_each_instance_with_no_query(job, django_assert_num_queries):
+    read = Read(lambda: Allocation.objects.filter(job_id=Param("job", UUIDField())))
+    with django_assert_num_queries(1):
+        rows = read(job=job.pk, known={"job": job})
+        assert all(r.job is job for r in rows)
+
+
+def test_annotations_values_and_values_lists_read_as_the_orm_reads_them(job):
+    annotated = Read(lambda: Job.objects.filter(pk=Param("job", UUIDField())).annotate(held=Count("allocations")))
+    assert annotated(job=job.pk)[0].held == 2
+    upto = BigIntegerField()
+    as_dicts = Read(
+        lambda: JobEvent.objects.filter(job_id=Param("job", UUIDField()), seq__lte=Param("upto", upto)).order_by("-seq").values("seq", "kind", "data")[:3]
+    )
+    assert as_dicts(job=job.pk, upto=job.last_seq) == list(job.events.order_by("-seq").values("seq", "kind", "data")[:3])
+    as_tuples = Read(lambda: JobEvent.objects.filter(job_id=Param("job", UUIDField()), kind="metric").values_list("seq", "at", "data"))
+    ((seq, at, data),) = as_tuples(job=job.pk)
+    assert (seq, at, data) == job.events.filter(kind="metric").values_list("seq", "at", "data").get()
+    assert at.tzinfo is not None and data["values"] == {"loss": 0.5}  # the converters ran (aware time, JSON)
+    flat = Read(lambda: JobEvent.objects.filter(job_id=Param("job", UUIDField()), kind="log").order_by("seq").values_list("text", flat=True))
+    assert flat(job=job.pk) == [f"line {n}" for n in range(5)]
+    first = Read(lambda: JobEvent.objects.filter(job_id=Param("job", UUIDField()), kind="nothing")[:1])
+    assert first.first(job=job.pk) is None
+
+
+def test_what_a_read_cannot_do_is_refused_with_a_reason(job):
+    read = Read(lambda: Job.objects.filter(pk=Param("job", UUIDField()), team_id=Param("team", UUIDField())))
+    with pytest.raises(TypeError, match="takes job, team; missing team"):
+        read(job=job.pk)
+    with pytest.raises(TypeError, match="unknown other"):
+        read(job=job.pk, team=job.team_id, other=1)
+    with pytest.raises(TypeError, match="prefetch_related"):
+        Read(lambda: Job.objects.prefetch_related("allocations"))()
+    with pytest.raises(TypeError, match="no extra or annotated"):
+        Read(lambda: Job.objects.annotate(n=Count("allocations")).values("name", "n"))()
+    with pytest.raises(TypeError, match="not NamedValuesListIterable"):
+        Read(lambda: Job.objects.values_list("name", named=True))()
