@@ -251,9 +251,11 @@ def job_logs(request, job_id):
     # reading them (issue 24); their times as text, written by the database as the JSON would.
     rows = logs.filter(seq__gt=after).order_by("seq").annotate(at_text=IsoUtc("at"))
     fields = ("seq", "at", "stream", "rank", "text")
-    lines = [dict(zip(fields, row, strict=True)) for row in rows.values_list("seq", "at_text", "stream", "rank", "text")[:limit]]
+    # One line more than asked says whether there are more (no second query).
+    lines = [dict(zip(fields, row, strict=True)) for row in rows.values_list("seq", "at_text", "stream", "rank", "text")[: limit + 1]]
+    more = len(lines) > limit
+    lines = lines[:limit]
     next_after = lines[-1]["seq"] if lines else after
-    more = logs.filter(seq__gt=next_after).exists()
     return Response({"lines": lines, "next_after": next_after, "more": more, "state": job.state, "done": job.is_terminal and not more})
 
 

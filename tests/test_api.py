@@ -4,6 +4,8 @@ from unittest import mock
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
@@ -128,6 +130,13 @@ def test_logs_are_paged_by_sequence_number(api, alice):
     assert first["more"] is True
     rest = api.get(reverse("api:job-logs", args=[job.pk]) + f"?after={first['next_after']}").json()
     assert [line["text"] for line in rest["lines"]] == ["line 3", "line 4"] and rest["more"] is False
+    # Exactly the lines left: no more. One read of the events says so (a line past the page).
+    with CaptureQueriesContext(connection) as queries:
+        exact = api.get(reverse("api:job-logs", args=[job.pk]) + f"?after={first['next_after']}&limit=2").json()
+    assert [line["text"] for line in exact["lines"]] == ["line 3", "line 4"] and exact["more"] is False and exact["next_after"] == rest["next_after"]
+    assert sum('"jobs_jobevent"' in q["sql"] for q in queries) == 1
+    empty = api.get(reverse("api:job-logs", args=[job.pk]) + f"?after={rest['next_after']}").json()
+    assert empty["lines"] == [] and empty["more"] is False and empty["next_after"] == rest["next_after"]
 
 
 @pytest.mark.parametrize("query", ["?after=x", "?limit=0", "?limit=100000", "?after=-1"])
