@@ -7,6 +7,8 @@ from django.db.models import OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from core.compiled import Param, Read
+
 
 class NoRateInForce(Exception):
     def __init__(self, gpu_type):
@@ -15,13 +17,23 @@ class NoRateInForce(Exception):
         super().__init__(f"No rate is in force for {kind}: an operator has to set one before jobs can be submitted.")
 
 
+# Every submission asks for a rate: their SQL made once (core.compiled), used where the rates
+# asked of are all of them (Rate.objects, not a filtered queryset).
+RATE_OF_TYPE = Read(
+    lambda: Rate.objects.filter(effective_from__lte=Param("at", models.DateTimeField()), gpu_type=Param("gpu_type", models.CharField())).order_by(
+        "-effective_from", "-id"
+    )[:1]
+)
+RATES_SINCE = Read(lambda: Rate.objects.filter(effective_from__lte=Param("at", models.DateTimeField())).order_by("-effective_from", "-id"))
+
+
 class RateQuerySet(models.QuerySet):
     def in_force(self, gpu_type, at=None):
         """The rate for gpu_type at a moment: its own rate if it has one, else the any-type rate."""
         at = at or timezone.now()
         current = self.filter(effective_from__lte=at).order_by("-effective_from", "-id")
         for candidate in (gpu_type, ""):
-            rate = current.filter(gpu_type=candidate).first()
+            rate = current.filter(gpu_type=candidate).first() if self.query.has_filters() else RATE_OF_TYPE.first(at=at, gpu_type=candidate)
             if rate is not None:
                 return rate
         raise NoRateInForce(gpu_type)
@@ -31,7 +43,7 @@ class RateQuerySet(models.QuerySet):
         latest of each type, read in one query (every submission that names no type asks)."""
         at = at or timezone.now()
         latest = {}
-        for rate in self.filter(effective_from__lte=at).order_by("-effective_from", "-id"):
+        for rate in self.filter(effective_from__lte=at).order_by("-effective_from", "-id") if self.query.has_filters() else RATES_SINCE(at=at):
             latest.setdefault(rate.gpu_type, rate)
         if not latest:
             raise NoRateInForce("")

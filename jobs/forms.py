@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from django import forms
 from django.conf import settings
 from django.db import transaction
+from django.db.models import UUIDField
 from django.http import QueryDict
 from django.utils import timezone
 
@@ -26,6 +27,7 @@ from billing import meter
 from billing.models import NoRateInForce, Rate
 from catalog import datasets
 from catalog.models import Dataset, DatasetVersion
+from core.compiled import Param, Read
 from core.storage import get_storage
 from e31.recipes import RECIPES, validate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
@@ -250,8 +252,12 @@ def _as_querydict(mapping):
     return query
 
 
+STORED_JOB = Read(lambda: Job.objects.filter(pk=Param("job", UUIDField()))[:1])
+RATE_TYPES = Read(lambda: Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))  # made once (core.compiled)
+
+
 def device_type_choices():
-    types = compute().device_types() | set(Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
+    types = compute().device_types() | set(RATE_TYPES())
     return [("", "Any type")] + [(t, t) for t in sorted(types)]
 
 
@@ -935,7 +941,11 @@ class JobForm(WorkTextFields, RequestForm):
         models = [lineage.pin_model(job, label, files, source_job=source, description=description) for label, files, source, description in self.models]
         if cleaned.get("smoke_first"):
             lineage.smoke_run(job)
-        job.refresh_from_db(from_queryset=Job.objects.select_related("team"))  # the audit names its team
+        # Read back as stored (values normalised: decimals to their places, JSON as it comes
+        # back), its SQL made once; its team and user are the form's, already on it.
+        stored = STORED_JOB.first(job=job.pk)
+        for field in Job._meta.concrete_fields:
+            setattr(job, field.attname, getattr(stored, field.attname))
         # What was made with the job, as reading it back would find it (jobs.serializers.as_made).
         self.made = {"inputs": inputs, "uploads": uploads, "models": models, "events": [submitted]}
         return job

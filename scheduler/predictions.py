@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.utils import timezone
 
+from core.compiled import Read
 from jobs import states
 from jobs.models import Job
 from notifications import events as notify
@@ -99,11 +100,14 @@ def predict_request(team, request, *, gpu_type="", not_before=None, deadline=Non
     return predictions(queued_jobs(now, staged=False), now, extra=[wanted]).get(wanted.id, (None, None))
 
 
+NODE_TYPES = Read(lambda: Node.objects.values_list("device_type", flat=True))  # every submission's form asks: made once (core.compiled)
+
+
 class NodesCompute:
     """The runners' nodes as the job pages see them (jobs.compute)."""
 
     def device_types(self):
-        return set(Node.objects.values_list("device_type", flat=True))
+        return set(NODE_TYPES())
 
     def predict(self, team, request, **options):
         return predict_request(team, request, **options)
