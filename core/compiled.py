@@ -94,6 +94,8 @@ class _Compiled:
         self.params = list(params)
         self.slots = [(i, p.name, p.output_field) for i, p in enumerate(self.params) if isinstance(p, Param)]
         self.names = frozenset(name for _, name, _ in self.slots)
+        if reserved := self.names & {"using", "known"}:
+            raise TypeError(f"a Read's Param cannot be named {', '.join(sorted(reserved))}: the call's own arguments")
         if self.kind is ModelIterable:
             select, klass_info = self.compiler.select, self.compiler.klass_info
             self.model = klass_info["model"]

@@ -88,3 +88,5 @@ def test_what_a_read_cannot_do_is_refused_with_a_reason(job):
         Read(lambda: Job.objects.annotate(n=Count("allocations")).values("name", "n"))()
     with pytest.raises(TypeError, match="not NamedValuesListIterable"):
         Read(lambda: Job.objects.values_list("name", named=True))()
+    with pytest.raises(TypeError, match="cannot be named using"):
+        Read(lambda: Job.objects.filter(pk=Param("using", UUIDField())))(job=job.pk)
