@@ -11,13 +11,14 @@ from datetime import UTC
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Sum
+from django.db.models import DateField, Sum, UUIDField
 from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Team
 from billing import budgets, meter, statements
 from billing.models import Credit, NoRateInForce, Rate, UsageRecord
+from core.compiled import Param, Read
 from notifications import events as notify
 from notifications import policy as notify_policy
 from notifications.models import Notification
@@ -60,6 +61,27 @@ def _held_now(team_ids):
     return UsageRecord.ledger.filter(provisional=True, team_id__in=team_ids).select_related("allocation")
 
 
+# month_spend's reads for one team (core.compiled): what it was billed in a month and credited,
+# and its records the live meter still holds.
+TEAM_SPENT = Read(
+    lambda: (
+        UsageRecord.objects.filter(team_id=Param("team", UUIDField()), period=Param("period", DateField()))
+        .values("team_id")
+        .annotate(a=Sum("amount"))
+        .values_list("team_id", "a")
+    )
+)
+TEAM_CREDITED = Read(
+    lambda: (
+        Credit.objects.filter(team_id=Param("team", UUIDField()), period=Param("period", DateField()))
+        .values("team_id")
+        .annotate(a=Sum("amount"))
+        .values_list("team_id", "a")
+    )
+)
+TEAM_HELD = Read(lambda: UsageRecord.ledger.filter(provisional=True, team_id=Param("team", UUIDField())).select_related("allocation"))
+
+
 def month_spend(team_ids, now=None):
     """{team id: billing.budgets.Spend} for the calendar month (UTC) of `now`: released usage
     billed this month, and what the allocations running now have cost so far and may cost in
@@ -69,17 +91,18 @@ def month_spend(team_ids, now=None):
     start, _end = statements.month_bounds(utc.year, utc.month)
     team_ids = [str(team) for team in team_ids]
     period = start.date()
-    released = {
-        str(team): amount or Decimal(0)
-        for team, amount in UsageRecord.objects.filter(team_id__in=team_ids, period=period)
-        .values("team_id")
-        .annotate(amount=Sum("amount"))
-        .values_list("team_id", "amount")
-    }
-    for team, credit in Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a"):
+    if len(team_ids) == 1:  # one team's page or estimate: the same three reads, their SQL made once
+        team = team_ids[0]
+        spent, credits, held = TEAM_SPENT(team=team, period=period), TEAM_CREDITED(team=team, period=period), TEAM_HELD(team=team)
+    else:
+        spent = UsageRecord.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
+        credits = Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
+        held = _held_now(team_ids)
+    released = {str(team): amount or Decimal(0) for team, amount in spent}
+    for team, credit in credits:
         released[str(team)] = released.get(str(team), Decimal(0)) - (credit or Decimal(0))
     so_far, worst = {}, {}
-    for record in _held_now(team_ids):
+    for record in held:
         team, allocation = str(record.team_id), record.allocation
         spent = allocation.meter(now)[1]
         most = budgets.worst_case(allocation.gpus, allocation.rate, allocation.limit_seconds, allocation.cost_cap)

@@ -9,8 +9,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import NamedTuple
 
+from django.db.models import DateField, UUIDField
+
 from billing import statements
 from billing.models import Credit, UsageRecord
+from core.compiled import Param, Read
 
 
 class Record(NamedTuple):
@@ -31,16 +34,32 @@ class Record(NamedTuple):
     credit_reason: str
 
 
+def _month(team, period):
+    return UsageRecord.objects.filter(team_id=team, period=period)
+
+
+# The month's records and their credits, their SQL made once (core.compiled).
+MONTH_RECORDS = Read(
+    lambda: _month(Param("team", UUIDField()), Param("period", DateField())).values_list(
+        "id", "job_id", "job__name", "started_at", "ended_at", "gpus", "gpu_type", "held_seconds", "rate", "amount"
+    )
+)
+MONTH_CREDITS = Read(
+    lambda: Credit.objects.filter(usage__in=_month(Param("team", UUIDField()), Param("period", DateField())).values("pk")).values_list(
+        "usage_id", "seconds", "amount", "reason"
+    )
+)
+
+
 def month_records(team, year, month):
     """The team's records billed in the month, oldest first (the ledger's order), as Records."""
     start, _end = statements.month_bounds(year, month)
-    records = UsageRecord.objects.filter(team=team, period=start.date())
-    fields = ("id", "job_id", "job__name", "started_at", "ended_at", "gpus", "gpu_type", "held_seconds", "rate", "amount")
+    team_id = getattr(team, "pk", team)
     credits = {}
-    for usage_id, seconds, amount, reason in Credit.objects.filter(usage__in=records.values("pk")).values_list("usage_id", "seconds", "amount", "reason"):
+    for usage_id, seconds, amount, reason in MONTH_CREDITS(team=team_id, period=start.date()):
         credits.setdefault(usage_id, []).append((seconds, amount, reason))
     out, none = [], (0, Decimal(0), "")  # most records have no credit
-    for pk, job_id, job_name, *rest in records.values_list(*fields):
+    for pk, job_id, job_name, *rest in MONTH_RECORDS(team=team_id, period=start.date()):
         given = credits.get(pk)
         credited = (
             none if given is None else (sum(c[0] for c in given), sum((c[1] for c in given), Decimal(0)), "; ".join(dict.fromkeys(c[2] for c in given if c[2])))

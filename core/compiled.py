@@ -15,8 +15,8 @@ every value reads as the ORM reads it. Under ASGI each request has a thread and 
 its own, so the Read is the process's: the compiler, made on the first caller's connection, only
 converts values (the backend's pure functions).
 
-What a Read refuses (TypeError when it is made): prefetch_related (a second query per call),
-iterables other than those four, and values() or values_list() with extra or annotated columns.
+What a Read refuses (TypeError when it is made): prefetch_related (a second query per call) and
+iterables other than those four.
 A Read's shape is fixed: what varies between calls goes in Params (no lists whose length varies:
 an IN of a list is compiled with one placeholder per item).
 """
@@ -86,8 +86,6 @@ class _Compiled:
         if self.kind not in (ModelIterable, ValuesIterable, ValuesListIterable, FlatValuesListIterable):
             raise TypeError(f"a Read gives model instances, values() or values_list(), not {self.kind.__name__}")
         query = queryset.query
-        if self.kind is not ModelIterable and (query.extra_select or query.annotation_select):
-            raise TypeError("a Read's values() or values_list() reads fields only (no extra or annotated columns)")
         self.alias = alias
         self.compiler = query.get_compiler(using=alias)
         self.sql, params = self.compiler.as_sql()
@@ -104,8 +102,8 @@ class _Compiled:
             self.attnames = [column[0].target.attname for column in select[self.start : self.end]]
             self.populators = get_related_populators(klass_info, select, alias)
             self.annotations = dict(self.compiler.annotation_col_map or {})
-        elif self.kind is ValuesIterable:
-            self.fields = list(query.values_select)
+        else:  # the columns' names, in the SQL's order (as Django's ValuesIterable names them)
+            self.fields = list(query.selected) if query.selected else [*query.extra_select, *query.values_select, *query.annotation_select]
 
     def run(self, values):
         if set(values) != self.names:
