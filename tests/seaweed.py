@@ -21,13 +21,15 @@ WEED = Path(sys.executable).parent / "weed"
 
 
 def _free_ports(count):
-    """Ports that are free, each with port + 10000 free too (SeaweedFS's default gRPC offset)."""
-    ports = []
+    """Ports that are free, each with port + 10000 free too (SeaweedFS's default gRPC offset),
+    none of them another's: a filer on 32847 and a master on 42847 both wanted 42847 (the
+    filer's gRPC), and the server exited."""
+    ports, taken = [], set()
     while len(ports) < count:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port + 10000 > 65535 or port in ports:
+        if port + 10000 > 65535 or {port, port + 10000} & taken:
             continue
         with socket.socket() as s:
             try:
@@ -35,6 +37,7 @@ def _free_ports(count):
             except OSError:
                 continue
         ports.append(port)
+        taken.update((port, port + 10000))
     return ports
 
 
