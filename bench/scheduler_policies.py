@@ -310,15 +310,18 @@ def main():
     )
     for label, seed, jct, wait, largest, jain, reach in table:
         print(f"  {label:<32} seed {seed}: {jct:.3f}  {wait:.2f}  {largest:.2f}  {jain:.3f}  [{reach[0]:.2f}  {reach[1]:.2f}  {reach[2]:.2f}]")
-    for i, what, target in (
-        (2, "mean JCT / oracle's", "<= 1.05"),
-        (3, "longest wait / EASY's", "<= 1.25"),
-        (4, "largest class's longest wait / EASY's", "<= 1.25"),
-        (5, "Jain", ">= 0.85"),
+    for i, what, at_most, target in (
+        (2, "mean JCT / oracle's", True, 1.05),
+        (3, "longest wait / EASY's", True, 1.25),
+        (4, "largest class's longest wait / EASY's", True, 1.25),
+        (5, "Jain", False, 0.85),
     ):
         values = [row[i] for row in table]
-        met = sum(v <= float(target[3:]) if target[0] == "<" else v >= float(target[3:]) for v in values)
-        print(f"  {what}: min {min(values):.3f}, median {statistics.median(values):.3f}, max {max(values):.3f}; {met} of {len(values)} {target}")
+        met = sum(v <= target if at_most else v >= target for v in values)
+        print(
+            f"  {what}: min {min(values):.3f}, median {statistics.median(values):.3f}, max {max(values):.3f}; "
+            f"{met} of {len(values)} {'<=' if at_most else '>='} {target}"
+        )
     for i, what in ((0, "EASY's mean JCT / the oracle's"), (1, "the oracle's worst class's longest wait / EASY's"), (2, "the oracle's largest class's")):
         values = [row[6][i] for row in table]
         print(f"  reference: {what}: min {min(values):.2f}, median {statistics.median(values):.2f}, max {max(values):.2f}")

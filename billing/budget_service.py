@@ -61,23 +61,15 @@ def _held_now(team_ids):
     return UsageRecord.ledger.filter(provisional=True, team_id__in=team_ids).select_related("allocation")
 
 
+def _sums(model, **lookup):
+    """(team id, summed amount) of the model's rows (usage records, credits) matching lookup."""
+    return model.objects.filter(**lookup).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
+
+
 # month_spend's reads for one team (core.compiled): what it was billed in a month and credited,
 # and its records the live meter still holds.
-TEAM_SPENT = Read(
-    lambda: (
-        UsageRecord.objects.filter(team_id=Param("team", UUIDField()), period=Param("period", DateField()))
-        .values("team_id")
-        .annotate(a=Sum("amount"))
-        .values_list("team_id", "a")
-    )
-)
-TEAM_CREDITED = Read(
-    lambda: (
-        Credit.objects.filter(team_id=Param("team", UUIDField()), period=Param("period", DateField()))
-        .values("team_id")
-        .annotate(a=Sum("amount"))
-        .values_list("team_id", "a")
-    )
+TEAM_SPENT, TEAM_CREDITED = (
+    Read(lambda model=model: _sums(model, team_id=Param("team", UUIDField()), period=Param("period", DateField()))) for model in (UsageRecord, Credit)
 )
 TEAM_HELD = Read(lambda: UsageRecord.ledger.filter(provisional=True, team_id=Param("team", UUIDField())).select_related("allocation"))
 
@@ -95,8 +87,7 @@ def month_spend(team_ids, now=None):
         team = team_ids[0]
         spent, credits, held = TEAM_SPENT(team=team, period=period), TEAM_CREDITED(team=team, period=period), TEAM_HELD(team=team)
     else:
-        spent = UsageRecord.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
-        credits = Credit.objects.filter(team_id__in=team_ids, period=period).values("team_id").annotate(a=Sum("amount")).values_list("team_id", "a")
+        spent, credits = (_sums(model, team_id__in=team_ids, period=period) for model in (UsageRecord, Credit))
         held = _held_now(team_ids)
     released = {str(team): amount or Decimal(0) for team, amount in spent}
     for team, credit in credits:
