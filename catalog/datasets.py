@@ -21,12 +21,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import CharField, IntegerField, UUIDField
 from django.utils import timezone
 
 from catalog import usage
 from catalog.models import Dataset, DatasetUpload, DatasetVersion
 from core import buckets
 from core.buffers import read_buffer
+from core.compiled import Param, Read
 from core.endpoints import check_endpoint
 from core.secrets_box import seal
 from core.storage import (
@@ -215,6 +217,17 @@ def claim_scans(limit=1):
     return claimed
 
 
+def _ready_versions():
+    return DatasetVersion.objects.select_related("dataset").filter(
+        dataset__team_id=Param("team", UUIDField()), dataset__name=Param("name", CharField()), state=DatasetVersion.READY
+    )
+
+
+# A ready version of a dataset of the team by its name: the latest, or by its number (SQL made once).
+READY_LATEST = Read(lambda: _ready_versions().order_by("-number")[:1])
+READY_NUMBER = Read(lambda: _ready_versions().filter(number=Param("number", IntegerField()))[:1])
+
+
 def resolve(team, ref):
     """The version a job should pin for a dataset named by name or id, with an optional
     @version: "digits", "digits@2". Raises DatasetError."""
@@ -224,8 +237,7 @@ def resolve(team, ref):
     # one query with its dataset; anything else (an id, a version not ready, no such dataset)
     # the way below, with its reasons.
     if not number or number.isdigit():
-        ready = DatasetVersion.objects.select_related("dataset").filter(dataset__team=team, dataset__name=name, state=DatasetVersion.READY)
-        found = (ready.filter(number=int(number)) if number else ready.order_by("-number")).first()
+        found = READY_NUMBER.first(team=team.pk, name=name, number=int(number)) if number else READY_LATEST.first(team=team.pk, name=name)
         if found is not None:
             return found
     datasets = Dataset.objects.filter(team=team)

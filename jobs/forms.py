@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 FILE_ROLES = {"code": Upload.CODE, "data": Upload.TRAIN, "heldout": Upload.HELDOUT, "base_model": Upload.MODEL}
 METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
 KEPT_FIELD = {Upload.CODE: "kept_code", Upload.TRAIN: "kept_data", Upload.HELDOUT: "kept_heldout", Upload.MODEL: "kept_model"}
+KEPT_FIELDS = {**KEPT_FIELD, Upload.INPUT: "kept_inputs"}  # every kept upload's field, by its role
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
@@ -86,7 +87,30 @@ class MultipleFileInput(forms.ClearableFileInput):
     allow_multiple_selected = True
 
 
-class KnownChoiceField(forms.ModelChoiceField):
+class LazyQueryset:
+    """A model choice field whose queryset is made when it is first read, not with the form
+    (lazy_queryset): a submission through the API reads few of the job form's eleven, and
+    building each cost about as much as running a query."""
+
+    _make = None
+
+    def lazy_queryset(self, make):
+        self._make = make
+
+    def _get_queryset(self):
+        if self._make is not None:
+            make, self._make = self._make, None
+            forms.ModelChoiceField._set_queryset(self, make())
+        return self._queryset
+
+    def _set_queryset(self, queryset):
+        self._make = None
+        forms.ModelChoiceField._set_queryset(self, queryset)
+
+    queryset = property(_get_queryset, _set_queryset)
+
+
+class KnownChoiceField(LazyQueryset, forms.ModelChoiceField):
     """A ModelChoiceField that takes an object the request already holds without reading it
     again: one that the form's own checks made sure of (JobForm's `known`), by its id."""
 
@@ -95,6 +119,27 @@ class KnownChoiceField(forms.ModelChoiceField):
     def to_python(self, value):
         found = self.known.get(str(value)) if value not in self.empty_values else None
         return found if found is not None else super().to_python(value)
+
+
+class KnownMultipleChoiceField(LazyQueryset, forms.ModelMultipleChoiceField):
+    """A ModelMultipleChoiceField that cleans to a list, in its queryset's order: none for no
+    value (Django's own makes an empty queryset, and the form's checks that read it built and
+    compiled its SQL each time), the objects the request already holds unread where every id
+    is one of them (`known`, as KnownChoiceField's), else those its queryset finds."""
+
+    known: dict[str, object] = {}
+
+    def clean(self, value):
+        value = self.prepare_value(value)
+        if not value and not self.required:
+            return []
+        if isinstance(value, list | tuple) and value and all(str(v) in self.known for v in value):
+            self.run_validators(value)
+            found = list({str(v): self.known[str(v)] for v in value}.values())
+            for name in reversed(self.queryset.model._meta.ordering):  # the queryset's order
+                found.sort(key=lambda obj, name=name: getattr(obj, name.lstrip("-")), reverse=name.startswith("-"))
+            return found
+        return list(super().clean(value))
 
 
 class DateTimeLocalInput(forms.DateTimeInput):
@@ -498,12 +543,12 @@ class JobForm(WorkTextFields, RequestForm):
     train_dataset = KnownChoiceField(queryset=Dataset.objects.none(), required=False, label="Training dataset", help_text="Its latest version is used.")
     train_version = KnownChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     data = forms.FileField(required=False, widget=MultipleFileInput, label="Training files")
-    kept_data = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    kept_data = KnownMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     heldout_dataset = KnownChoiceField(queryset=Dataset.objects.none(), required=False, label="Held-out dataset")
     heldout_version = KnownChoiceField(queryset=DatasetVersion.objects.none(), required=False, widget=forms.HiddenInput)
     heldout = forms.FileField(required=False, widget=MultipleFileInput, label="Held-out files")
-    kept_heldout = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
-    kept_inputs = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    kept_heldout = KnownMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    kept_inputs = KnownMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
     inputs = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "placeholder": "training: digits\ntesting: digits-heldout@1"}),
@@ -513,13 +558,13 @@ class JobForm(WorkTextFields, RequestForm):
     )
 
     # Models: where a fine-tuning starts, what an evaluation scores
-    start_job = forms.ModelChoiceField(
+    start_job = KnownChoiceField(
         queryset=Job.objects.none(),
         required=False,
         label="Starting model: a previous job's weights",
         help_text="Fine-tune from the weights one of your team's finished jobs wrote.",
     )
-    evaluate_jobs = forms.ModelMultipleChoiceField(
+    evaluate_jobs = KnownMultipleChoiceField(
         queryset=Job.objects.none(),
         required=False,
         label="Models to score: previous jobs' weights",
@@ -530,7 +575,7 @@ class JobForm(WorkTextFields, RequestForm):
         label="Or upload a model",
         help_text="Weights as safetensors or a torch state dict (.pt), with the recipe.json that names its architecture if it came from a recipe.",
     )
-    kept_model = forms.ModelMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
+    kept_model = KnownMultipleChoiceField(queryset=Upload.objects.none(), required=False, widget=forms.MultipleHiddenInput)
 
     # Checkpoints and stopping
     keep_checkpoints = forms.IntegerField(
@@ -584,22 +629,18 @@ class JobForm(WorkTextFields, RequestForm):
         super().__init__(*args, **kwargs)
         self.team = team
         self.upload_errors = upload_errors or {}
-        ready = Dataset.objects.filter(team=team, versions__state=DatasetVersion.READY).distinct()
-        self.fields["train_dataset"].queryset = ready
-        self.fields["heldout_dataset"].queryset = ready
-        # With their datasets: the new job keeps each version's NAME@N (Job.save).
-        versions = DatasetVersion.objects.filter(dataset__team=team, state=DatasetVersion.READY).select_related("dataset")
-        self.fields["train_version"].queryset = versions
-        self.fields["heldout_version"].queryset = versions
-        pending = Upload.objects.filter(team=team, job__isnull=True)
-        self.fields["kept_code"].queryset = pending.filter(role=Upload.CODE)
-        self.fields["kept_data"].queryset = pending.filter(role=Upload.TRAIN)
-        self.fields["kept_heldout"].queryset = pending.filter(role=Upload.HELDOUT)
-        self.fields["kept_model"].queryset = pending.filter(role=Upload.MODEL)
-        self.fields["kept_inputs"].queryset = pending.filter(role=Upload.INPUT)
-        finished = Job.objects.filter(team=team, state__in=[states.SUCCEEDED, states.STOPPED], artifacts__isnull=False).distinct()
-        self.fields["start_job"].queryset = finished
-        self.fields["evaluate_jobs"].queryset = finished
+        # Each made when first read (LazyQueryset).
+        for field in ("train_dataset", "heldout_dataset"):
+            self.fields[field].lazy_queryset(lambda: Dataset.objects.filter(team=team, versions__state=DatasetVersion.READY).distinct())
+        for field in ("train_version", "heldout_version"):
+            # With their datasets: the new job keeps each version's NAME@N (Job.save).
+            self.fields[field].lazy_queryset(lambda: DatasetVersion.objects.filter(dataset__team=team, state=DatasetVersion.READY).select_related("dataset"))
+        for role, field in KEPT_FIELDS.items():
+            self.fields[field].lazy_queryset(lambda role=role: Upload.objects.filter(team=team, job__isnull=True, role=role))
+        for field in ("start_job", "evaluate_jobs"):
+            self.fields[field].lazy_queryset(
+                lambda: Job.objects.filter(team=team, state__in=[states.SUCCEEDED, states.STOPPED], artifacts__isnull=False).distinct()
+            )
         for field, objects in _known(team, known).items():
             self.fields[field].known = objects
 
@@ -953,12 +994,13 @@ class JobForm(WorkTextFields, RequestForm):
 
 def _known(team, objects):
     """{field: {id: object}} of the objects a JobForm's fields may take unread: those its
-    querysets would find. A code upload of the team not yet with a job (kept_code); a ready
-    version of one of the team's datasets, and its dataset (the train and held-out fields)."""
+    querysets would find. An upload of the team not yet with a job (the kept field of its
+    role); a ready version of one of the team's datasets, and its dataset (the train and
+    held-out fields)."""
     found = {}
     for obj in objects:
-        if isinstance(obj, Upload) and obj.team_id == team.pk and obj.job_id is None and obj.role == Upload.CODE:
-            found.setdefault("kept_code", {})[str(obj.pk)] = obj
+        if isinstance(obj, Upload) and obj.team_id == team.pk and obj.job_id is None and obj.role in KEPT_FIELDS:
+            found.setdefault(KEPT_FIELDS[obj.role], {})[str(obj.pk)] = obj
         elif isinstance(obj, DatasetVersion) and obj.state == DatasetVersion.READY and obj.dataset.team_id == team.pk:
             for field in ("train_version", "heldout_version"):
                 found.setdefault(field, {})[str(obj.pk)] = obj

@@ -430,6 +430,78 @@ def test_the_form_takes_unread_only_what_its_querysets_would_find(alice, charlie
     sealing = DatasetVersion.objects.create(dataset=dataset, number=ready.number + 1, state=DatasetVersion.OPEN)
     found = _known(team, [mine, theirs, data, used, ready, sealing])
     assert found["kept_code"] == {str(mine.pk): mine}
+    assert found["kept_data"] == {str(data.pk): data}
     assert found["train_version"] == found["heldout_version"] == {str(ready.pk): ready}
     assert found["train_dataset"] == {str(dataset.pk): dataset}
     assert _known(charlie.membership.team, [mine, ready]) == {}
+
+
+def test_a_submission_with_files_of_every_role_reads_none_of_them_back(client, alice, rate):
+    """The files a request sent are the kept fields' objects unread (jobs.forms.KnownMultipleChoiceField)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(alice)
+    spec = "name: files\nkind: evaluate\nwork:\n  code: train.py\nrequest:\n  gpus: 1\n  span_hours: 1\n"
+    files = {
+        "code": script(),
+        "heldout": SimpleUploadedFile("test.csv", b"x\n1\n"),
+        "base_model": SimpleUploadedFile("model.safetensors", b"w"),
+        "input:extra": [SimpleUploadedFile("b.txt", b"2"), SimpleUploadedFile("a.txt", b"1")],
+    }
+    with CaptureQueriesContext(connection) as captured:
+        response = client.post("/api/jobs/", {"spec": spec, "spec_name": "job.yaml", **files})
+    assert response.status_code == 201, response.content
+    reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    assert not [sql for sql in reads if 'FROM "jobs_upload"' in sql], reads
+    job = Job.objects.get(pk=response.json()["id"])
+    assert sorted(job.uploads.values_list("role", "name")) == [
+        ("code", "train.py"),
+        ("heldout", "test.csv"),
+        ("input", "a.txt"),
+        ("input", "b.txt"),
+        ("model", "model.safetensors"),
+    ]
+    # In its queryset's order (created, then name), as reading the job back gives them.
+    assert response.json()["inputs"] == {"extra": ["b.txt", "a.txt"]}
+    assert client.get(reverse("api:job", args=[job.pk])).json() == response.json()
+
+
+def test_kept_files_of_another_team_or_of_a_job_are_refused(client_a, alice, charlie):
+    from tests.conftest import upload
+
+    theirs = upload(charlie.membership.team, charlie, Upload.TRAIN, "secret.csv", b"1")
+    mine = upload(alice.membership.team, alice, Upload.TRAIN, "a.csv", b"1")
+    used = upload(alice.membership.team, alice, Upload.TRAIN, "used.csv", b"1")
+    used.job = Job.objects.create(team=alice.membership.team, created_by=alice, name="old", gpus=1)
+    used.save()
+    for kept in ([theirs], [used], [mine, theirs]):
+        response = post(client_a, code=script(), kept_data=[str(u.pk) for u in kept])
+        assert response.status_code == 200, [u.name for u in kept]
+        assert errors_of(response)["data"] == ["An earlier upload is no longer available: please upload it again."]
+    assert not Job.objects.exclude(pk=used.job.pk).exists()
+    response = post(client_a, code=script(), kept_data=[str(mine.pk)])
+    assert response.status_code == 302, errors_of(response)
+    assert Upload.objects.get(pk=mine.pk).job is not None and Upload.objects.get(pk=theirs.pk).job is None
+
+
+def test_the_job_form_builds_no_queryset_until_one_is_read(alice, charlie):
+    """Building the form's eleven querysets cost a submission as much as running a query each
+    (jobs.forms.LazyQueryset): they are built when read, and are what they were."""
+    from unittest import mock
+
+    from django.db.models.query import QuerySet
+
+    from jobs import forms
+    from tests.conftest import upload
+
+    team = alice.membership.team
+    with mock.patch.object(QuerySet, "filter", side_effect=AssertionError("a queryset was built")):
+        form = forms.JobForm({"gpus": "1"}, team=team)
+    with mock.patch.object(QuerySet, "none", side_effect=AssertionError("a queryset was built")):
+        assert form.fields["kept_data"].clean([]) == []  # nothing sent: no files, no query
+    mine = upload(team, alice, Upload.TRAIN, "a.csv", b"1")
+    upload(team, alice, Upload.CODE, "train.py", b"1")
+    upload(charlie.membership.team, charlie, Upload.TRAIN, "b.csv", b"1")
+    assert list(form.fields["kept_data"].queryset) == [mine]
+    assert form.fields["kept_data"].queryset is form.fields["kept_data"].queryset  # built once
