@@ -18,6 +18,7 @@ from django import forms
 from django.conf import settings
 from django.db import transaction
 from django.db.models import UUIDField
+from django.forms.models import ModelChoiceIterator
 from django.http import QueryDict
 from django.utils import timezone
 
@@ -87,15 +88,37 @@ class MultipleFileInput(forms.ClearableFileInput):
     allow_multiple_selected = True
 
 
+class _LazyChoices(ModelChoiceIterator):
+    """A model choice field's choices, reading its queryset only when they are listed."""
+
+    def __init__(self, field):
+        self.field = field
+
+    @property
+    def queryset(self):
+        return self.field.queryset
+
+
 class LazyQueryset:
     """A model choice field whose queryset is made when it is first read, not with the form
-    (lazy_queryset): a submission through the API reads few of the job form's eleven, and
-    building each cost about as much as running a query."""
+    (lazy_queryset), nor copied with it: a submission through the API reads few of the job
+    form's eleven, and building each cost about as much as running a query. Its choices, on a
+    page, are what the queryset finds when they are listed."""
 
     _make = None
+    iterator = _LazyChoices
 
     def lazy_queryset(self, make):
         self._make = make
+        self.widget.choices = self.choices
+
+    def __deepcopy__(self, memo):
+        # Django's clones the queryset (ModelChoiceField.__deepcopy__): this one is cloned when read.
+        result = forms.Field.__deepcopy__(self, memo)
+        if self._make is None and self._queryset is not None:
+            result._make = self._queryset.all
+        result.widget.choices = result.choices
+        return result
 
     def _get_queryset(self):
         if self._make is not None:

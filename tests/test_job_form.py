@@ -505,3 +505,17 @@ def test_the_job_form_builds_no_queryset_until_one_is_read(alice, charlie):
     upload(charlie.membership.team, charlie, Upload.TRAIN, "b.csv", b"1")
     assert list(form.fields["kept_data"].queryset) == [mine]
     assert form.fields["kept_data"].queryset is form.fields["kept_data"].queryset  # built once
+
+
+def test_the_page_lists_the_teams_ready_datasets_and_finished_jobs_as_choices(client_a, alice, charlie, dataset):
+    """The choices are what each lazily made queryset finds, when the page lists them."""
+    from tests.conftest import add_dataset
+
+    add_dataset(charlie.membership.team, "theirs", {"a.csv": b"1"})
+    finished = Job.objects.create(team=alice.membership.team, created_by=alice, name="done", gpus=1, state="succeeded")
+    finished.artifacts.create(name="model.pt", size=1, key="k", sha256="0" * 64)
+    page = client_a.get(URL).content.decode()
+    for field, value, label in (("train_dataset", dataset.pk, "numbers"), ("heldout_dataset", dataset.pk, "numbers"), ("start_job", finished.pk, "done")):
+        select = page.split(f'name="{field}"')[1].split("</select>")[0]
+        assert f'value="{value}"' in select and label in select, field
+    assert "theirs" not in page
