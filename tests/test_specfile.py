@@ -133,3 +133,48 @@ def test_the_precision_is_part_of_the_work_and_reads_back_from_a_dump():
     dumped = {"name": "n", "kind": "train", "work": {"recipe": "charlm", "precision": "fp16"}, "request": {"gpus": 1, "span_hours": 1}}
     assert specfile.read(specfile.dump(dumped), "n.yaml").fields["precision"] == "fp16"
     assert specfile.read('{"gpus": 1, "precision": "fp32"}', "job.json").fields == {"gpus": 1, "precision": "fp32"}
+
+
+# libyaml reads specs where PyYAML has it (jobs.specfile._loader), as PyYAML's own parser did --
+
+READ_BOTH_WAYS = {
+    "a spec": "name: tune\nwork:\n  code: train.py\n  args: [--epochs, '3']\n  config: {lr: 0.01, layers: [1, 2]}\nrequest:\n  gpus: 2\n",
+    "dates and numbers": "when: 2026-12-06\nat: 2026-12-06T08:00:00Z\nn: 0x1f\nf: 1e3\nyes: yes\nnothing: ~\n",
+    "an anchor": "a: &x 1\nb: *x\n",
+    "an alias first": "a:\n  - 1\n  - *x\n",
+    "nested too deeply": "".join("  " * i + "k:\n" for i in range(40)) + "  " * 40 + "v: 1\n",
+    "flow nested too deeply": "a: " + "[" * 40 + "]" * 40 + "\n",
+    "flow nested past libyaml's own limit": "a: " + "[" * 2000 + "]" * 2000 + "\n",
+    "a syntax error": "name: x\nwork: [a\nrequest:\n  gpus: 1\n",
+    "a tab": "name: x\n\twork: 1\n",
+    "a control character": "name: \x03\n",
+}
+
+
+def _read(text):
+    try:
+        node, value = specfile._parse_yaml(text)
+    except specfile.ParseError as error:
+        return "refused", error.line, str(error).split(":")[0] if error.line is None else None
+    return value, [(key.value, key.start_mark.line) for key, _ in node.value]
+
+
+@pytest.mark.nodb
+@pytest.mark.parametrize("text", READ_BOTH_WAYS.values(), ids=READ_BOTH_WAYS.keys())
+def test_libyaml_reads_and_refuses_specs_as_pyyamls_parser_does(text, monkeypatch):
+    if specfile._CLoader is None:
+        pytest.skip("PyYAML without libyaml")
+    fast = _read(text)
+    monkeypatch.setattr(specfile, "_CLoader", None)
+    assert fast == _read(text)  # the values and each key's line; a refusal's line
+
+
+@pytest.mark.nodb
+def test_a_spec_is_read_by_libyaml_where_pyyaml_has_it():
+    import yaml
+
+    loader = specfile._loader("name: x\n")
+    try:
+        assert isinstance(loader, yaml.CSafeLoader) == yaml.__with_libyaml__
+    finally:
+        loader.dispose()
