@@ -14,9 +14,11 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from accounts.ws_auth import TokenOrSessionAuth  # noqa: E402
-from e31web import collector  # noqa: E402
+from e31web import collector, http_bodies  # noqa: E402
 from e31web.admission import Admission  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
+
+http_bodies.install()  # twisted, under daphne, parses no upload in memory
 
 application = ProtocolTypeRouter(
     {
