@@ -114,8 +114,8 @@ def job_new(request):
     if request.method == "POST" and "spec_file" in request.FILES:
         return job_new_from_spec(request, team)
     if request.method == "POST":
-        data, upload_errors, _ = keep_uploads(request.FILES, request.POST, team, request.user)
-        form = JobForm(data, team=team, upload_errors=upload_errors)
+        data, upload_errors, created = keep_uploads(request.FILES, request.POST, team, request.user)
+        form = JobForm(data, team=team, upload_errors=upload_errors, known=created)  # the files sent: taken unread
         if form.is_valid():
             job = form.submit(request)
             messages.success(request, f"Job {job.name} submitted.")

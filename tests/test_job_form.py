@@ -519,3 +519,15 @@ def test_the_page_lists_the_teams_ready_datasets_and_finished_jobs_as_choices(cl
         select = page.split(f'name="{field}"')[1].split("</select>")[0]
         assert f'value="{value}"' in select and label in select, field
     assert "theirs" not in page
+
+
+def test_the_page_takes_the_files_it_was_sent_unread(client_a):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        response = post(client_a, code=script(), data=data_file(), heldout=SimpleUploadedFile("test.csv", b"x\n1\n"))
+    assert response.status_code == 302, errors_of(response)
+    reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    assert not [sql for sql in reads if 'FROM "jobs_upload"' in sql], reads
+    assert sorted(Job.objects.get().uploads.values_list("name", flat=True)) == ["test.csv", "train.csv", "train.py"]
