@@ -109,8 +109,7 @@ class LazyQueryset:
     iterator = _LazyChoices
 
     def lazy_queryset(self, make):
-        self._make = make
-        self.widget.choices = self.choices
+        self._make = make  # the widget's choices already read the field's queryset when listed
 
     def __deepcopy__(self, memo):
         # Django's clones the queryset (ModelChoiceField.__deepcopy__): this one is cloned when read.

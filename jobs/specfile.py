@@ -306,40 +306,16 @@ def _anchored(event):
     return f"written with YAML anchors or aliases ({mark}{event.anchor}), which are not accepted: write each value out"
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML without anchors and aliases, and nested at most MAX_DEPTH deep: both refused as
-    the parser meets them, so a hostile text costs the few events read up to there."""
-
-    def __init__(self, text):
-        super().__init__(text)
-        self.depth = 0
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        line = event.start_mark.line + 1
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise ParseError(_anchored(event), line)
-        nests = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
-        self.depth += nests
-        if self.depth > MAX_DEPTH:
-            raise ParseError(TOO_DEEP, line)
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= nests
-
-
-_CLoader = getattr(yaml, "CSafeLoader", None)  # PyYAML built with libyaml
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where PyYAML has it: 6x faster on a spec
 
 
 def _loader(text):
-    """A loader of the text that refuses what _Loader refuses. libyaml's, 6x faster on a spec,
-    where PyYAML has it and the text has no character YAML does not allow (PyYAML's reader
-    words those): its events are screened first (anchors, aliases, nesting past MAX_DEPTH,
-    each refused at its line as the parser meets it), then it composes; else _Loader."""
-    if _CLoader is None or yaml.reader.Reader.NON_PRINTABLE.search(text):
-        return _Loader(text)
-    screen, depth = _CLoader(text), 0
+    """A loader of the text, its YAML screened first: without anchors and aliases, and nested
+    at most MAX_DEPTH deep, each refused at its line as the parser meets it, so a hostile text
+    costs the few events read up to there. Then a fresh loader composes. A text with a
+    character YAML does not allow goes to PyYAML's own reader, which refuses it in its words."""
+    kind = yaml.SafeLoader if yaml.reader.Reader.NON_PRINTABLE.search(text) else _SafeLoader
+    screen, depth = kind(text), 0
     try:
         while _screened_event(screen):
             event = screen.get_event()
@@ -354,7 +330,7 @@ def _loader(text):
                 depth -= 1
     finally:
         screen.dispose()
-    return _CLoader(text)
+    return kind(text)
 
 
 def _screened_event(loader):
