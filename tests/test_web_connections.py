@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import zoneinfo
 from concurrent.futures import ThreadPoolExecutor
@@ -166,6 +167,74 @@ def test_under_daphne_a_request_goes_to_a_thread_once_not_per_middleware_method(
     from e31web import asgi  # the web worker's
 
     assert isinstance(asgi.django_asgi_app, handler.OneHopASGIHandler)
+
+
+def _eventually(check, seconds=10):
+    end = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _threads_of_requests(app, requests):
+    """The threads the app ran its requests' sync code in (request_started's receivers run in
+    the request's thread), one request after another."""
+    from django.core.signals import request_started
+
+    seen = []  # the threads themselves, held: a dead thread's ident may be a new thread's
+
+    def started(**kwargs):
+        seen.append(threading.current_thread())
+
+    request_started.connect(started)
+    try:
+        for _ in range(requests):
+            assert _served(app, "/accounts/login/")[0] == 200
+    finally:
+        request_started.disconnect(started)
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_daphne_each_request_is_lent_a_kept_thread_not_given_a_new_one():
+    """asgiref's ThreadSensitiveContext, as Django's ASGI handler enters it, started a thread for
+    each request's sync code and another to shut it down: about 250 us a request."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    from e31web.handler import OneHopASGIHandler
+
+    before = threading.active_count()
+    app = OneHopASGIHandler()
+    seen = _threads_of_requests(app, 12)
+    # A thread comes back a moment after its request (once it has finished all it was given):
+    # the next request may find it not back yet, and be lent a second one. Never more.
+    assert len(set(seen)) <= 2, seen
+    assert _eventually(lambda: len(app.threads) == len(set(seen)))  # all kept
+    assert threading.active_count() <= before + 2
+    assert len(set(_threads_of_requests(ASGIHandler(), 4))) == 4  # Django's own: a new thread each time
+
+
+@pytest.mark.nodb
+def test_a_thread_comes_back_only_once_it_has_finished_what_it_was_given():
+    """A request its client left ends while its view may still run: the next request is lent
+    another thread, not queued behind that view."""
+    from e31web.handler import RequestThreads
+
+    threads = RequestThreads()
+    first = threads.lend()
+    go = threading.Event()
+    running = first.submit(go.wait, 30)  # the abandoned request's view, still running
+    threads.give_back(first)
+    second = threads.lend()
+    assert second is not first and len(threads) == 0
+    go.set()
+    assert running.result(timeout=30) is True
+    assert _eventually(lambda: len(threads) == 1)  # the first comes back once its view has returned
+    assert threads.lend() is first
+    for executor in (first, second):
+        executor.shutdown()
 
 
 @pytest.mark.django_db(transaction=True)
