@@ -17,14 +17,15 @@ converts values (the backend's pure functions).
 
 What a Read refuses (TypeError when it is made): prefetch_related (a second query per call) and
 iterables other than those four.
-A Read's shape is fixed: what varies between calls goes in Params (no lists whose length varies:
-an IN of a list is compiled with one placeholder per item).
+A Read's shape is fixed: what varies between calls goes in Params. An IN of a list is compiled
+with one placeholder per item, so a list whose length varies goes in as one value: OneOf.
 """
 
+import json
 import threading
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import Expression
+from django.db.models import BooleanField, Expression, F, Field
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesIterable, ValuesListIterable, get_related_populators
 
 
@@ -41,6 +42,44 @@ class Param(Expression):
 
     def __repr__(self):
         return f"Param({self.name!r})"
+
+
+class IdList(Field):
+    """A list of values of one field, as one parameter: an array on PostgreSQL, JSON text
+    elsewhere (SQLite has no arrays), each item prepared by `item` as a lookup on it would."""
+
+    def __init__(self, item):
+        super().__init__()
+        self.item = item
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        items = [self.item.get_db_prep_value(v, connection, prepared=False) for v in value]
+        return items if connection.vendor == "postgresql" else json.dumps(items)
+
+
+class OneOf(Expression):
+    """A condition for a Read: `column` is one of the list given as its value `name` (items of
+    the model field `field`, prepared as it prepares them). One parameter whatever the list's
+    length: PostgreSQL's `= ANY(array)`, SQLite's `IN (SELECT value FROM json_each(text))`."""
+
+    conditional = True
+
+    def __init__(self, column, name, field):
+        super().__init__(output_field=BooleanField())
+        self.column = F(column) if isinstance(column, str) else column
+        self.param = Param(name, IdList(field))
+
+    def get_source_expressions(self):
+        return [self.column]
+
+    def set_source_expressions(self, exprs):
+        [self.column] = exprs
+
+    def as_sql(self, compiler, connection):
+        sql, params = compiler.compile(self.column)
+        if connection.vendor == "postgresql":
+            return f"{sql} = ANY(%s)", [*params, self.param]
+        return f"{sql} IN (SELECT value FROM json_each(%s))", [*params, self.param]
 
 
 class Read:

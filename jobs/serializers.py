@@ -18,12 +18,12 @@ Also here: the request bodies of the views that answer these shapes.
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Prefetch
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
 from billing.models import Credit
-from core.prefetch import prefetch_sparse
+from core.compiled import OneOf, Read
+from core.prefetch import ReadPrefetch, prefetch_sparse
 from core.serializers import DirectSerializer, Facts, FactsSerializer, Moment, absolute_url, nullable_str
 from e31.recipes.precision import PRECISIONS
 from jobs.ceiling import job_ceiling
@@ -68,14 +68,23 @@ def timeline_entry(seq, at, kind, data):
     return {"seq": seq, "at": at, "kind": kind, "name": data.get("name"), "step": data.get("step"), "text": data.get("text", "")}
 
 
+# The timelines of a page of jobs, the SQL made once (the jobs' ids as one value).
+TIMELINES = Read(
+    lambda: (
+        JobEvent.objects.filter(OneOf("job_id", "jobs", Job._meta.pk), kind__in=Job.TIMELINE_KINDS)
+        .order_by("seq")
+        .values_list("job_id", "seq", "at", "kind", "data")
+    )
+)
+
+
 def read_timelines(jobs):
     """Each job's timeline (Job.timeline()'s events as timeline_entry shapes them), in one query
     of plain rows: made into model instances, a page's 150-odd events cost more than the query
     itself (issue 24)."""
     entries = {job.pk: [] for job in jobs}
     if entries:
-        rows = JobEvent.objects.filter(job_id__in=list(entries), kind__in=Job.TIMELINE_KINDS).order_by("seq")
-        for job_id, seq, at, kind, data in rows.values_list("job_id", "seq", "at", "kind", "data"):
+        for job_id, seq, at, kind, data in TIMELINES(jobs=list(entries)):
             entries[job_id].append(timeline_entry(seq, at, kind, data))
     for job in jobs:
         job.timeline_entries = entries[job.pk]
@@ -96,22 +105,32 @@ def plain(value):
     return None if value is None else f"{value:f}"
 
 
-def job_prefetch():
-    """What JobFacts reads besides the job's row and its credits: prefetched for a page of jobs
-    (JobSerializer.prepare), or for one job when it is shown; the timeline is read_timelines'.
+def _related(name):
+    return Job._meta.get_field(name).related_model
 
-    Each as a list (to_attr), in the relation's own order: prefetched into the related managers'
-    caches, Django makes a queryset per job and relation, which cost a page of 50 jobs more
-    than its queries and its JSON together (issue 24)."""
-    # The scheduler's models, reached through the job's relations (jobs does not import it).
-    allocations, stagings = (Job._meta.get_field(name).related_model._default_manager.select_related("node") for name in ("allocations", "stagings"))
-    return (
-        Prefetch("allocations", allocations, to_attr="shown_allocations"),
-        Prefetch("models", to_attr="shown_models"),
-        Prefetch("inputs", to_attr="shown_inputs"),
-        Prefetch("uploads", to_attr="shown_uploads"),
-        Prefetch("stagings", stagings, to_attr="shown_stagings"),
-    )
+
+# What JobFacts reads besides the job's row: each as a list (to_attr), in the relation's own
+# order, read by a Read (core.prefetch.ReadPrefetch). Prefetched into the related managers'
+# caches, Django made a queryset per job and relation, which cost a page of 50 jobs more than its
+# queries and its JSON together; prefetched by Django at all, the allocations' query was built,
+# compiled and run through its machinery at every page, 3 ms of it (issue 24). The scheduler's
+# models are reached through the job's relations (jobs does not import it).
+JOB_PREFETCH = (
+    ReadPrefetch(Job, "allocations", "shown_allocations", lambda: _related("allocations")._default_manager.select_related("node")),
+    ReadPrefetch(Job, "models", "shown_models"),
+    ReadPrefetch(Job, "inputs", "shown_inputs"),
+    ReadPrefetch(Job, "uploads", "shown_uploads"),
+    ReadPrefetch(Job, "stagings", "shown_stagings", lambda: _related("stagings")._default_manager.select_related("node")),
+)
+# A page's credits, with their usage records (JobSerializer.prepare).
+JOB_CREDITS = ReadPrefetch(Job, "credits", "shown_credits", lambda: Credit.objects.select_related("usage"))
+
+
+def job_prefetch():
+    """What JobFacts reads besides the job's row and its credits (JOB_PREFETCH): prefetched for a
+    page of jobs (JobSerializer.prepare), or for one job when it is shown; the timeline is
+    read_timelines'."""
+    return JOB_PREFETCH
 
 
 def as_made(job, made):
@@ -263,8 +282,7 @@ class JobSerializer(FactsSerializer):
         the relations none of them has rows in are not asked for. Their credits' sums are the
         credits' own, added up here: most jobs have none, and two sums in the page's query cost
         it two subqueries a job (issue 24)."""
-        credits = Prefetch("credits", Credit.objects.select_related("usage"), to_attr="shown_credits")
-        prefetch_sparse(jobs, *job_prefetch(), credits)
+        prefetch_sparse(jobs, *job_prefetch(), JOB_CREDITS)
         read_timelines(jobs)
         for job in jobs:
             job.credited_seconds_total, job.credited_amount_total = add_credits((c.seconds, c.amount) for c in job.shown_credits)

@@ -499,6 +499,7 @@ def test_a_page_asks_only_for_the_relations_its_jobs_have_rows_in(client, alice,
     none of those queries, and a job that has some gets them."""
     from django.db.models import prefetch_related_objects
 
+    from core.prefetch import ReadPrefetch
     from jobs import serializers as job_serializers
     from jobs.models import JobModel
 
@@ -525,7 +526,10 @@ def test_a_page_asks_only_for_the_relations_its_jobs_have_rows_in(client, alice,
     sparse = answers()
     assert [m["label"] for m in sparse[0]["results"][-1]["models"]] == ["start"]
 
-    monkeypatch.setattr(job_serializers, "prefetch_sparse", prefetch_related_objects)
+    def djangos(instances, *prefetches):  # every relation by Django's own prefetch, no probe
+        prefetch_related_objects(instances, *(p.prefetch() if isinstance(p, ReadPrefetch) else p for p in prefetches))
+
+    monkeypatch.setattr(job_serializers, "prefetch_sparse", djangos)
     assert answers() == sparse
 
 
@@ -604,3 +608,49 @@ def test_the_job_page_reads_its_allocations_once_and_only_the_parts_the_job_has(
     every_part, tables = page()
     assert unread <= set(tables)
     assert every_part == html
+
+
+def test_a_pages_related_rows_are_read_by_sql_made_once_whatever_its_size(client, alice, rate, monkeypatch):
+    """The allocations, the other relations a job has rows in and the timelines of a page of
+    jobs (and of one job) are read by SQL made once per process, the ids as one parameter: Django's
+    prefetch built and compiled each query anew, with a placeholder per id (core.prefetch)."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    from jobs.models import JobModel
+
+    client.force_login(alice)
+    jobs = team_of(alice, 12, 1)
+    JobModel.objects.create(job=jobs[0], label="start", files=[{"name": "w.pt", "size": 1, "sha256": "0" * 64}])
+    paths = ["/api/jobs/", f"/api/jobs/{jobs[0].pk}/", "/api/jobs/?page_size=5"]
+    for path in paths:  # each query made once, on first use
+        assert client.get(path).status_code == 200
+    compiled = []
+    real = SQLCompiler.as_sql
+
+    def as_sql(self, *args, **kwargs):
+        compiled.append(self.query.model._meta.db_table if self.query.model else None)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", as_sql)
+    with CaptureQueriesContext(connection) as queries:
+        for path in paths:
+            assert client.get(path).status_code == 200
+    assert not {"scheduler_allocation", "jobs_jobevent", "jobs_jobmodel"} & set(compiled), compiled
+    related = [q["sql"] for q in queries if re.match(r'SELECT "(scheduler_allocation|jobs_jobevent|jobs_jobmodel)"\.', q["sql"])]
+    assert len(related) == 8  # allocations and timelines of each, and the model of the two that show jobs[0]
+    marker = "= ANY(" if connection.vendor == "postgresql" else "json_each("
+    assert all(marker in sql for sql in related), related
+
+
+def test_one_of_reads_the_rows_an_in_of_the_list_reads(alice, rate):
+    """core.compiled.OneOf: a list of any length (none, one, many; UUIDs stored as text on
+    SQLite) as one parameter, the same rows as filter(job_id__in=...)."""
+    from core.compiled import OneOf, Read
+
+    jobs = [make_job(alice, name=f"j{n}") for n in range(4)]
+    JobEvent.append(jobs[1].pk, [JobEvent(kind="log", at=datetime.now(UTC), stream="stdout", text="x")])
+    read = Read(lambda: JobEvent.objects.filter(OneOf("job_id", "jobs", Job._meta.pk)).order_by("job_id", "seq").values_list("job_id", "seq"))
+    for ids in ([], [jobs[1].pk], [job.pk for job in jobs], [job.pk for job in jobs] * 30):
+        expected = list(JobEvent.objects.filter(job_id__in=ids).order_by("job_id", "seq").values_list("job_id", "seq"))
+        assert read(jobs=ids) == expected
+    assert read(jobs=[str(jobs[1].pk)]) == read(jobs=[jobs[1].pk]) != []  # ids as text, prepared as the field prepares them
