@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,13 @@ def test_daphnes_requests_ask_twisted_to_leave_the_body_unparsed():
     assert seen["parsePOSTFormSubmission"] is False
 
 
+def run(coroutine):
+    """asyncio.run on a thread of its own: after a browser test, Playwright's event loop
+    (session-wide) is this thread's running loop, where asyncio.run refuses to run."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()
+
+
 def queued_as_daphne_does(content, buffer_size=8192):
     """A FileBodyQueue over `content` with the body put as daphne's WebRequest.process puts it."""
     from e31web.http_bodies import FileBodyQueue
@@ -90,7 +98,7 @@ def received(queue):
             messages.append(await queue.get())
         return messages
 
-    return asyncio.run(read())
+    return run(read())
 
 
 @pytest.mark.nodb
@@ -118,7 +126,7 @@ def test_a_body_whose_file_twisted_closed_is_a_disconnect():
     content = io.BytesIO(os.urandom(3 * 1024 * 1024))
     queue = queued_as_daphne_does(content)
     queue.put_nowait({"type": "http.disconnect"})  # daphne's, as the connection is lost
-    first = asyncio.run(queue.get())
+    first = run(queue.get())
     assert first["type"] == "http.request" and first["more_body"]
     content.close()  # twisted closes it when the connection is lost
     assert received(queue) == [{"type": "http.disconnect"}]
@@ -147,5 +155,5 @@ def test_daphnes_http_queues_keep_the_body_in_the_file():
     async def make(scope):
         return Server.create_application(server, protocol, scope)
 
-    queue = asyncio.run(make({"type": "http"}))
+    queue = run(make({"type": "http"}))
     assert isinstance(queue, FileBodyQueue) and queue.content is content
