@@ -8,7 +8,8 @@ for the reason core/throttling.py is: DRF's settings import this class while DRF
 That one query is compiled once per process (TokenRead), not for every call: Django built a
 four-table select_related query anew each time, 1.1 ms of CPU a call where running it costs some
 0.05 (issue 24: a polling CLI's every call). Once per process, not per connection: under ASGI
-each request runs in a thread of its own, with a connection object of its own.
+each request runs in a thread lent to it alone (e31web/handler.py), with that thread's connection
+object, and a worker's threads are many.
 """
 
 from django.db import DEFAULT_DB_ALIAS

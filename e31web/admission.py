@@ -1,6 +1,7 @@
 """How many HTTP requests one web worker lets into Django at once.
 
-Django runs each request's view in a thread of its own, with a database connection of its own.
+Django runs each request's view in a thread of its own (lent for the request: e31web/handler.py),
+with a database connection of its own.
 Nothing bounded them: a burst beyond what the worker serves (an open loop of 40 submissions a
 second against one worker that serves 29) grew to hundreds of threads, PostgreSQL refused the
 connection past its max_connections ("sorry, too many clients already"), the requests failed

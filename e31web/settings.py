@@ -166,7 +166,7 @@ def _database(url, pool=0):
 
 # PostgreSQL connections per process kept open in a pool, at most this many (0: none, each
 # request connects and hangs up, as Django does by default). e31web/asgi.py sets it for the web
-# server: under ASGI each request runs in a thread of its own, so without a pool every request
+# server: under ASGI each request runs in a thread lent to it, so without a pool every request
 # opened a connection. Measured (one daphne worker, a team of 10,000 jobs, one client): p50 of
 # GET /api/me/ 10.0 -> 5.7 ms, of a job's GET 19.5 -> 13.7 ms.
 E31_DB_POOL = env_int("E31_DB_POOL", 0, minimum=0)
