@@ -654,3 +654,26 @@ def test_one_of_reads_the_rows_an_in_of_the_list_reads(alice, rate):
         expected = list(JobEvent.objects.filter(job_id__in=ids).order_by("job_id", "seq").values_list("job_id", "seq"))
         assert read(jobs=ids) == expected
     assert read(jobs=[str(jobs[1].pk)]) == read(jobs=[jobs[1].pk]) != []  # ids as text, prepared as the field prepares them
+
+
+def test_a_value_its_field_would_give_back_unchanged_is_written_as_it_is(client, alice, rate, monkeypatch):
+    """A str of a CharField, an int of an IntegerField, a bool, a float, a Moment's time: DRF's
+    to_representation gives each back unchanged (str(a str)), and a page of 50 jobs made 4,000
+    such calls. The answers are DRF's (test_the_job_list_and_details_answer_as_drf_s_own_reads_would)."""
+    from rest_framework import serializers as s
+
+    from core.serializers import Moment
+
+    calls = []
+    for cls in (s.CharField, s.IntegerField, s.BooleanField, s.FloatField, Moment):
+        real = cls.to_representation
+        monkeypatch.setattr(cls, "to_representation", lambda self, value, real=real: calls.append((type(self), type(value))) or real(self, value))
+    client.force_login(alice)
+    team_of(alice, 3, 1)
+    assert len(client.get("/api/jobs/").json()["results"]) == 3
+    same = [
+        (field, kind) for field, kind in calls if (field, kind) in {(s.CharField, str), (s.IntegerField, int), (s.BooleanField, bool), (s.FloatField, float)}
+    ]
+    # Only list items (a job's args: a ListField's child) are still written by their field.
+    assert len(same) <= 3 * 2, same
+    assert not [field for field, _ in calls if field is Moment]
