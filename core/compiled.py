@@ -25,7 +25,7 @@ import json
 import threading
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import BooleanField, Expression, F, Field
+from django.db.models import BooleanField, Expression, F, Field, PositiveIntegerField
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesIterable, ValuesListIterable, get_related_populators
 
 
@@ -87,8 +87,9 @@ class Read:
     docstring). `build`: a function of no arguments that returns the queryset, with Params; it
     is called when the Read is first used (after Django's apps are ready)."""
 
-    def __init__(self, build):
+    def __init__(self, build, paged=False):
         self.build = build
+        self.paged = paged  # True: the SQL ends with LIMIT and OFFSET, the call's `limit` and `offset`
         self._made = {}  # alias -> _Compiled
         self._lock = threading.Lock()
 
@@ -97,7 +98,7 @@ class Read:
         compiled = self._made.get(using)
         if compiled is None:
             with self._lock:
-                compiled = self._made.get(using) or self._made.setdefault(using, _Compiled(self.build(), using))
+                compiled = self._made.get(using) or self._made.setdefault(using, _Compiled(self.build(), using, self.paged))
         return compiled
 
     def __call__(self, using=DEFAULT_DB_ALIAS, known=None, **values):
@@ -118,9 +119,11 @@ class Read:
 
 
 class _Compiled:
-    def __init__(self, queryset, alias):
+    def __init__(self, queryset, alias, paged=False):
         if queryset._prefetch_related_lookups:
             raise TypeError("a Read cannot prefetch_related: a query per relation at each call")
+        if paged and queryset.query.is_sliced:
+            raise TypeError("a paged Read is sliced by its call's limit and offset, not by the queryset")
         self.kind = queryset._iterable_class
         if self.kind not in (ModelIterable, ValuesIterable, ValuesListIterable, FlatValuesListIterable):
             raise TypeError(f"a Read gives model instances, values() or values_list(), not {self.kind.__name__}")
@@ -129,6 +132,9 @@ class _Compiled:
         self.compiler = query.get_compiler(using=alias)
         self.sql, params = self.compiler.as_sql()
         self.params = list(params)
+        if paged:  # the same clause in PostgreSQL and SQLite, after the ORDER BY
+            self.sql += " LIMIT %s OFFSET %s"
+            self.params += [Param("limit", PositiveIntegerField()), Param("offset", PositiveIntegerField())]
         self.slots = [(i, p.name, p.output_field) for i, p in enumerate(self.params) if isinstance(p, Param)]
         self.names = frozenset(name for _, name, _ in self.slots)
         if reserved := self.names & {"using", "known"}:
@@ -177,3 +183,28 @@ class _Compiled:
         if self.kind is FlatValuesListIterable:
             return [row[0] for row in converted]
         return [tuple(row) for row in converted]
+
+
+class Pages:
+    """A paged Read's rows as Django's Paginator takes a list: count() counts `counted` (a
+    queryset of the same rows), a slice reads those rows by the Read (its LIMIT and OFFSET), with
+    the Read's other `values`."""
+
+    ordered = True  # the Read's queryset orders its rows (the Paginator warns of an unordered list)
+
+    def __init__(self, read, counted, **values):
+        if not read.paged:
+            raise TypeError("Pages reads a paged Read")
+        self.read, self.counted, self.values = read, counted, values
+
+    def count(self):
+        return self.counted.count()
+
+    def __len__(self):
+        return self.count()
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice) or index.step not in (None, 1) or (index.start or 0) < 0 or index.stop is None:
+            raise TypeError("Pages are read by a slice [start:stop]")
+        start = index.start or 0
+        return self.read(limit=max(0, index.stop - start), offset=start, **self.values)

@@ -6,6 +6,7 @@ import uuid
 from decimal import Decimal
 
 from django.conf import settings
+from django.db.models import UUIDField
 from django.http import HttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
@@ -21,6 +22,7 @@ from accounts.access import require_team
 from accounts.middleware import activate_for
 from core.api import fields as body_fields
 from core.api import paginate
+from core.compiled import Pages, Param, Read
 from core.serializers import page_params, paged
 from core.sqltime import IsoUtc
 from jobs import lineage, specfile, states
@@ -105,9 +107,18 @@ def jobs(request):
     return Response(JobSerializer(as_made(job, form.made), context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
+# The team's jobs, newest first, a page at a time: what a CLI polls, its SQL made once.
+TEAM_JOBS = Read(lambda: Job.objects.filter(team_id=Param("team", UUIDField())).order_by("-created_at"), paged=True)
+
+
 def filtered_jobs(request, team):
+    """The team's jobs the request's filters keep, newest first: a queryset, or, without a
+    filter, Pages of TEAM_JOBS (Django built and compiled the page's query at every call, about
+    1 ms of a job list's CPU, issue 24)."""
     queryset = Job.objects.filter(team=team).order_by("-created_at")
     params = request.query_params
+    if not any(params.get(name) for name in JOB_FILTERS):
+        return Pages(TEAM_JOBS, queryset, team=team.pk)
     if params.get("state"):
         if params["state"] not in dict(states.CHOICES):
             raise ValidationError({"state": [f"{params['state']!r} is not a state; one of {', '.join(dict(states.CHOICES))}."]})

@@ -677,3 +677,31 @@ def test_a_value_its_field_would_give_back_unchanged_is_written_as_it_is(client,
     # Only list items (a job's args: a ListField's child) are still written by their field.
     assert len(same) <= 3 * 2, same
     assert not [field for field, _ in calls if field is Moment]
+
+
+def test_the_unfiltered_list_pages_as_the_querysets_pages_by_sql_made_once(client, alice, rate, monkeypatch):
+    """GET /api/jobs/ without a filter reads its page by a paged Read (jobs.api.TEAM_JOBS): the
+    same jobs on each page as the queryset's, the last page short, past it a 404, and the page's
+    query compiled once."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    from core.compiled import Pages
+    from jobs.api import TEAM_JOBS
+
+    client.force_login(alice)
+    for n in range(7):
+        make_job(alice, name=f"p{n}")
+    expected = [str(pk) for pk in Job.objects.filter(team=alice.membership.team).order_by("-created_at").values_list("pk", flat=True)]
+    pages = [client.get(f"/api/jobs/?page_size=3&page={n}").json() for n in (1, 2, 3)]
+    assert [[j["id"] for j in page["results"]] for page in pages] == [expected[0:3], expected[3:6], expected[6:7]]
+    assert [page["count"] for page in pages] == [7, 7, 7] and pages[2]["next"] is None and "page=2" in pages[2]["previous"]
+    assert client.get("/api/jobs/?page_size=3&page=4").status_code == 404
+    assert [j["id"] for j in client.get("/api/jobs/?page_size=200").json()["results"]] == expected
+    compiled = []
+    real = SQLCompiler.as_sql
+    monkeypatch.setattr(SQLCompiler, "as_sql", lambda self, *a, **k: compiled.append(self.query.model) or real(self, *a, **k))
+    assert client.get("/api/jobs/?page=2&page_size=2").status_code == 200
+    assert compiled.count(Job) == 1  # the count; the page is TEAM_JOBS'
+    assert client.get("/api/jobs/?state=queued").json()["count"] == 7  # a filter: the queryset's own
+    with pytest.raises(TypeError):
+        Pages(TEAM_JOBS, Job.objects.none(), team=alice.membership.team.pk)[2]
