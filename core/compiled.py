@@ -186,9 +186,9 @@ class _Compiled:
 
 
 class Pages:
-    """A paged Read's rows as Django's Paginator takes a list: count() counts `counted` (a
-    queryset of the same rows), a slice reads those rows by the Read (its LIMIT and OFFSET), with
-    the Read's other `values`."""
+    """A paged Read's rows as Django's Paginator takes a list: count() is `counted`'s one
+    number (a Read of the rows' COUNT(*)), a slice reads the rows by the Read (its LIMIT and
+    OFFSET); both with `values`."""
 
     ordered = True  # the Read's queryset orders its rows (the Paginator warns of an unordered list)
 
@@ -198,7 +198,7 @@ class Pages:
         self.read, self.counted, self.values = read, counted, values
 
     def count(self):
-        return self.counted.count()
+        return self.counted(**self.values)[0]
 
     def __len__(self):
         return self.count()

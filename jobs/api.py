@@ -6,7 +6,7 @@ import uuid
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import UUIDField
+from django.db.models import Func, IntegerField, UUIDField
 from django.http import HttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
@@ -107,18 +107,27 @@ def jobs(request):
     return Response(JobSerializer(as_made(job, form.made), context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
-# The team's jobs, newest first, a page at a time: what a CLI polls, its SQL made once.
+# The team's jobs, newest first, a page at a time, and how many: what a CLI polls, their SQL
+# made once.
 TEAM_JOBS = Read(lambda: Job.objects.filter(team_id=Param("team", UUIDField())).order_by("-created_at"), paged=True)
+TEAM_JOB_COUNT = Read(
+    lambda: (
+        Job.objects.filter(team_id=Param("team", UUIDField()))
+        .order_by()
+        .annotate(n=Func(template="COUNT(*)", output_field=IntegerField()))
+        .values_list("n", flat=True)
+    )
+)
 
 
 def filtered_jobs(request, team):
     """The team's jobs the request's filters keep, newest first: a queryset, or, without a
-    filter, Pages of TEAM_JOBS (Django built and compiled the page's query at every call, about
-    1 ms of a job list's CPU, issue 24)."""
+    filter, Pages of TEAM_JOBS (Django built and compiled the page's query and the count at every
+    call, about 1.3 ms of a job list's CPU, issue 24)."""
     queryset = Job.objects.filter(team=team).order_by("-created_at")
     params = request.query_params
     if not any(params.get(name) for name in JOB_FILTERS):
-        return Pages(TEAM_JOBS, queryset, team=team.pk)
+        return Pages(TEAM_JOBS, TEAM_JOB_COUNT, team=team.pk)
     if params.get("state"):
         if params["state"] not in dict(states.CHOICES):
             raise ValidationError({"state": [f"{params['state']!r} is not a state; one of {', '.join(dict(states.CHOICES))}."]})

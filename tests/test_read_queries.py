@@ -680,13 +680,13 @@ def test_a_value_its_field_would_give_back_unchanged_is_written_as_it_is(client,
 
 
 def test_the_unfiltered_list_pages_as_the_querysets_pages_by_sql_made_once(client, alice, rate, monkeypatch):
-    """GET /api/jobs/ without a filter reads its page by a paged Read (jobs.api.TEAM_JOBS): the
-    same jobs on each page as the queryset's, the last page short, past it a 404, and the page's
-    query compiled once."""
+    """GET /api/jobs/ without a filter reads its page by a paged Read (jobs.api.TEAM_JOBS) and its
+    count by a Read: the same jobs on each page as the queryset's, the last page short, past it a
+    404, and neither query compiled again."""
     from django.db.models.sql.compiler import SQLCompiler
 
     from core.compiled import Pages
-    from jobs.api import TEAM_JOBS
+    from jobs.api import TEAM_JOB_COUNT, TEAM_JOBS
 
     client.force_login(alice)
     for n in range(7):
@@ -701,7 +701,11 @@ def test_the_unfiltered_list_pages_as_the_querysets_pages_by_sql_made_once(clien
     real = SQLCompiler.as_sql
     monkeypatch.setattr(SQLCompiler, "as_sql", lambda self, *a, **k: compiled.append(self.query.model) or real(self, *a, **k))
     assert client.get("/api/jobs/?page=2&page_size=2").status_code == 200
-    assert compiled.count(Job) == 1  # the count; the page is TEAM_JOBS'
+    assert Job not in compiled  # the page and the count are TEAM_JOBS' and TEAM_JOB_COUNT's
     assert client.get("/api/jobs/?state=queued").json()["count"] == 7  # a filter: the queryset's own
+    from accounts.models import Team
+
+    empty = Team.objects.create(name="no-jobs-yet")
+    assert Pages(TEAM_JOBS, TEAM_JOB_COUNT, team=empty.pk).count() == 0
     with pytest.raises(TypeError):
-        Pages(TEAM_JOBS, Job.objects.none(), team=alice.membership.team.pk)[2]
+        Pages(TEAM_JOBS, TEAM_JOB_COUNT, team=alice.membership.team.pk)[2]
