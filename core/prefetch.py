@@ -55,14 +55,15 @@ class ReadPrefetch:
 
     def __call__(self, instances):
         """Set each instance's list, and each row's cached object (row.job: its job, no query)."""
-        by_value = {getattr(instance, self.field.target_field.attname): [] for instance in instances}
-        owners = {getattr(instance, self.field.target_field.attname): instance for instance in instances}
-        for row in self.read(of=list(by_value)):
+        key = self.field.target_field.attname
+        owners = {getattr(instance, key): instance for instance in instances}
+        by_value = {value: [] for value in owners}
+        for row in self.read(of=list(owners)):
             value = getattr(row, self.field.attname)
             by_value[value].append(row)
             self.field.set_cached_value(row, owners[value])
-        for value, instance in owners.items():
-            setattr(instance, self.to_attr, by_value[value])
+        for instance in instances:
+            setattr(instance, self.to_attr, by_value[getattr(instance, key)])
 
 
 def _where(model, name):
