@@ -709,3 +709,36 @@ def test_the_unfiltered_list_pages_as_the_querysets_pages_by_sql_made_once(clien
     assert Pages(TEAM_JOBS, TEAM_JOB_COUNT, team=empty.pk).count() == 0
     with pytest.raises(TypeError):
         Pages(TEAM_JOBS, TEAM_JOB_COUNT, team=alice.membership.team.pk)[2]
+
+
+def test_a_jobs_metric_points_are_found_without_reading_through_its_log_lines(alice, rate):
+    """The job page's chart and the metrics endpoint read a job's metric points by an index of
+    its metric events alone (jobs.models.JobEvent: job_event_metrics): by the job's index of all
+    its events, PostgreSQL read a thousand log lines to find a hundred points (1.3 ms)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the plan is PostgreSQL's")
+    from jobs.run_data import LAST_SEQ, _metric_points
+
+    job = make_job(alice)
+    at = datetime.now(UTC)
+    JobEvent.append(
+        job.pk,
+        [
+            JobEvent(kind="metric", at=at, data={"step": n, "values": {"loss": 1 / (n + 1)}})
+            if n % 11 == 10
+            else JobEvent(kind="log", at=at, stream="stdout", text=f"line {n}")
+            for n in range(1100)
+        ],
+    )
+    read = _metric_points(2000)
+    compiled = read.compiled()
+    values = {"job": job.pk, "after": 0, "upto": LAST_SEQ}
+    params = list(compiled.params)
+    for i, name, field in compiled.slots:
+        params[i] = field.get_db_prep_value(values[name], connection, prepared=False)
+    assert len(read(job=job.pk, after=0, upto=LAST_SEQ)) == 100
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_jobevent")
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + compiled.sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "job_event_metrics" in plan and "Rows Removed by Filter" not in plan, plan
