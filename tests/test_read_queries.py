@@ -742,3 +742,21 @@ def test_a_jobs_metric_points_are_found_without_reading_through_its_log_lines(al
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + compiled.sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "job_event_metrics" in plan and "Rows Removed by Filter" not in plan, plan
+
+
+def test_the_metric_points_index_is_built_without_holding_back_writes_on_postgresql():
+    """jobs/0024: CREATE INDEX CONCURRENTLY on PostgreSQL (the event table is the largest, and a
+    plain CREATE INDEX holds back the runners' writes until it is built). SQLite builds it
+    plainly, as every test database there shows."""
+    if connection.vendor != "postgresql":
+        pytest.skip("CONCURRENTLY is PostgreSQL's")
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("sqlmigrate", "jobs", "0024", stdout=out)
+    sql = out.getvalue()
+    assert "job_event_metrics" in sql
+    assert "CREATE INDEX CONCURRENTLY" in sql, sql
+    out = io.StringIO()
+    call_command("sqlmigrate", "jobs", "0024", backwards=True, stdout=out)
+    assert "DROP INDEX CONCURRENTLY" in out.getvalue(), out.getvalue()
