@@ -200,9 +200,6 @@ class Pages:
     def count(self):
         return self.counted(**self.values)[0]
 
-    def __len__(self):
-        return self.count()
-
     def __getitem__(self, index):
         if not isinstance(index, slice) or index.step not in (None, 1) or (index.start or 0) < 0 or index.stop is None:
             raise TypeError("Pages are read by a slice [start:stop]")

@@ -24,13 +24,12 @@ from core.compiled import OneOf, Read
 
 class ReadPrefetch:
     """A reverse foreign key of `model` (`through`), read for many of its objects at once into a
-    list on each (`to_attr`), as Prefetch(through, queryset(), to_attr) would, by a Read whose SQL
-    is made once. `queryset`: a function of no arguments giving the related rows' queryset
-    (select_related, ordering; called once, when first read); the related model's default
-    manager's by default, as Django's prefetch reads it."""
+    list on each (`to_attr`), as Prefetch(through, queryset, to_attr) would, by a Read whose SQL
+    is made once: the related model's default manager's rows, in its order, as Django's prefetch
+    reads them, with the relations named in `select_related`."""
 
-    def __init__(self, model, through, to_attr, queryset=None):
-        self.model, self.through, self.to_attr, self._queryset = model, through, to_attr, queryset
+    def __init__(self, model, through, to_attr, select_related=()):
+        self.model, self.through, self.to_attr, self.select_related = model, through, to_attr, tuple(select_related)
 
     @cached_property
     def field(self):
@@ -42,16 +41,14 @@ class ReadPrefetch:
 
     @cached_property
     def read(self):
-        def build():
-            queryset = self._queryset() if self._queryset else self.field.model._default_manager.all()
-            return queryset.filter(OneOf(self.field.attname, "of", self.field.target_field))
+        return Read(lambda: self.queryset().filter(OneOf(self.field.attname, "of", self.field.target_field)))
 
-        return Read(build)
+    def queryset(self):
+        return self.field.model._default_manager.select_related(*self.select_related)
 
     def prefetch(self):
         """The Prefetch it stands for (a fresh one: Django's prefetch changes its queryset)."""
-        queryset = self._queryset() if self._queryset else None
-        return Prefetch(self.through, queryset, to_attr=self.to_attr)
+        return Prefetch(self.through, self.queryset(), to_attr=self.to_attr)
 
     def __call__(self, instances):
         """Set each instance's list, and each row's cached object (row.job: its job, no query)."""

@@ -21,7 +21,6 @@ from django.conf import settings
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers as s
 
-from billing.models import Credit
 from core.compiled import OneOf, Read
 from core.prefetch import ReadPrefetch, prefetch_sparse
 from core.serializers import DirectSerializer, Facts, FactsSerializer, Moment, absolute_url, nullable_str
@@ -105,36 +104,25 @@ def plain(value):
     return None if value is None else f"{value:f}"
 
 
-def _related(name):
-    return Job._meta.get_field(name).related_model
-
-
-# What JobFacts reads besides the job's row: each as a list (to_attr), in the relation's own
-# order, read by a Read (core.prefetch.ReadPrefetch). Prefetched into the related managers'
-# caches, Django made a queryset per job and relation, which cost a page of 50 jobs more than its
-# queries and its JSON together; prefetched by Django at all, the allocations' query was built,
-# compiled and run through its machinery at every page, 3 ms of it (issue 24). The scheduler's
-# models are reached through the job's relations (jobs does not import it).
+# What JobFacts reads besides the job's row (its timeline is read_timelines'), for a page of
+# jobs (JobSerializer.prepare) or for one job when it is shown: each as a list (to_attr), in the
+# relation's own order, read by a Read (core.prefetch.ReadPrefetch). Prefetched into the related
+# managers' caches, Django made a queryset per job and relation, which cost a page of 50 jobs more
+# than its queries and its JSON together; prefetched by Django at all, the allocations' query was
+# built, compiled and run through its machinery at every page, 3 ms of it (issue 24).
 JOB_PREFETCH = (
-    ReadPrefetch(Job, "allocations", "shown_allocations", lambda: _related("allocations")._default_manager.select_related("node")),
+    ReadPrefetch(Job, "allocations", "shown_allocations", select_related=["node"]),
     ReadPrefetch(Job, "models", "shown_models"),
     ReadPrefetch(Job, "inputs", "shown_inputs"),
     ReadPrefetch(Job, "uploads", "shown_uploads"),
-    ReadPrefetch(Job, "stagings", "shown_stagings", lambda: _related("stagings")._default_manager.select_related("node")),
+    ReadPrefetch(Job, "stagings", "shown_stagings", select_related=["node"]),
 )
 # A page's credits, with their usage records (JobSerializer.prepare).
-JOB_CREDITS = ReadPrefetch(Job, "credits", "shown_credits", lambda: Credit.objects.select_related("usage"))
-
-
-def job_prefetch():
-    """What JobFacts reads besides the job's row and its credits (JOB_PREFETCH): prefetched for a
-    page of jobs (JobSerializer.prepare), or for one job when it is shown; the timeline is
-    read_timelines'."""
-    return JOB_PREFETCH
+JOB_CREDITS = ReadPrefetch(Job, "credits", "shown_credits", select_related=["usage"])
 
 
 def as_made(job, made):
-    """A job just made (JobForm.save), with what job_prefetch would read back from the rows
+    """A job just made (JobForm.save), with what JOB_PREFETCH would read back from the rows
     made with it (made: its inputs, uploads, models and events), in the relations' own orders,
     and nothing held, staged or credited yet: its API answer costs no query more (a submission
     read seven back)."""
@@ -153,7 +141,7 @@ class JobFacts(Facts):
         super().__init__(job)
         listed = hasattr(job, "credited_amount_total")  # one of a page, from JobSerializer.prepare
         if not listed:  # one job alone: fetched here
-            prefetch_sparse([job], *job_prefetch())
+            prefetch_sparse([job], *JOB_PREFETCH)
             read_timelines([job])
         allocations = job.shown_allocations
         if listed:
@@ -282,7 +270,7 @@ class JobSerializer(FactsSerializer):
         the relations none of them has rows in are not asked for. Their credits' sums are the
         credits' own, added up here: most jobs have none, and two sums in the page's query cost
         it two subqueries a job (issue 24)."""
-        prefetch_sparse(jobs, *job_prefetch(), JOB_CREDITS)
+        prefetch_sparse(jobs, *JOB_PREFETCH, JOB_CREDITS)
         read_timelines(jobs)
         for job in jobs:
             job.credited_seconds_total, job.credited_amount_total = add_credits((c.seconds, c.amount) for c in job.shown_credits)
