@@ -7,15 +7,16 @@ from rest_framework.response import Response
 from accounts.access import require_team
 from billing import meter, statements
 from billing.budget_service import budget_status
-from billing.usage import month_records, month_usage
+from billing.usage import month_records, month_usage, record_times
 from core.api import page_of
 
 
-def record_json(r):
+def record_json(r, times):
+    started_at, ended_at = times[r.id]
     return {
-        "job_id": str(r.job_id),
-        "started_at": r.started_at,
-        "ended_at": r.ended_at,
+        "job_id": r.job_id,
+        "started_at": started_at,
+        "ended_at": ended_at,
         "gpus": r.gpus,
         "gpu_type": r.gpu_type,
         "held_seconds": r.held_seconds,
@@ -37,9 +38,10 @@ def usage(request):
         year, month = statements.parse_month(request.query_params.get("month", ""), timezone.now())
     except ValueError as error:
         raise ValidationError({"month": [str(error)]}) from None
-    records = list(month_records(team, year, month))
+    records = month_records(team, year, month)
     statement = month_usage(team, year, month, records)
-    page = page_of(request, records, record_json, default_size=200, max_size=1000)
+    times = {}  # the page's records' times, read when the page is known
+    page = page_of(request, records, lambda r: record_json(r, times), default_size=200, max_size=1000, prepare=lambda shown: times.update(record_times(shown)))
     now = timezone.now()
     budget = budget_status(team, now)
     return Response(

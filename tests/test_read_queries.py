@@ -762,3 +762,25 @@ def test_the_metric_points_index_is_built_without_holding_back_writes_on_postgre
     out = io.StringIO()
     call_command("sqlmigrate", "jobs", "0024", backwards=True, stdout=out)
     assert "DROP INDEX CONCURRENTLY" in out.getvalue(), out.getvalue()
+
+
+def test_usage_reads_the_times_of_the_records_its_page_shows_alone(client, alice, team_a, rate, monkeypatch):
+    """The statement needs no record's times: they are read for the page's records (a month of
+    720 records has 1,440 of them, a page 200), in one query, and each record gets its own."""
+    from billing import usage
+
+    client.force_login(alice)
+    team_of(alice, 3, 2)  # six records, two a job, at two times
+    asked = []
+    real = usage.record_times
+    monkeypatch.setattr(usage, "record_times", lambda records: asked.append(len(records)) or real(records))
+    monkeypatch.setattr("billing.api.record_times", usage.record_times)
+    with CaptureQueriesContext(connection) as captured:
+        data = client.get(f"/api/usage/?month={STARTED:%Y-%m}&page_size=2&page=2").json()
+    assert asked == [2] and data["count"] == 6 and len(data["lines"]) == 3
+    final = [q["sql"] for q in captured.captured_queries if 'NOT "billing_usagerecord"."provisional"' in q["sql"]]  # the budget reads the running ones
+    reading_times = [sql for sql in final if '"billing_usagerecord"."started_at"' in sql.split(" FROM ")[0]]
+    assert len(reading_times) == 1, "\n".join(reading_times)
+    ledger = list(UsageRecord.objects.filter(team=team_a).order_by("ended_at", "id"))[2:4]
+    shown = [(r["job_id"], datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["ended_at"])) for r in data["records"]]
+    assert shown == [(str(r.job_id), r.started_at, r.ended_at) for r in ledger]
