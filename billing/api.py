@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from accounts.access import require_team
 from billing import meter, statements
 from billing.budget_service import budget_status
-from billing.usage import month_records, month_usage, record_times
+from billing.usage import month_of
 from core.api import page_of
 
 
@@ -38,31 +38,16 @@ def usage(request):
         year, month = statements.parse_month(request.query_params.get("month", ""), timezone.now())
     except ValueError as error:
         raise ValidationError({"month": [str(error)]}) from None
-    records = month_records(team, year, month)
-    statement = month_usage(team, year, month, records)
-    times = {}  # the page's records' times, read when the page is known
-    page = page_of(request, records, lambda r: record_json(r, times), default_size=200, max_size=1000, prepare=lambda shown: times.update(record_times(shown)))
+    kept = month_of(team, year, month)
+    statement = kept.statement
+    page = page_of(request, kept.records, lambda r: record_json(r, kept.times), default_size=200, max_size=1000, prepare=kept.read_times)
     now = timezone.now()
     budget = budget_status(team, now)
     return Response(
         {
             "month": f"{year:04d}-{month:02d}",
             "currency": settings.E31_CURRENCY,
-            "lines": [
-                {
-                    "job_id": line.job_id,
-                    "job": line.job_name,
-                    "gpus": line.gpus,
-                    "gpu_type": line.gpu_type,
-                    "held_seconds": line.held_seconds,
-                    "rates": [str(r) for r in line.rates],
-                    "amount": str(line.amount),
-                    "credit_seconds": line.credit_seconds,
-                    "credit": str(line.credit),
-                    "billed": str(line.billed),
-                }
-                for line in statement.lines
-            ],
+            "lines": kept.lines_json,
             # The month's usage records, paged: count, next and previous are about them.
             "count": page["count"],
             "next": page["next"],

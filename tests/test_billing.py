@@ -128,6 +128,14 @@ def test_the_ledger_cannot_be_edited_in_the_admin(admin_client, alice, rate, nod
     assert usage.held_seconds == 60
 
 
+def test_a_job_s_name_and_team_are_not_changed_in_the_admin(admin_client, alice, rate, node):
+    """What its statements and invoices bill it as (a worker keeps a month's statement while
+    the ledger does not move: billing.usage.month_of)."""
+    job = make_job(alice, name="billed-as")
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    assert "billed-as" in page and 'name="name"' not in page and 'name="team"' not in page
+
+
 def test_no_rate_is_written_in_code():
     """Rates come from the operator: no number in billing code stands for a price."""
     import pathlib
@@ -165,3 +173,70 @@ def test_credits_are_shown_and_taken_off_the_total(client, alice, rate, node):
     assert rows[-1]["billed"] == "1.20"
     data = client.get(f"/api/usage/?month={month}").json()
     assert data["total"] == "1.20" and data["credits"] == "1.20" and data["records"][0]["credit_seconds"] == 1800
+
+
+# A month's records and statement are kept by each worker while its counts of final records and
+# credits stay the same (billing.usage.month_of): the ledger is append-only.
+
+
+def month_reads(client, month):
+    """The usage endpoint's answer, and whether it read the month's records (their jobs' names)
+    or their times."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        data = client.get(f"/api/usage/?month={month}").json()
+    read = [q["sql"] for q in captured.captured_queries if '"jobs_job"."name"' in q["sql"] or '"billing_usagerecord"."started_at" AS' in q["sql"]]
+    return data, bool(read)
+
+
+def test_an_unchanged_month_is_not_read_again_and_a_new_record_or_credit_is_seen_at_once(client, alice, charlie, rate, node):
+    from billing import meter
+    from billing.models import Credit
+
+    first = run_for(make_job(alice, name="first-run"), 3600)
+    month = first.ended_at.strftime("%Y-%m")
+    client.force_login(alice)
+    data, read = month_reads(client, month)
+    assert read and [line["job"] for line in data["lines"]] == ["first-run"] and data["total"] == "2.40"
+    again, read = month_reads(client, month)
+    assert not read and again == data
+    # A job still running has a provisional record: not the ledger's, nothing moves.
+    make_job(alice, name="running")
+    [allocation] = schedule_now()
+    assert UsageRecord.ledger.filter(allocation=allocation, provisional=True).exists()
+    assert not month_reads(client, month)[1]
+    # A record made final (in the same month as the first): the month is read again.
+    second = allocation.release(first.ended_at, Allocation.EXITED)
+    total = meter.round_money(first.amount) + meter.round_money(second.amount)
+    data, read = month_reads(client, month)
+    assert read and sorted(line["job"] for line in data["lines"]) == ["first-run", "running"] and data["total"] == str(total)
+    # A credit, the records unchanged: read again.
+    Credit.objects.create(team=first.team, job=first.job, usage=first, seconds=600, amount=Decimal("0.40"), reason="node lost")
+    data, read = month_reads(client, month)
+    assert read and data["credits"] == "0.40" and data["total"] == str(total - Decimal("0.40"))
+    assert month_reads(client, month) == (data, False)
+    # Another team's month is its own.
+    client.force_login(charlie)
+    data, read = month_reads(client, month)
+    assert read and data["lines"] == [] and data["total"] == "0.00"
+
+
+def test_a_worker_keeps_recent_months_up_to_its_records_and_lets_the_oldest_go():
+    from billing.statements import statement
+    from billing.usage import Month, _Kept
+
+    def month(n):
+        return Month(tuple(range(n)), statement([]))
+
+    kept = _Kept(most=5)
+    kept.put("a", (3, 0), month(3))
+    kept.put("b", (2, 0), month(2))
+    assert kept.get("a", (3, 0)) is not None and kept.get("a", (3, 1)) is None  # a credit since
+    kept.put("c", (2, 0), month(2))  # 7 records: b, the least recently used, goes
+    assert kept.get("b", (2, 0)) is None and kept.get("a", (3, 0)) and kept.get("c", (2, 0))
+    kept.put("a", (6, 0), month(6))  # a month of more than 5 is not kept, nor its old counts
+    assert kept.get("a", (3, 0)) is None and kept.get("a", (6, 0)) is None and kept.get("c", (2, 0))
+    kept.put("d", (5, 0), month(5))
+    assert kept.get("c", (2, 0)) is None and kept.get("d", (5, 0))
