@@ -132,7 +132,7 @@ class Month:
             self.times.update(record_times(missing))
 
 
-KEPT_RECORDS = 50_000  # a worker keeps recent months of at most this many records in all (about 25 MB)
+KEPT_RECORDS = 20_000  # a worker keeps recent months of at most this many records in all: 40 MB at most (1.9 kB a record, its line, its times)
 
 
 class _Kept:
