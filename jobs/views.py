@@ -218,7 +218,7 @@ JOB_ALLOCATIONS = Read(
 )  # the scheduler's, read through the relation
 
 # The parts of a job its page reads only when the job has rows in them.
-PAGE_PARTS = ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs")
+PAGE_PARTS = ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs", "inputs")
 
 
 @login_required
@@ -263,6 +263,7 @@ def job_detail(request, job_id):
         "allocations": job.latest_allocations(allocations),
         "staging": job.shown_staging(None if "stagings" in has else []),
         "artifacts": artifacts,
+        "inputs": list(job.inputs.all()) if "inputs" in has else [],  # named inputs (most jobs have none)
         "uploads": job.uploads.exclude(role="code"),
         "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,

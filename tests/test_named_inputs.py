@@ -268,3 +268,23 @@ def test_a_script_reads_an_input_of_sent_files(make_runner, alice, rate, team_a,
 
     with get_storage().open(job.artifacts.get(name="summary.json").key) as stream:
         assert json.loads(stream.read())["test"] == 2
+
+
+@pytest.mark.django_db
+def test_the_job_page_shows_its_inputs_and_reads_none_for_a_job_without(api, two, alice):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    named = submit(api, {"inputs": {"training": "mnist-train", "testing": "mnist-test@1"}})
+    assert named.status_code == 201, named.json()
+    named = named.json()["id"]
+    plain = submit(api, {"name": "no-inputs", "train_dataset": "mnist-train"})
+    assert plain.status_code == 201, plain.json()
+    plain = plain.json()["id"]
+    api.force_login(alice)
+    page = api.get(reverse("jobs:detail", args=[named])).content.decode()
+    assert page.count('class="job-input"') == 2 and "mnist-train@1" in page and "$E31_DATA_DIR/testing" in page
+    with CaptureQueriesContext(connection) as captured:
+        page = api.get(reverse("jobs:detail", args=[plain])).content.decode()
+    assert 'class="job-input"' not in page
+    assert not [q["sql"] for q in captured.captured_queries if q["sql"].startswith('SELECT "jobs_jobinput"')]
