@@ -21,6 +21,7 @@ from decimal import Decimal
 from functools import cached_property
 from typing import NamedTuple
 
+from django.db import connection
 from django.db.models import Count, DateField, UUIDField
 
 from billing import statements
@@ -132,12 +133,18 @@ class Month:
             self.times.update(record_times(missing))
 
 
-KEPT_RECORDS = 20_000  # a worker keeps recent months of at most this many records in all: 40 MB at most (1.9 kB a record, its line, its times)
+# A worker keeps recent months of at most this many records in all, each month counted as one
+# more (its own cost: about 1 kB, a record's with its line and times 1.9 kB): 40 MB at most.
+KEPT_RECORDS = 20_000
+
+
+def _weight(month: Month) -> int:
+    return len(month.records) + 1
 
 
 class _Kept:
     """Months by (team, month): each with the counts it was read at, most recently used last,
-    the oldest let go while more than `most` records are kept (a month of more is not kept)."""
+    the oldest let go while they weigh more than `most` (_weight; a month heavier is not kept)."""
 
     def __init__(self, most: int):
         self.most = most
@@ -154,18 +161,18 @@ class _Kept:
             return kept[1]
 
     def put(self, key, counts, month: Month) -> None:
-        size = len(month.records)
+        size = _weight(month)
         with self._lock:
             old = self._months.pop(key, None)
             if old is not None:
-                self._held -= len(old[1].records)
+                self._held -= _weight(old[1])
             if size > self.most:
                 return
             self._months[key] = (counts, month)
             self._held += size
             while self._held > self.most:
                 _, (_, gone) = self._months.popitem(last=False)
-                self._held -= len(gone.records)
+                self._held -= _weight(gone)
 
     def clear(self) -> None:
         with self._lock:
@@ -180,7 +187,12 @@ def month_of(team, year, month) -> Month:
     """The month's records (month_records) and statement: read and made again only when its
     counts of final records and credits moved since this worker last read it. Whatever is
     written while it reads (the counts first) is at most newer than the counts it is kept under,
-    and counts only grow: the next call reads it again."""
+    and counts only grow: the next call reads it again.
+
+    Not kept: a month with no records (two queries that find nothing read it again; a client
+    asking for every month since 1970 must not fill the worker), and a month read inside a
+    transaction of the caller's, which may yet roll back what it read (a test's own transaction
+    aside)."""
     start, _end = statements.month_bounds(year, month)
     team_id = getattr(team, "pk", team)
     found = MONTH_COUNTS(team=team_id, period=start.date())
@@ -190,8 +202,14 @@ def month_of(team, year, month) -> Month:
     if kept is None:
         records = tuple(month_records(team_id, year, month))
         kept = Month(records, statements.statement(records))
-        KEPT.put(key, counts, kept)
+        if records and not _in_transaction():
+            KEPT.put(key, counts, kept)
     return kept
+
+
+def _in_transaction() -> bool:
+    """Inside an atomic block, other than those a Django test case wraps each test in."""
+    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
 
 
 def month_usage(team, year, month):

@@ -8,9 +8,14 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ["name", "short_id", "team", "state", "gpus", "created_at", "finished_at"]
     list_filter = ["state", "team"]
     search_fields = ["name", "id"]
-    # A job's name and team are what its statements and invoices bill it as, and a worker keeps a
-    # month's statement while the ledger does not move (billing.usage.month_of): not changed here.
-    readonly_fields = ["name", "team", "state", "last_seq", "cancel_requested_at", "exit_code", "reason", "restarts"]
+    readonly_fields = ["state", "last_seq", "cancel_requested_at", "exit_code", "reason", "restarts"]
+
+    def get_readonly_fields(self, request, obj=None):
+        """A job's name and team are what its statements and invoices bill it as, and a worker
+        keeps a month's statement while the ledger does not move (billing.usage.month_of): a
+        job's are not changed here (a new one's are given)."""
+        fields = super().get_readonly_fields(request, obj)
+        return fields if obj is None else ["name", "team", *fields]
 
 
 @admin.register(Upload)

@@ -134,6 +134,8 @@ def test_a_job_s_name_and_team_are_not_changed_in_the_admin(admin_client, alice,
     job = make_job(alice, name="billed-as")
     page = admin_client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
     assert "billed-as" in page and 'name="name"' not in page and 'name="team"' not in page
+    adding = admin_client.get(reverse("admin:jobs_job_add")).content.decode()
+    assert 'name="name"' in adding and 'name="team"' in adding
 
 
 def test_no_rate_is_written_in_code():
@@ -223,20 +225,45 @@ def test_an_unchanged_month_is_not_read_again_and_a_new_record_or_credit_is_seen
     assert read and data["lines"] == [] and data["total"] == "0.00"
 
 
-def test_a_worker_keeps_recent_months_up_to_its_records_and_lets_the_oldest_go():
+def test_a_worker_keeps_recent_months_up_to_their_weight_and_lets_the_oldest_go():
+    """A month weighs its records and one more (its own cost)."""
     from billing.statements import statement
     from billing.usage import Month, _Kept
 
     def month(n):
         return Month(tuple(range(n)), statement([]))
 
-    kept = _Kept(most=5)
+    kept = _Kept(most=7)
     kept.put("a", (3, 0), month(3))
-    kept.put("b", (2, 0), month(2))
+    kept.put("b", (2, 0), month(2))  # 4 + 3
     assert kept.get("a", (3, 0)) is not None and kept.get("a", (3, 1)) is None  # a credit since
-    kept.put("c", (2, 0), month(2))  # 7 records: b, the least recently used, goes
+    kept.put("c", (2, 0), month(2))  # 10: b, the least recently used, goes
     assert kept.get("b", (2, 0)) is None and kept.get("a", (3, 0)) and kept.get("c", (2, 0))
-    kept.put("a", (6, 0), month(6))  # a month of more than 5 is not kept, nor its old counts
-    assert kept.get("a", (3, 0)) is None and kept.get("a", (6, 0)) is None and kept.get("c", (2, 0))
-    kept.put("d", (5, 0), month(5))
-    assert kept.get("c", (2, 0)) is None and kept.get("d", (5, 0))
+    kept.put("a", (7, 0), month(7))  # a month weighing more than 7 is not kept, nor its old counts
+    assert kept.get("a", (3, 0)) is None and kept.get("a", (7, 0)) is None and kept.get("c", (2, 0))
+    kept.put("d", (4, 0), month(4))  # 3 + 5: c goes
+    assert kept.get("c", (2, 0)) is None and kept.get("d", (4, 0))
+
+
+def test_a_month_with_no_records_or_read_in_a_transaction_that_rolls_back_is_not_kept(client, alice, rate, node):
+    """Asking for every empty month must not fill a worker; and what a transaction read and
+    then rolled back must not stand for the month once the same counts are reached for real."""
+    from django.db import transaction
+
+    from billing.usage import month_of
+
+    client.force_login(alice)
+    assert month_reads(client, "2001-01")[1] and month_reads(client, "2001-01")[1]
+    team = alice.membership.team
+    rolled_back, committed = make_job(alice, name="rolled-back"), make_job(alice, name="committed")
+
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        usage = run_for(rolled_back, 600)
+        year, month = usage.ended_at.year, usage.ended_at.month
+        assert [line.job_name for line in month_of(team, year, month).statement.lines] == ["rolled-back"]
+        raise Undo
+    run_for(committed, 600)
+    assert [line.job_name for line in month_of(team, year, month).statement.lines] == ["committed"]
