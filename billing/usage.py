@@ -174,11 +174,6 @@ class _Kept:
                 _, (_, gone) = self._months.popitem(last=False)
                 self._held -= _weight(gone)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._months.clear()
-            self._held = 0
-
 
 KEPT = _Kept(KEPT_RECORDS)
 
