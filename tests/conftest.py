@@ -69,12 +69,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "bench: runs a benchmark (bench/*.py) in its --quick mode, or a long round trip of the scripts around it (a wheelhouse installed offline; a real Slurm cluster; "
-        "bench/gpu_check.py on the CPU, a real MLflow server, a sweep of recipe runs): once, in bin/test's PostgreSQL lane once that pass is done, beside the longer SQLite pass",
+        "bench/gpu_check.py on the CPU, a real MLflow server, a sweep of recipe runs): once, in a lane of bin/test's own, beside the SQLite and PostgreSQL passes",
     )
     config.addinivalue_line(
         "markers",
-        "slurm_engine: a whole system running jobs through a real Slurm (tests/test_slurm_engine.py); with bench, run after the SQLite pass "
-        "in its lane, to balance the two lanes of bin/test",
+        "slurm_engine: a whole system running jobs through a real Slurm (tests/test_slurm_engine.py); with bench, run after the PostgreSQL pass "
+        "in its lane of bin/test, to balance the lanes",
     )
 
 

@@ -6,8 +6,8 @@ say is not checked, only that the benchmark runs, and that what it must find (no
 nothing failed, which each one checks itself and exits 1 for) holds.
 
 Marked bench (and e2e: most start a whole system, a SeaweedFS server or a PostgreSQL database of
-their own, as real processes): bin/test runs them once, in its PostgreSQL lane after that pass
-has ended (the SQLite pass takes longer; the lane would wait idle), not in either pass. The
+their own, as real processes): bin/test runs them once, in a lane of their own beside the SQLite and
+PostgreSQL passes, not in either pass. The
 full runs stay out of CI.
 """
 
