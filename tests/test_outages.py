@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 from tests.proxy import Proxy
 from tests.system import POSTGRES_ADMIN_URL, REDIS_URL, LiveSystem
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.late, pytest.mark.timeout(300)]  # late: after bin/test's PostgreSQL pass, in its lane
 
 LINES = 400
 OUTAGE_SECONDS = 30

@@ -10,7 +10,7 @@ import pytest
 
 from tests.system import LiveSystem
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.late, pytest.mark.timeout(300)]  # late: after bin/test's PostgreSQL pass, in its lane
 
 SETUP = """
 from decimal import Decimal

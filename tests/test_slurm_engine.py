@@ -17,7 +17,7 @@ from tests.slurm_cluster import _which, slurm, slurm_accounting, slurm_pair  # n
 from tests.system import LiveSystem
 from tests.test_e2e import EXAMPLE, heldout_accuracy
 
-pytestmark = pytest.mark.slurm_engine  # run in bin/test's SQLite lane, after its pass
+pytestmark = pytest.mark.slurm_engine  # with bench: run in bin/test's PostgreSQL lane, after its pass
 
 
 def slurm_elapsed(cluster, handle):
@@ -162,9 +162,6 @@ def test_a_cancelled_job_stops_gracefully_inside_slurm_and_its_slurm_job_ends(sl
         system.stop()
 
 
-@pytest.mark.bench
-@pytest.mark.e2e
-@pytest.mark.timeout(420)
 def stagings_and_builds(system, job_id):
     """(stagings of the job's files, builds of its environment) on the nodes so far."""
     code = (
@@ -175,6 +172,9 @@ def stagings_and_builds(system, job_id):
     return tuple(int(n) for n in system.manage("shell", "-v", "0", "-c", code).split())
 
 
+@pytest.mark.bench
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
 def test_a_job_whose_slurm_node_fails_resumes_from_its_checkpoint_when_the_node_returns(slurm, tmp_path):  # noqa: F811
     from tests.test_environments import make_wheel
 
