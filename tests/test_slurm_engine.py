@@ -254,9 +254,11 @@ def test_a_gang_runs_as_one_slurm_job_over_two_nodes_with_an_agent_on_each(slurm
         system.stop()
 
 
-def agent_pid():
-    """The process of our agent for an allocation (not the batch shell whose arguments name it)."""
-    found = subprocess.run(["pgrep", "-f", "runner --allocation"], capture_output=True, text=True).stdout.split()
+def agent_pid(allocation_id):
+    """The process of our agent for the allocation (not the batch shell whose arguments name it),
+    and no other system's: another Slurm test or benchmark may run beside this one (bin/test's
+    lanes), and this one freezes what it finds."""
+    found = subprocess.run(["pgrep", "-f", f"runner --allocation {allocation_id}"], capture_output=True, text=True).stdout.split()
     for pid in found:
         try:
             if open(f"/proc/{pid}/comm").read().startswith("python"):
@@ -284,7 +286,10 @@ def test_slurms_time_limit_ends_a_job_whose_agent_cannot_enforce_its_span(slurm,
         spec = {"name": "frozen", "gpus": 1, "span_hours": round(30 / 3600, 4), "config": {"steps": 100000, "sleep": 0.5}, "train_dataset": "digits"}
         job_id = system.submit(spec, script)["id"]
         system.wait_until(lambda: system.job(job_id)["state"] == "running", 120, "the job to run")
-        agent = system.wait_until(lambda: agent_pid(), 30, "the agent")
+        allocation_id = system.manage(
+            "shell", "-v", "0", "-c", f"from scheduler.models import Allocation; print(Allocation.objects.get(job_id='{job_id}').pk)"
+        ).strip()
+        agent = system.wait_until(lambda: agent_pid(allocation_id), 30, "the agent")
         os.kill(agent, signal.SIGSTOP)
         job = system.wait_for_state(job_id, timeout=240)
         assert job["state"] == "stopped", (job, system.logs())
