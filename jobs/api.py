@@ -198,7 +198,7 @@ def job_form(request, team, spec, form_class=None):
     if folder_ref:  # or a folder uploaded ahead, by its id (POST /api/folders/), as from the form
         data = {**data, FOLDER_UPLOAD: str(folder_ref)}
     data, upload_errors, created = keep_uploads(request.FILES, data, team, request.user)
-    form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors, known=[*created, *resolved])
+    form = (form_class or JobForm)(data, team=team, upload_errors=upload_errors, known=[*created, *resolved], chosen_recipe_only=True)
     return data, created, form
 
 

@@ -333,7 +333,9 @@ class RequestForm(forms.Form):
 
     # Request
     gpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs", error_messages={"min_value": "Ask for at least 1 GPU."})
-    gpu_type = forms.ChoiceField(required=False, label="GPU type", choices=[("", "Any type")])
+    # Read when listed or when a type is given (ChoiceField checks a blank value against no
+    # choice): a submission without a type asks nothing of the nodes and rates (issue 24).
+    gpu_type = forms.ChoiceField(required=False, label="GPU type", choices=device_type_choices)
     mode = forms.ChoiceField(
         choices=[("span", "A fixed span"), ("until_done", "Until done, with a ceiling")],
         initial="span",
@@ -354,7 +356,6 @@ class RequestForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["gpu_type"].choices = device_type_choices()
         zone = timezone.get_current_timezone_name()
         self.fields["not_before"].help_text = f"Time zone: {zone}."
         self.fields["deadline"].help_text = f"When the results are needed ({zone}), if no quick choice is made."
@@ -644,10 +645,14 @@ class JobForm(WorkTextFields, RequestForm):
         "A run across several nodes always has the network, to reach its peers.",
     )
 
-    def __init__(self, *args, team, upload_errors=None, known=(), **kwargs):
+    def __init__(self, *args, team, upload_errors=None, known=(), chosen_recipe_only=False, **kwargs):
         """known: objects this request made or resolved for the team (the files it sent, the
         dataset versions its spec named), which the fields then take without a query each;
-        only where each is what the field's queryset would find (_known)."""
+        only where each is what the field's queryset would find (_known).
+
+        chosen_recipe_only: the fields of the recipe the data names, not every recipe's (a form
+        that is never shown: the API's). The page shows every recipe's, to switch between them;
+        making them took about a tenth of a submission's CPU (issue 24)."""
         super().__init__(*args, **kwargs)
         self.team = team
         self.upload_errors = upload_errors or {}
@@ -668,7 +673,10 @@ class JobForm(WorkTextFields, RequestForm):
 
         self.recipes = RECIPES
         self.fields["recipe"].choices = [("", "None: my own script")] + [(name, r.title) for name, r in RECIPES.items()]
+        chosen = self.data.get("recipe") if chosen_recipe_only else None
         for name, recipe in RECIPES.items():
+            if chosen_recipe_only and name != chosen:
+                continue
             for param in form_params(recipe):
                 self.fields[recipe_field_name(name, param.name)] = recipe_form_field(param)
         self.entries = None

@@ -369,6 +369,59 @@ def test_a_submission_reads_nothing_back_for_its_answer(api, django_assert_num_q
     assert len(seen) == 1
 
 
+def test_a_submission_reads_the_gpu_types_only_when_it_names_one(api, alice):
+    """The GPU type's choices (the nodes' types and the rates') are read when a type is given,
+    to check it, not for every submission (issue 24); a type no node or rate has is still
+    refused with the choices it may take."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduler.models import Node
+
+    Node.objects.create(name="n1", device_type="h100", devices=8)
+    with CaptureQueriesContext(connection) as queries:
+        assert submit(api, {"name": "any", "gpus": 1, "span_hours": 1}).status_code == 201
+    assert not [q["sql"] for q in queries if 'FROM "scheduler_node"' in q["sql"] or 'SELECT "billing_rate"."gpu_type"' in q["sql"]]
+    with CaptureQueriesContext(connection) as queries:
+        made = submit(api, {"name": "typed", "gpus": 1, "span_hours": 1, "gpu_type": "h100"})
+    assert made.status_code == 201, made.json()
+    assert made.json()["gpu_type"] == "h100"
+    assert [q["sql"] for q in queries if 'FROM "scheduler_node"' in q["sql"]]
+    refused = submit(api, {"name": "typo", "gpus": 1, "span_hours": 1, "gpu_type": "h1000"})
+    assert refused.status_code == 400
+    assert "h1000 is not one of the available choices" in refused.json()["errors"]["gpu_type"][0]
+
+
+def recipes_with_fields(form):
+    from e31.recipes import RECIPES
+
+    return sorted(name for name in RECIPES if any(field.startswith(f"recipe_{name}_") for field in form.fields))
+
+
+def test_the_apis_form_makes_the_chosen_recipes_fields_only(api, team_a):
+    """The page's form has every recipe's fields (it switches between them); the API's only the
+    recipe its spec names, whose settings it still checks field by field (issue 24)."""
+    from e31.recipes import RECIPES
+    from jobs import api as jobs_api
+    from jobs.forms import JobForm
+
+    made = []
+
+    class Seen(JobForm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(recipes_with_fields(self))
+
+    real = jobs_api.job_form
+    with mock.patch("jobs.api.job_form", lambda request, team, spec: real(request, team, spec, form_class=Seen)):
+        assert submit(api, {"name": "own", "gpus": 1, "span_hours": 1}).status_code == 201
+        recipe = next(iter(RECIPES))
+        refused = api.post(reverse("api:jobs"), {"spec": json.dumps({"name": "r", "recipe": recipe, "gpus": 1, "span_hours": 1, "config": {"lr": -1}})})
+    assert made == [[], [recipe]]
+    assert refused.status_code == 400 and "lr" in json.dumps(refused.json()["errors"]), refused.json()
+    assert recipes_with_fields(JobForm(team=team_a)) == sorted(RECIPES)
+
+
 def test_a_submission_stores_its_first_event_with_the_job_and_resolves_a_dataset_in_one_query(api, alice, dataset):
     """The job is made with its counter past its "submitted" event (no savepoint, no UPDATE of
     the job); a dataset named in the spec is found with its ready version in one query."""

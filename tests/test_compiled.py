@@ -2,6 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from unittest import mock
 
 import pytest
 from django.db.models import BigIntegerField, Count, UUIDField
@@ -95,3 +96,16 @@ def test_what_a_read_cannot_do_is_refused_with_a_reason(job):
         Read(lambda: Job.objects.values_list("name", named=True))()
     with pytest.raises(TypeError, match="cannot be named using"):
         Read(lambda: Job.objects.filter(pk=Param("using", UUIDField())))(job=job.pk)
+
+
+def test_a_reads_converters_are_worked_out_once_and_still_convert(job):
+    """The columns' converters (a JSON column's decoding, a decimal's places) are asked of the
+    fields when the Read is compiled, not at every call (issue 24)."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    read = Read(lambda: Job.objects.filter(pk=Param("job", UUIDField()))[:1])
+    read(job=job.pk)
+    with mock.patch.object(SQLCompiler, "get_converters", side_effect=AssertionError("converters worked out again")):
+        [again] = read(job=job.pk)
+    orm = Job.objects.get(pk=job.pk)
+    assert values_of(again) == values_of(orm) and again.config == orm.config and again.span_hours == orm.span_hours
