@@ -425,13 +425,16 @@ class JobEvent(models.Model):
         """append() for the first events of a job made in the caller's transaction with its
         counter already past them (last_seq = len(events)): no other writer can see the job
         before the commit, so their numbers are 1.. without moving the counter (a submission's
-        "submitted" event: one INSERT, not a savepoint, an UPDATE and the INSERT)."""
+        "submitted" event: one INSERT, not a savepoint, an UPDATE and the INSERT).
+
+        Nor are they announced: no one can watch a job before it exists (a socket reads what
+        was stored before it listens, from the first event), so the announcement reached no one
+        and cost a submission a round trip to Redis (issue 24)."""
         if job.last_seq != len(events):
             raise ValueError(f"store_first: a job made with last_seq {len(events)}, not {job.last_seq}")
         for seq, event in enumerate(events, start=1):
             event.job_id, event.seq = job.pk, seq
         cls.objects.bulk_create(events)
-        transaction.on_commit(lambda: live.announce(job.pk, job.last_seq))
         return job.last_seq
 
     @classmethod

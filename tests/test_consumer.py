@@ -233,3 +233,42 @@ def test_the_relay_announces_watched_jobs_once_per_change(settings, alice, rate)
 
     async_to_sync(scenario)()
     assert sent == [(live.group_name(watched.pk), 1), (live.group_name(watched.pk), 3)]
+
+
+def test_a_submitted_jobs_first_event_is_not_announced_and_a_socket_still_reads_it(live_mode, alice, rate, client):
+    """No one can watch a job before it exists, so a submission announces nothing (issue 24);
+    a socket opened afterwards reads the "submitted" event from what is stored, then new ones."""
+    import io
+    import json
+    from unittest import mock
+
+    from django.urls import reverse
+
+    from jobs.models import Job
+
+    key = Token.objects.create(user=alice).key
+    code, data = io.BytesIO(b"print(1)\n"), io.BytesIO(b"x,y\n1,2\n")
+    code.name, data.name = "train.py", "train.csv"
+    with mock.patch.object(live, "announce", wraps=live.announce) as announced:
+        made = client.post(
+            reverse("api:jobs"),
+            {"spec": json.dumps({"name": "fresh", "gpus": 1, "span_hours": 1}), "code": code, "data": data},
+            HTTP_AUTHORIZATION=f"Token {key}",
+        )
+    assert made.status_code == 201, made.json()
+    assert announced.call_count == 0
+    job = Job.objects.get(pk=made.json()["id"])
+
+    async def scenario():
+        comm = communicator(job, key)
+        assert (await comm.connect())[0]
+        [first] = await receive_until(comm, 1)
+        assert (first["seq"], first["kind"], first["state"], first["reason"]) == (1, "state", "queued", "submitted")
+        last = await sync_to_async(logs)(job, ["one"])
+        assert [e["text"] for e in await receive_until(comm, last)] == ["one"]
+        await comm.disconnect()
+
+    try:
+        async_to_sync(scenario)()
+    finally:
+        stop_relay()
