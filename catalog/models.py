@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from core.jsonfield import JSONField
+
 
 class Dataset(models.Model):
     """A team's named data, in immutable versions. Its files are uploaded (kept as blobs in our
@@ -180,7 +182,7 @@ class DatasetUpload(models.Model):
     received = models.PositiveBigIntegerField(default=0)
     key = models.CharField(max_length=200, help_text="the incoming object in storage, until it becomes a blob")
     multipart_id = models.CharField(max_length=1024, blank=True, help_text="the storage's multipart upload id")
-    parts = models.JSONField(default=list, blank=True, help_text="[[part number, etag], ...] in order")
+    parts = JSONField(default=list, blank=True, help_text="[[part number, etag], ...] in order")
     state = models.CharField(max_length=10, choices=STATES, default=OPEN)
     claimed_at = models.DateTimeField(null=True, blank=True, help_text="when a worker took up its completion")
     error = models.TextField(blank=True)

@@ -23,6 +23,7 @@ with one placeholder per item, so a list whose length varies goes in as one valu
 
 import json
 import threading
+import uuid
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import BooleanField, Expression, F, Field, PositiveIntegerField
@@ -54,7 +55,17 @@ class IdList(Field):
 
     def get_db_prep_value(self, value, connection, prepared=False):
         items = [self.item.get_db_prep_value(v, connection, prepared=False) for v in value]
-        return items if connection.vendor == "postgresql" else json.dumps(items)
+        return pg_array(items) if connection.vendor == "postgresql" else json.dumps(items)
+
+
+def pg_array(items):
+    """A list of values as one PostgreSQL array parameter: of ids (UUIDs, integers), the array's
+    text ("{id,id}", its type the column's), else the list for psycopg to write. psycopg writes a
+    list item by item, each searched for what needs quoting, which an id never does: a page of
+    50 jobs passes 400 ids a request, about 0.3 ms of the job list's CPU (issue 24)."""
+    if all(type(item) is uuid.UUID or type(item) is int for item in items):
+        return "{" + ",".join(map(str, items)) + "}"
+    return items
 
 
 class OneOf(Expression):

@@ -14,6 +14,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from billing import meter
+from core.jsonfield import JSONField
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
 from jobs import live, states
 from notifications import events as notifications
@@ -52,11 +53,11 @@ class Job(models.Model):
     # its parameters in config), or a shell line (command) run in the job's sandbox.
     entrypoint = models.CharField(max_length=500, blank=True)
     command = models.TextField(blank=True, default="", help_text="one shell line run instead of an entrypoint (bash -c)")
-    args = models.JSONField(default=list, blank=True)
+    args = JSONField(default=list, blank=True)
     # Passed as --name value after the arguments (SageMaker's way), and as SM_HPS / SM_HP_<NAME>.
-    hyperparameters = models.JSONField(default=dict, blank=True)
-    config = models.JSONField(default=dict, blank=True)
-    env = models.JSONField(default=dict, blank=True)
+    hyperparameters = JSONField(default=dict, blank=True)
+    config = JSONField(default=dict, blank=True)
+    env = JSONField(default=dict, blank=True)
     # Relative to the code's folder; blank: the entrypoint's own folder.
     workdir = models.CharField(max_length=500, blank=True, default="")
     # Processes per node; None: one per GPU, or one for CPU slots (with a thread per slot).
@@ -122,7 +123,7 @@ class Job(models.Model):
     stop_if_idle = models.BooleanField(default=False, help_text="stop the job (with a checkpoint) once it is flagged idle")
     idle_since = models.DateTimeField(null=True, blank=True, help_text="while flagged idle: since when its devices are idle")
     # Mean and peak per device over the whole run (jobs.utilization.Summary), kept when it ends.
-    utilization = models.JSONField(null=True, blank=True)
+    utilization = JSONField(null=True, blank=True)
 
     # What the scheduler expects for a queued job (a simulation of the queue), and its flags
     predicted_start = models.DateTimeField(null=True, blank=True)
@@ -333,8 +334,8 @@ class Utilization(models.Model):
     started_at = models.DateTimeField(help_text="when the allocation started: windows count seconds from here")
     every = models.FloatField(help_text="seconds between samples")
     width = models.FloatField(help_text="seconds per window (doubles as a long run's windows are merged)")
-    series = models.JSONField(default=list, help_text='[{"name", "kind", "memory_total"}, ...]: one per device')
-    windows = models.JSONField(default=list, help_text="[[start, seconds, [[mean %, peak %, mean MiB, peak MiB], ...]], ...]")
+    series = JSONField(default=list, help_text='[{"name", "kind", "memory_total"}, ...]: one per device')
+    windows = JSONField(default=list, help_text="[[start, seconds, [[mean %, peak %, mean MiB, peak MiB], ...]], ...]")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -367,7 +368,7 @@ class JobEvent(models.Model):
     stream = models.CharField(max_length=10, blank=True)
     rank = models.PositiveIntegerField(null=True, blank=True, help_text="the process (torchrun's global rank) that printed a log line")
     text = models.TextField(blank=True)
-    data = models.JSONField(null=True, blank=True)
+    data = JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "seq"]
@@ -585,7 +586,7 @@ class JobModel(models.Model):
     label = models.SlugField(max_length=50)
     source_job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     description = models.CharField(max_length=300, blank=True)
-    files = models.JSONField(default=list, help_text='[{"name", "key", "size", "sha256"}, ...]')
+    files = JSONField(default=list, help_text='[{"name", "key", "size", "sha256"}, ...]')
 
     class Meta:
         ordering = ["id"]

@@ -12,6 +12,7 @@ from django.db import models
 from django.utils import timezone
 
 from core import secrets_box
+from core.jsonfield import JSONField
 from notifications import policy
 
 
@@ -27,7 +28,7 @@ class EmailPreference(models.Model):
     """Which events a user is emailed about (without a row: policy.DEFAULT_EMAIL_KINDS)."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preference")
-    kinds = models.JSONField(default=list, blank=True, help_text="the kinds emailed (see notifications.policy.KINDS)")
+    kinds = JSONField(default=list, blank=True, help_text="the kinds emailed (see notifications.policy.KINDS)")
 
     def __str__(self):
         return f"{self.user}: {', '.join(self.kinds) or 'nothing'}"
@@ -49,7 +50,7 @@ class Webhook(models.Model):
     # The signing secret, encrypted (core.secrets_box, as teams' S3 credentials are): read it
     # through .secret. Shown to the team once, when the webhook is added or its secret rotated.
     sealed_secret = models.TextField(default=sealed_new_secret, editable=False)
-    kinds = models.JSONField(default=list, blank=True, help_text="the kinds sent; empty: every kind")
+    kinds = JSONField(default=list, blank=True, help_text="the kinds sent; empty: every kind")
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -86,7 +87,7 @@ class Notification(models.Model):
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="notifications")
     kind = models.CharField(max_length=40, db_index=True)
     created_at = models.DateTimeField(default=timezone.now)
-    payload = models.JSONField()
+    payload = JSONField()
     # Events told once only (a budget threshold in a month, a job's deadline at risk) carry a
     # key; the unique constraint makes "once" hold with two schedulers too.
     key = models.CharField(max_length=200, null=True, blank=True, unique=True)

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from billing import meter
 from billing.models import Credit, UsageRecord, billing_month, open_month
+from core.jsonfield import JSONField
 
 
 class NodeQuerySet(models.QuerySet):
@@ -96,7 +97,7 @@ class Allocation(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="allocations")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
-    devices = models.JSONField(help_text="device indices on the node")
+    devices = JSONField(help_text="device indices on the node")
     device_type = models.CharField(max_length=100)
     rate = models.DecimalField(max_digits=12, decimal_places=4, help_text="per GPU-hour, in force at started_at")
     limit_seconds = models.PositiveBigIntegerField(null=True, blank=True, help_text="held time the job may use")

@@ -3,6 +3,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from core.jsonfield import JSONField
+
 
 class Sweep(models.Model):
     """A search over a template job's parameters: its trials are jobs, copies of the template
@@ -16,7 +18,7 @@ class Sweep(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     name = models.CharField(max_length=200)
     template = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="+", help_text="the job each trial copies")
-    space = models.JSONField(help_text="{parameter: spec} (sweeps.search)")
+    space = JSONField(help_text="{parameter: spec} (sweeps.search)")
     method = models.CharField(max_length=10, help_text="grid, random or tpe (model-based)")
     objective = models.CharField(max_length=100, help_text="the metric the trials log and the search optimises (its last value)")
     direction = models.CharField(max_length=3, default="min", help_text="min or max")
@@ -46,15 +48,15 @@ class Trial(models.Model):
 
     sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="trials")
     number = models.PositiveIntegerField()
-    params = models.JSONField()
-    system_attrs = models.JSONField(default=dict)
+    params = JSONField()
+    system_attrs = JSONField(default=dict)
     job = models.OneToOneField("jobs.Job", on_delete=models.PROTECT, related_name="trial")
     state = models.CharField(max_length=10, default=RUNNING)
     value = models.FloatField(null=True, blank=True)
     # The objective as its job logged it so far, read a few events at a time (sweeps.services.
     # catch_up): {step: value}, the last metric event read, and how many were read (the x of a
     # point logged without a step).
-    intermediate = models.JSONField(default=dict)
+    intermediate = JSONField(default=dict)
     seen_seq = models.BigIntegerField(default=0)
     seen_points = models.PositiveIntegerField(default=0)
 

@@ -656,6 +656,38 @@ def test_one_of_reads_the_rows_an_in_of_the_list_reads(alice, rate):
     assert read(jobs=[str(jobs[1].pk)]) == read(jobs=[jobs[1].pk]) != []  # ids as text, prepared as the field prepares them
 
 
+def test_one_of_ids_go_as_an_arrays_text_and_other_values_as_a_list(alice, rate):
+    """On PostgreSQL a list of ids (UUIDs, integers) goes as the array's text, written at once,
+    not item by item (core.compiled.pg_array); any other list, as psycopg writes it, quoting
+    what needs it. Each reads the rows an IN reads, on either database."""
+    import uuid
+
+    from core.compiled import OneOf, Read, pg_array
+
+    ids = [uuid.UUID(int=1), uuid.UUID(int=2)]
+    assert pg_array(ids) == "{00000000-0000-0000-0000-000000000001,00000000-0000-0000-0000-000000000002}"
+    assert pg_array([3, 1]) == "{3,1}" and pg_array([]) == "{}"
+    assert pg_array(["a,b}", 'q"']) == ["a,b}", 'q"'] and pg_array([True]) == [True]
+    job = make_job(alice)
+    JobEvent.append(job.pk, [JobEvent(kind="log", at=datetime.now(UTC), stream="stdout", text="x") for _ in range(3)])
+    JobEvent.append(job.pk, [JobEvent(kind="notice", at=datetime.now(UTC), data={})])
+    by_seq = Read(
+        lambda: (
+            JobEvent.objects.filter(job_id=job.pk).filter(OneOf("seq", "seqs", JobEvent._meta.get_field("seq"))).order_by("seq").values_list("seq", flat=True)
+        )
+    )
+    assert by_seq(seqs=[4, 2, 99]) == [2, 4]
+    by_kind = Read(
+        lambda: (
+            JobEvent.objects.filter(job_id=job.pk)
+            .filter(OneOf("kind", "kinds", JobEvent._meta.get_field("kind")))
+            .order_by("seq")
+            .values_list("seq", flat=True)
+        )
+    )
+    assert by_kind(kinds=["notice", "a,b}", 'q"', "{}"]) == [5]
+
+
 def test_a_value_its_field_would_give_back_unchanged_is_written_as_it_is(client, alice, rate, monkeypatch):
     """A str of a CharField, an int of an IntegerField, a bool, a float, a Moment's time: DRF's
     to_representation gives each back unchanged (str(a str)), and a page of 50 jobs made 4,000
