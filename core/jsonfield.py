@@ -7,8 +7,9 @@ allocations' devices, its timeline's events), about 0.5 ms of the job list's CPU
 
 The values are json.loads' own: where orjson would read a text otherwise, json.loads reads it.
 orjson refuses what is not strict JSON (a number past a float's range, which json reads as an
-infinity; a lone surrogate) and reads an integer past 64 bits as a float, so a text with a run
-of 19 or more digits goes to json.loads too. tests/test_jsonfield.py compares the two.
+infinity; a lone surrogate) and reads an integer past 64 bits as a float, so a text with 19 or
+more digits in a row that are not a fraction's or before one (an integer's, an exponent's, or
+in a string) goes to json.loads too. tests/test_jsonfield.py compares the two.
 
 Migrations see Django's own field (deconstruct): the column and its SQL are the same.
 """
@@ -20,7 +21,7 @@ import orjson
 from django.db import models
 from django.db.models.fields.json import KeyTransform
 
-_LONG_NUMBER = re.compile(r"\d{19}")
+_LONG_NUMBER = re.compile(r"(?<![\d.])\d{19,}(?![\d.eE])")  # may be an integer past 64 bits
 
 
 def loads(text):

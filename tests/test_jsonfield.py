@@ -38,6 +38,13 @@ def test_floats_read_as_json_reads_them():
             assert same(text), text
     for text in ("0.1", "-0.0", "1e-400", "5e-324", "1.7976931348623157e308", "[1.0, 2.50, 1E3]"):
         assert same(text), text
+    # Long fractions (PostgreSQL's numeric division writes 20 digits and more) and long
+    # mantissas with an exponent: floats in both, read by orjson.
+    for _ in range(20_000):
+        whole = str(rng.randint(0, 10**30))
+        text = whole + rng.choice(["", "e5", "E-3"]) if len(whole) > 18 else whole + "." + str(rng.randint(0, 10**30)).zfill(25)
+        if "e" in text.lower() or "." in text:
+            assert same(text), text
 
 
 @pytest.mark.nodb
@@ -90,3 +97,14 @@ def test_values_come_back_from_the_database_as_json_reads_them(alice):
     assert job.config == config and isinstance(job.config["seed"], int)
     assert job.args == ["--x", "1"]
     assert jsonfield.loads(json.dumps(config)) == config
+
+
+@pytest.mark.nodb
+def test_long_fractions_are_read_by_orjson_and_long_integers_by_json():
+    from unittest import mock
+
+    with mock.patch("core.jsonfield.json.loads", side_effect=AssertionError("read by json")):
+        assert loads('{"loss": 0.333333333333333333333, "step": 12}') == {"loss": 1 / 3, "step": 12}
+        assert loads("[1234567890123456789012e5]") == [1234567890123456789012e5]
+        with pytest.raises(AssertionError):
+            loads('{"seed": 12345678901234567890}')
