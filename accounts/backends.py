@@ -3,11 +3,17 @@
 Every page and websocket of a signed-in user read its user (Django's ModelBackend.get_user),
 then its membership with its team (accounts.access.membership_of, which the time zone
 middleware and every team view ask for): two queries where one does, as the API's tokens have
-theirs (accounts.authentication).
+theirs (accounts.authentication). Its SQL is made once per process (core.compiled), as the
+session's is (core.sessions): Django built and compiled the four-table query at every page.
 """
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+
+from core.compiled import Param, Read
+
+# The user of that id, with its membership and team.
+TEAM_USER = Read(lambda: get_user_model()._default_manager.select_related("membership__team").filter(pk=Param("user", get_user_model()._meta.pk))[:1])
 
 
 class TeamModelBackend(ModelBackend):
@@ -15,9 +21,7 @@ class TeamModelBackend(ModelBackend):
     session's user fetched with the membership and team every team page reads next."""
 
     def get_user(self, user_id):
-        model = get_user_model()
-        try:
-            user = model._default_manager.select_related("membership__team").get(pk=user_id)
-        except model.DoesNotExist:
+        user = TEAM_USER.first(user=user_id)
+        if user is None:
             return None
         return user if self.user_can_authenticate(user) else None

@@ -215,6 +215,7 @@ else:
 # Django's ModelBackend, a session's user read with its membership and team (one query, not two).
 # Sessions signed in under another backend's name are signed out (once, at the change).
 AUTHENTICATION_BACKENDS = ["accounts.backends.TeamModelBackend"]
+SESSION_ENGINE = "core.sessions"  # Django's database sessions, read by a Read
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -25,7 +25,7 @@ from jobs.downloads import artifact_response, log_response
 from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.logs import lines_html
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, Upload
 from jobs.run_data import checkpoint_is_gone, get_checkpoint, gone_message, job_checkpoints, metrics_data
 from jobs.spec_form import form_initial
 
@@ -217,6 +217,9 @@ JOB_ALLOCATIONS = Read(
     lambda: Job.allocations.rel.related_model.objects.filter(job_id=Param("job", UUIDField())).select_related("node")
 )  # the scheduler's, read through the relation
 
+# The files it was given, but its code (every job has code: read always, its SQL made once).
+SHOWN_UPLOADS = Read(lambda: Upload.objects.filter(job_id=Param("job", UUIDField())).exclude(role=Upload.CODE))
+
 # The parts of a job its page reads only when the job has rows in them.
 PAGE_PARTS = ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs", "inputs")
 
@@ -264,7 +267,7 @@ def job_detail(request, job_id):
         "staging": job.shown_staging(None if "stagings" in has else []),
         "artifacts": artifacts,
         "inputs": list(job.inputs.all()) if "inputs" in has else [],  # named inputs (most jobs have none)
-        "uploads": job.uploads.exclude(role="code"),
+        "uploads": SHOWN_UPLOADS(job=job.pk, known={"job": job}),
         "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,
         "checkpoints": job_checkpoints(job) if "checkpoints" in has else [],

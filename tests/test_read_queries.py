@@ -188,6 +188,51 @@ def test_a_signed_in_page_reads_the_membership_with_its_team(client, alice, rate
     assert "accounts_membership" not in read and "accounts_team" not in read, read
 
 
+def test_a_signed_in_page_reads_its_session_user_and_files_without_compiling_their_sql(client, alice, rate):
+    """The session (core.sessions), its user with membership and team (accounts.backends) and the
+    job's files are Reads: their SQL made once per process, not compiled by Django at each page."""
+    from unittest import mock
+
+    from django.db.models.sql.compiler import SQLCompiler
+
+    client.force_login(alice)
+    job = make_job(alice)
+    assert client.get(f"/jobs/{job.pk}/").status_code == 200  # each Read compiled once
+    compiled = []
+    real = SQLCompiler.as_sql
+
+    def as_sql(self, *args, **kwargs):
+        sql, params = real(self, *args, **kwargs)
+        compiled.append(first_table(sql))
+        return sql, params
+
+    with mock.patch.object(SQLCompiler, "as_sql", as_sql), CaptureQueriesContext(connection) as queries:
+        assert client.get(f"/jobs/{job.pk}/").status_code == 200
+    read = [first_table(q["sql"]) for q in queries]
+    assert {"django_session", "auth_user", "jobs_upload"} <= set(read), read
+    assert not {"django_session", "auth_user", "jobs_upload"} & set(compiled), compiled
+
+
+def test_an_expired_or_unknown_session_signs_nobody_in_and_a_new_one_is_made(client, alice, rate):
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.contrib.sessions.models import Session
+
+    client.force_login(alice)
+    key = client.cookies[settings.SESSION_COOKIE_NAME].value
+    assert client.get("/api/me/").status_code == 200
+    Session.objects.filter(session_key=key).update(expire_date=datetime.now(UTC) - timedelta(seconds=1))
+    assert client.get("/api/me/").status_code in (401, 403)
+    client.cookies[settings.SESSION_COOKIE_NAME] = "x" * 32
+    assert client.get("/jobs/").status_code == 302
+    from tests.conftest import PASSWORD
+
+    assert client.login(username=alice.username, password=PASSWORD)
+    assert client.cookies[settings.SESSION_COOKIE_NAME].value not in (key, "x" * 32)
+    assert client.get("/api/me/").status_code == 200
+
+
 def test_a_session_of_an_inactive_or_removed_user_signs_nobody_in(client, alice, rate):
     client.force_login(alice)
     assert client.get("/api/me/").status_code == 200
