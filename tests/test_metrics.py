@@ -391,3 +391,19 @@ def test_metric_times_are_iso(alice, rate):
     from jobs.views import metrics_data
 
     assert metrics_data(job)["series"]["loss"][0][2] == at.isoformat()
+
+
+def test_metric_events_times_are_written_as_isoformat_writes_them(alice):
+    """A point's time is the text the websocket's events carry (isoformat, UTC), with and
+    without microseconds: the chart's points and the live ones line up."""
+    from datetime import UTC, datetime
+
+    from jobs.models import JobEvent, event_message
+
+    job = make_job(alice)
+    whole, fraction = datetime(2026, 12, 6, 7, 0, 0, tzinfo=UTC), datetime(2026, 12, 6, 7, 0, 1, 5, tzinfo=UTC)
+    JobEvent.append(job.pk, [JobEvent(kind="metric", at=at, data={"step": n, "values": {"loss": 0.5}}) for n, at in enumerate([whole, fraction])])
+    read = list(run_data.metric_events(job))
+    stored = JobEvent.objects.filter(job=job, kind="metric").order_by("seq")
+    assert read == [event_message(e.seq, "metric", e.at, "", "", e.data) for e in stored]
+    assert [e["at"] for e in read] == ["2026-12-06T07:00:00+00:00", "2026-12-06T07:00:01.000005+00:00"]
