@@ -283,8 +283,13 @@ class JobSerializer(FactsSerializer):
         objects a request to the collector's oldest generation, and its passes over them,
         every 40 job lists or so, took 25-45 ms each (the list's p99, issue 24)."""
         for job in jobs:
-            for name in [name for name in job.__dict__ if name.startswith("shown_")]:
-                del job.__dict__[name]
+            held = job.__dict__
+            for name in PREPARED:  # by name: a job's 70-odd attributes searched cost 0.2 ms a page
+                held.pop(name, None)
+
+
+# What prepare() hangs on each job of a page, by the prefetches' names.
+PREPARED = tuple(prefetch.to_attr for prefetch in (*JOB_PREFETCH, JOB_CREDITS))
 
 
 # Request bodies -------------------------------------------------------------------------------
