@@ -9,6 +9,7 @@ session's is (core.sessions): Django built and compiled the four-table query at 
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.db.models import IntegerField
 
 from core.compiled import Param, Read
 
@@ -21,7 +22,18 @@ class TeamModelBackend(ModelBackend):
     session's user fetched with the membership and team every team page reads next."""
 
     def get_user(self, user_id):
-        user = TEAM_USER.first(user=user_id)
+        user = TEAM_USER.first(user=user_id) if may_be_an_id(user_id) else None
         if user is None:
             return None
         return user if self.user_can_authenticate(user) else None
+
+
+def may_be_an_id(user_id):
+    """Whether a session's user id may be a user's: of an integer key, an integer in 64 bits.
+    Django's own get_user finds no user of a larger one; asked of SQLite, the Read failed."""
+    if not isinstance(get_user_model()._meta.pk, IntegerField):
+        return True
+    try:
+        return -(2**63) <= int(user_id) < 2**63
+    except (TypeError, ValueError):
+        return False

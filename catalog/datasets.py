@@ -223,6 +223,8 @@ def _ready_versions():
     )
 
 
+MAX_VERSION_NUMBER = 2**31 - 1  # DatasetVersion.number, an IntegerField
+
 # A ready version of a dataset of the team by its name: the latest, or by its number (SQL made once).
 READY_LATEST = Read(lambda: _ready_versions().order_by("-number")[:1])
 READY_NUMBER = Read(lambda: _ready_versions().filter(number=Param("number", IntegerField()))[:1])
@@ -236,7 +238,11 @@ def resolve(team, ref):
     # What a spec names most often, a ready version of a dataset of the team by its name, in
     # one query with its dataset; anything else (an id, a version not ready, no such dataset)
     # the way below, with its reasons.
-    if not number or number.isdigit():
+    # A number of ASCII digits ("²" is a digit to isdigit, not to int) that a version may have
+    # (a larger one is no version: SQLite cannot even be asked for it).
+    digits = number.isascii() and number.isdigit()
+    known = digits and int(number) <= MAX_VERSION_NUMBER
+    if not number or known:
         found = READY_NUMBER.first(team=team.pk, name=name, number=int(number)) if number else READY_LATEST.first(team=team.pk, name=name)
         if found is not None:
             return found
@@ -252,9 +258,9 @@ def resolve(team, ref):
     if dataset is None:
         raise DatasetError(f"no dataset {name!r} in your team")
     if number:
-        if not number.isdigit():
+        if not digits:
             raise DatasetError(f"{ref!r}: the version after @ must be a number")
-        version = dataset.versions.filter(number=int(number)).first()
+        version = dataset.versions.filter(number=int(number)).first() if known else None
         if version is None or version.state != DatasetVersion.READY:
             raise DatasetError(f"{dataset.name} has no ready version {number}")
         return version

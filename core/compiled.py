@@ -62,8 +62,9 @@ def pg_array(items):
     """A list of values as one PostgreSQL array parameter: of ids (UUIDs, integers), the array's
     text ("{id,id}", its type the column's), else the list for psycopg to write. psycopg writes a
     list item by item, each searched for what needs quoting, which an id never does: a page of
-    50 jobs passes 400 ids a request, about 0.3 ms of the job list's CPU (issue 24)."""
-    if all(type(item) is uuid.UUID or type(item) is int for item in items):
+    50 jobs passes 400 ids a request, about 0.3 ms of the job list's CPU (issue 24). An integer
+    past a bigint's range goes in the list, as before (the text would fail the column's type)."""
+    if all(type(item) is uuid.UUID or (type(item) is int and -(2**63) <= item < 2**63) for item in items):
         return "{" + ",".join(map(str, items)) + "}"
     return items
 

@@ -356,11 +356,20 @@ class RequestForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._device_types = None
+        self.fields["gpu_type"].choices = self.device_type_choices  # read once, when first needed
         zone = timezone.get_current_timezone_name()
         self.fields["not_before"].help_text = f"Time zone: {zone}."
         self.fields["deadline"].help_text = f"When the results are needed ({zone}), if no quick choice is made."
         self.rate = None
         self.estimate = None
+
+    def device_type_choices(self):
+        """The GPU type's choices, read when the form first lists them or checks a type, then
+        kept: a page that shows the form with its errors lists them again."""
+        if self._device_types is None:
+            self._device_types = device_type_choices()
+        return self._device_types
 
     def clean_span_hours(self):
         return self._positive("span_hours", "The span must be longer than 0 hours.")

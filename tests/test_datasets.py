@@ -536,6 +536,19 @@ def test_a_job_can_name_a_dataset_made_here(api, team_a, storage_dir):
     assert datasets.resolve(team_a, "images@1").dataset == dataset
 
 
+def test_a_version_number_that_no_version_can_have_is_refused_with_a_reason(api, team_a, storage_dir):
+    """A number past what a version may have (SQLite cannot be asked for it) is no version; a
+    digit that is not ASCII ("²": a digit to isdigit, not to int) is not a number. Both were
+    500s from a spec's dataset reference."""
+    ready_dataset(api, team_a, {"a.bin": b"aaa"})
+    with pytest.raises(datasets.DatasetError, match="has no ready version 99999999999999999999"):
+        datasets.resolve(team_a, "images@99999999999999999999")
+    with pytest.raises(datasets.DatasetError, match="must be a number"):
+        datasets.resolve(team_a, "images@²")
+    with pytest.raises(datasets.DatasetError, match="has no ready version 2147483647"):
+        datasets.resolve(team_a, "images@2147483647")
+
+
 # Registered buckets ---------------------------------------------------------------------------------
 
 

@@ -531,3 +531,23 @@ def test_the_page_takes_the_files_it_was_sent_unread(client_a):
     reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
     assert not [sql for sql in reads if 'FROM "jobs_upload"' in sql], reads
     assert sorted(Job.objects.get().uploads.values_list("name", flat=True)) == ["test.csv", "train.csv", "train.py"]
+
+
+def test_the_gpu_types_are_read_once_by_a_form_that_lists_them_again(team_a, rate):
+    """The choices are read when first needed (a type given, or the form shown) and kept: a page
+    that shows the form again with its errors lists them without reading them again."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs import forms
+    from scheduler.models import Node
+
+    Node.objects.create(name="n1", device_type="h100", devices=8)
+    with CaptureQueriesContext(connection) as queries:
+        form = forms.JobForm({"gpus": "1", "gpu_type": "h100"}, team=team_a)
+        assert not form.is_valid() and "gpu_type" not in form.errors
+        listed = [str(form["gpu_type"]), str(form["gpu_type"])]
+    assert 'value="h100"' in listed[0] and listed[0] == listed[1]
+    assert len([q for q in queries if 'FROM "scheduler_node"' in q["sql"]]) == 1
+    refused = forms.JobForm({"gpus": "1", "gpu_type": "h1000"}, team=team_a)
+    assert not refused.is_valid() and "h1000 is not one of the available choices" in refused.errors["gpu_type"][0]

@@ -233,6 +233,23 @@ def test_an_expired_or_unknown_session_signs_nobody_in_and_a_new_one_is_made(cli
     assert client.get("/api/me/").status_code == 200
 
 
+def test_a_session_key_django_never_makes_and_a_user_id_past_64_bits_sign_nobody_in(alice, django_assert_num_queries):
+    """A cookie's key of characters no session key has (a NUL failed PostgreSQL's query, a 500)
+    is not asked of the database; a user id no user can have is no user (SQLite could not be
+    asked for it)."""
+    from accounts.backends import TeamModelBackend
+    from core.sessions import SessionStore
+
+    for key in ("abcdefgh\x00", "ABCDEFGHIJ", "abcdefgh'; --", "a" * 41):
+        store = SessionStore(key)
+        with django_assert_num_queries(0):
+            assert store.load() == {}
+        assert store.session_key is None
+    for user_id in (2**63, 2**70, -(2**63) - 1, "x", None):
+        assert TeamModelBackend().get_user(user_id) is None
+    assert TeamModelBackend().get_user(str(alice.pk)).pk == alice.pk
+
+
 def test_a_session_of_an_inactive_or_removed_user_signs_nobody_in(client, alice, rate):
     client.force_login(alice)
     assert client.get("/api/me/").status_code == 200
@@ -711,7 +728,8 @@ def test_one_of_ids_go_as_an_arrays_text_and_other_values_as_a_list(alice, rate)
 
     ids = [uuid.UUID(int=1), uuid.UUID(int=2)]
     assert pg_array(ids) == "{00000000-0000-0000-0000-000000000001,00000000-0000-0000-0000-000000000002}"
-    assert pg_array([3, 1]) == "{3,1}" and pg_array([]) == "{}"
+    assert pg_array([3, 1]) == "{3,1}" and pg_array([]) == "{}" and pg_array([-(2**63)]) == "{-9223372036854775808}"
+    assert pg_array([1, 2**63]) == [1, 2**63] and pg_array([-(2**63) - 1]) == [-(2**63) - 1]  # past a bigint: as before
     assert pg_array(["a,b}", 'q"']) == ["a,b}", 'q"'] and pg_array([True]) == [True]
     job = make_job(alice)
     JobEvent.append(job.pk, [JobEvent(kind="log", at=datetime.now(UTC), stream="stdout", text="x") for _ in range(3)])
