@@ -293,6 +293,24 @@ def test_the_scheduler_sweeps_in_its_housekeeping(alice, settings):
     assert storage.exists(kept.key) and not storage.exists(forgotten)
 
 
+def test_the_scheduler_clears_expired_sessions_in_its_housekeeping(alice):
+    from datetime import timedelta
+
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    from core.sessions import SessionStore
+
+    live, expired = SessionStore(), SessionStore()
+    for store in (live, expired):
+        store["who"] = "alice"
+        store.create()
+    Session.objects.filter(session_key=expired.session_key).update(expire_date=timezone.now() - timedelta(seconds=1))
+    call_command("scheduler", "--once")
+    assert list(Session.objects.values_list("session_key", flat=True)) == [live.session_key]
+    assert SessionStore(live.session_key).load() == {"who": "alice"}
+
+
 def test_the_grace_setting_refuses_less_than_an_hour(tmp_path):
     from tests.test_settings import check
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from billing import budget_service
 from catalog import datasets
+from core.sessions import SessionStore
 from core.signals import stop_on_signals
 from jobs import folder_uploads, sweep
 from jobs.models import Upload
@@ -145,6 +146,9 @@ class Command(BaseCommand):
                 abandoned = folder_uploads.purge_stale_uploads(timezone.now() - UNCLAIMED_UPLOADS_KEPT)
                 if abandoned:
                     log.info("gave up %d dataset uploads no chunk reached for two days", abandoned)
+                # Browsers' sessions past their expiry (Django keeps them until told: signed out
+                # or expired, each stayed a row for good).
+                SessionStore.clear_expired()
                 # After the purges, so the blobs of the rows they removed go too (once old).
                 # Beside the cycle, like scans: on a large store the listing takes a while.
                 self.scans.submit(self.sweep_blobs)
