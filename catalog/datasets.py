@@ -223,7 +223,7 @@ def _ready_versions():
     )
 
 
-MAX_VERSION_NUMBER = 2**31 - 1  # DatasetVersion.number, an IntegerField
+MAX_VERSION_NUMBER = 2**31 - 1  # DatasetVersion.number, a PositiveIntegerField (PostgreSQL's integer)
 
 # A ready version of a dataset of the team by its name: the latest, or by its number (SQL made once).
 READY_LATEST = Read(lambda: _ready_versions().order_by("-number")[:1])

@@ -164,10 +164,9 @@ class _Compiled:
         # What results_iter works out at every call, once: each column's converters (a Job's 60
         # columns asked their fields for theirs at every read, about a twentieth of a
         # submission's CPU, issue 24), and whether a composite key's columns make tuples.
-        columns = [column[0] for column in self.compiler.select[0 : self.compiler.col_count]]
-        self.columns = columns
-        self.converters = self.compiler.get_converters(columns)
-        self.composite = self.compiler.has_composite_fields(columns)
+        self.columns = [column[0] for column in self.compiler.select[0 : self.compiler.col_count]]
+        self.converters = self.compiler.get_converters(self.columns)
+        self.composite = self.compiler.has_composite_fields(self.columns)
 
     def run(self, values):
         if set(values) != self.names:

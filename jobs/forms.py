@@ -333,9 +333,7 @@ class RequestForm(forms.Form):
 
     # Request
     gpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs", error_messages={"min_value": "Ask for at least 1 GPU."})
-    # Read when listed or when a type is given (ChoiceField checks a blank value against no
-    # choice): a submission without a type asks nothing of the nodes and rates (issue 24).
-    gpu_type = forms.ChoiceField(required=False, label="GPU type", choices=device_type_choices)
+    gpu_type = forms.ChoiceField(required=False, label="GPU type", choices=[("", "Any type")])  # each form's: __init__
     mode = forms.ChoiceField(
         choices=[("span", "A fixed span"), ("until_done", "Until done, with a ceiling")],
         initial="span",
@@ -356,8 +354,10 @@ class RequestForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Read when listed or when a type is given (ChoiceField checks a blank value against no
+        # choice), once: a submission without a type asks nothing of the nodes and rates (issue 24).
         self._device_types = None
-        self.fields["gpu_type"].choices = self.device_type_choices  # read once, when first needed
+        self.fields["gpu_type"].choices = self.device_type_choices
         zone = timezone.get_current_timezone_name()
         self.fields["not_before"].help_text = f"Time zone: {zone}."
         self.fields["deadline"].help_text = f"When the results are needed ({zone}), if no quick choice is made."
