@@ -118,6 +118,18 @@ def refined_start(recorded, script_at):
     return recorded
 
 
+def agent_start(script_at, engine_at):
+    """(the meter's start, precise) as a node agent tells it, from its batch script's first
+    instant and the engine's whole second (either may be unknown): refined_start's choice, so the
+    start does not depend on whether the scheduler or the agent read the engine first. A script
+    that Slurm launched a second or more after its start (a loaded node) starts the meter at
+    Slurm's start, when the devices were held; told first, its late instant had stood (the
+    scheduler records the engine's start only while none is recorded). precise: the start is
+    the script's instant."""
+    started_at = refined_start(engine_at, script_at)
+    return started_at, started_at is not None and started_at == script_at
+
+
 def script_start(text):
     """The batch script's first instant (E31_ENGINE_STARTED_AT: bash's EPOCHREALTIME) as a time,
     or None when it is missing or not a number."""

@@ -115,6 +115,65 @@ def test_the_batch_scripts_instant_refines_the_engines_whole_second():
 
 
 @pytest.mark.nodb
+def test_the_agent_starts_the_meter_at_the_engines_second_when_its_script_started_a_second_late():
+    """Whichever of the scheduler and the agent reads the engine first, the meter starts at the
+    same instant: a script launched 1.06 s after Slurm's start second (a loaded node), told first,
+    had started the meter there, a second after the devices were held."""
+    second = timezone.now().replace(microsecond=0)
+    assert engine.agent_start(second + timedelta(seconds=0.4), second) == (second + timedelta(seconds=0.4), True)
+    assert engine.agent_start(second + timedelta(seconds=1.06), second) == (second, False)
+    assert engine.agent_start(second + timedelta(seconds=1.06), None) == (second + timedelta(seconds=1.06), True)
+    assert engine.agent_start(None, second) == (second, False)
+    assert engine.agent_start(None, None) == (None, False)
+    # The same start as the scheduler's word first, then the script's (refined_start).
+    for script in (second + timedelta(seconds=0.4), second + timedelta(seconds=1.06), second - timedelta(seconds=0.3)):
+        assert engine.agent_start(script, second)[0] == engine.refined_start(second, script)
+
+
+@pytest.mark.nodb
+def test_the_agent_command_asks_the_engine_for_its_start_beside_its_scripts_instant(monkeypatch):
+    from agent.management.commands import runner as command
+
+    second = timezone.now().replace(microsecond=0)
+    late = second + timedelta(seconds=1.06)
+    attached = []
+
+    class Agent:
+        allocation_id, name = "a1", "n1"
+
+        def __init__(self, *args):
+            pass
+
+        def attach(self, started_at, precise=False):
+            attached.append((started_at, precise))
+
+        def run(self):
+            pass
+
+        def terminate(self):
+            pass
+
+    class Engine:
+        answer = base.AllocationStatus(state=base.RUNNING, started_at=second, engine_state="RUNNING")
+
+        def status(self, handles):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return dict.fromkeys(handles, self.answer)
+
+    executor = Engine()
+    monkeypatch.setattr(command, "AllocationAgent", Agent)
+    monkeypatch.setattr("scheduler.executors.configured.get_executor", lambda: executor)
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("E31_ENGINE_STARTED_AT", f"{late.timestamp():.6f}")
+    command.Command().run_one("a1", None)
+    assert attached.pop() == (second, False), "a script launched a second late: Slurm's start"
+    executor.answer = subprocess.TimeoutExpired(["squeue"], 10)
+    command.Command().run_one("a1", None)
+    assert attached.pop() == (late, True), "the controller did not answer: the script's instant"
+
+
+@pytest.mark.nodb
 def test_the_batch_script_tells_its_first_instant_to_the_microsecond(tmp_path):
     script = tmp_path / "batch.sh"
     script.write_text(slurm.BATCH_SCRIPT)

@@ -74,7 +74,8 @@ def test_the_digits_job_runs_through_slurm_and_bills_slurms_elapsed_time(slurm):
 
         # Billed: what Slurm held. Slurm counts whole seconds, so that is within a second of its
         # elapsed time either way; the meter runs from the batch script's first instant, inside
-        # Slurm's start second, to the job's end, a moment before our agent exits.
+        # Slurm's start second (or from that second, where a loaded node launched the script
+        # later), to the job's end, a moment before our agent exits.
         handles = system.manage(
             "shell", "-v", "0", "-c", f"from scheduler.models import Allocation; print(Allocation.objects.get(job_id='{job['id']}').engine_handle)"
         ).split()

@@ -1,5 +1,6 @@
 import os
 import socket
+import subprocess
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -50,17 +51,22 @@ class Command(BaseCommand):
 
     def run_one(self, allocation, work_dir):
         """Inside an engine's job: run the allocation as a runner would, then exit."""
-        from scheduler.engine import script_start
+        from scheduler.engine import agent_start, script_start
         from scheduler.executors.configured import get_executor
 
         agent = AllocationAgent(allocation, work_dir or settings.E31_ENGINE_WORK_DIR)
-        # The meter from the engine's start: the batch script's first instant, or else what the
-        # engine says (whole seconds).
-        started_at = script_start(os.environ.get("E31_ENGINE_STARTED_AT"))
-        precise = started_at is not None
+        # The meter from the engine's start: the batch script's first instant where it falls in
+        # the whole second the engine says it started the job, else that second (agent_start).
+        script_at = script_start(os.environ.get("E31_ENGINE_STARTED_AT"))
         executor, handle = get_executor(), os.environ.get("SLURM_JOB_ID")
-        if not precise and executor is not None and handle:
-            started_at = executor.status([handle])[handle].started_at
+        engine_at = None
+        if executor is not None and handle:
+            try:
+                engine_at = executor.status([handle])[handle].started_at
+            except (OSError, subprocess.SubprocessError):  # the controller did not answer in time: the script's word
+                if script_at is None:
+                    raise
+        started_at, precise = agent_start(script_at, engine_at)
         agent.attach(started_at, precise=precise)
 
         with stop_on_signals(agent.terminate):
