@@ -25,9 +25,11 @@ each recipe would import several modules for one run.
 
 import contextlib
 import copy
+import gc
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -263,13 +265,16 @@ class Dist:
         """Leave the process group. A finished run first waits for every process to finish: a
         process whose peers have already torn their side down can abort in gloo's teardown
         (rank 0 still writes the weights when the others are done). A failed run does not wait,
-        since a peer may never arrive."""
+        since a peer may never arrive. What the run made in cycles (an FSDP model's sharded
+        parameters hold the group through their device mesh) is collected first, while the group
+        is there, so the group ends here rather than in the interpreter's teardown."""
         if not self.active:
             return
         import torch.distributed as distributed
 
         if not distributed.is_initialized():
             return
+        gc.collect()
         if finished:
             distributed.barrier()
         distributed.destroy_process_group()
@@ -882,3 +887,18 @@ def main(recipe_name: str, train: Callable[[Config, Dist], None], evaluate_stage
         dist.close()
         raise
     dist.close(finished=True)
+    if dist.active:
+        leave()
+
+
+def leave() -> NoReturn:
+    """End a finished run of several processes here, its outputs written and its process group
+    left: the interpreter's own teardown destroys what torch.distributed still holds (gloo's
+    threads, tensors kept by their work) in no fixed order, and now and then aborted a process
+    ("terminate called without an active exception", exit -6) after the run had finished, which
+    turned a finished run into a failed one. What a run writes (metrics, outputs, checkpoints) is
+    closed as it is written; only the standard streams are left to flush."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
