@@ -6,6 +6,7 @@ import uuid
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Func, IntegerField, UUIDField
 from django.http import HttpResponse
 from django.urls import reverse
@@ -36,6 +37,7 @@ from jobs.models import Job
 from jobs.retrain_form import RetrainForm
 from jobs.serializers import JobSerializer, JobSubmitForm, JobSubmitJson, RetrainOverridesForm, RetrainOverridesJson, SpecOnlyForm, as_made
 from jobs.spec_form import spec_form_data
+from jobs.written import ROW_VERSION, row_version
 
 MAX_LOG_LIMIT = 5000
 
@@ -95,7 +97,7 @@ def jobs(request):
     activate_for(request.user)  # a token's user: "by morning" is the morning where they are
     if request.method == "GET":
         shown = JobSerializer(context={"request": request})
-        return paginate(request, filtered_jobs(request, team), shown.to_representation, prepare=JobSerializer.prepare, release=JobSerializer.release)
+        return paginate(request, filtered_jobs(request, team), shown.list_item, prepare=JobSerializer.prepare, release=JobSerializer.release)
     spec = read_spec(request)
     _data, created, form = job_form(request, team, spec)
     if not form.is_valid():
@@ -109,7 +111,7 @@ def jobs(request):
 
 # The team's jobs, newest first, a page at a time, and how many: what a CLI polls, their SQL
 # made once.
-TEAM_JOBS = Read(lambda: Job.objects.filter(team_id=Param("team", UUIDField())).order_by("-created_at"), paged=True)
+TEAM_JOBS = Read(lambda: versioned(Job.objects.filter(team_id=Param("team", UUIDField())).order_by("-created_at")), paged=True)
 TEAM_JOB_COUNT = Read(
     lambda: (
         Job.objects.filter(team_id=Param("team", UUIDField()))
@@ -120,6 +122,12 @@ TEAM_JOB_COUNT = Read(
 )
 
 
+def versioned(jobs):
+    """The jobs read with their rows' versions, where the database has them (jobs.written)."""
+    version = row_version(connection)
+    return jobs if version is None else jobs.annotate(**{ROW_VERSION: version})
+
+
 def filtered_jobs(request, team):
     """The team's jobs the request's filters keep, newest first: a queryset, or, without a
     filter, Pages of TEAM_JOBS (Django built and compiled the page's query and the count at every
@@ -127,7 +135,7 @@ def filtered_jobs(request, team):
     params = request.query_params
     if not any(params.get(name) for name in JOB_FILTERS):
         return Pages(TEAM_JOBS, TEAM_JOB_COUNT, team=team.pk)
-    queryset = Job.objects.filter(team=team).order_by("-created_at")
+    queryset = versioned(Job.objects.filter(team=team).order_by("-created_at"))
     if params.get("state"):
         if params["state"] not in dict(states.CHOICES):
             raise ValidationError({"state": [f"{params['state']!r} is not a state; one of {', '.join(dict(states.CHOICES))}."]})

@@ -10,7 +10,8 @@ writes them ("2026-11-03T10:30:00Z"), whatever time zone the request activated (
 
 Lists: JobSerializer.prepare(page) fetches what a page of jobs shows in at most a fixed number of
 queries, however many jobs it holds (tests/test_api_shapes.py counts them); one job alone is
-completed the same way when it is shown.
+completed the same way when it is shown. On PostgreSQL the JSON of a page's ended jobs is kept
+between lists while none of their rows changes (jobs.written), and read again without them.
 
 Also here: the request bodies of the views that answer these shapes.
 """
@@ -25,8 +26,10 @@ from core.compiled import OneOf, Read
 from core.prefetch import ReadPrefetch, prefetch_sparse
 from core.serializers import DirectSerializer, Facts, FactsSerializer, Moment, absolute_url, nullable_str
 from e31.recipes.precision import PRECISIONS
+from jobs import states
 from jobs.ceiling import job_ceiling
 from jobs.models import Job, JobEvent, Upload, add_credits
+from jobs.written import KeptJobs
 
 # Jobs -----------------------------------------------------------------------------------------
 
@@ -269,11 +272,32 @@ class JobSerializer(FactsSerializer):
         """A page of jobs with what the serializer reads, in at most a fixed number of queries:
         the relations none of them has rows in are not asked for. Their credits' sums are the
         credits' own, added up here: most jobs have none, and two sums in the page's query cost
-        it two subqueries a job (issue 24)."""
-        prefetch_sparse(jobs, *JOB_PREFETCH, JOB_CREDITS)
-        read_timelines(jobs)
+        it two subqueries a job (issue 24).
+
+        A job read with its row's version (PostgreSQL) whose JSON is kept (jobs.written: it had
+        ended, and none of its rows has changed since) reads nothing more: list_item writes it."""
+        KEPT.keys(jobs, WRITTEN_FROM, JobEvent._meta.db_table, Job.TIMELINE_KINDS)
+        rest = []
         for job in jobs:
+            job.written = KEPT.get(job.written_key)
+            if job.written is None:
+                rest.append(job)
+        if not rest:
+            return
+        prefetch_sparse(rest, *JOB_PREFETCH, JOB_CREDITS)
+        read_timelines(rest)
+        for job in rest:
             job.credited_seconds_total, job.credited_amount_total = add_credits((c.seconds, c.amount) for c in job.shown_credits)
+
+    def list_item(self, job):
+        """A job of a page prepare() read: its kept JSON with this request's URL, or its JSON
+        written now (and kept once the job has ended: a terminal state, every allocation ended)."""
+        if job.written is not None:
+            return {**job.written, "url": absolute_url(self.context["request"], "jobs:detail", job.pk)}
+        data = self.to_representation(job)
+        if job.written_key is not None and settled(job):
+            KEPT.put(job.written_key, data)
+        return data
 
     @staticmethod
     def release(jobs):
@@ -288,8 +312,24 @@ class JobSerializer(FactsSerializer):
                 held.pop(name, None)
 
 
+def settled(job):
+    """Whether a job of a page prepare() read writes the same JSON until one of its rows changes:
+    it has ended, and nothing it shows counts on with the clock (an allocation's meter, a
+    staging's seconds)."""
+    return (
+        job.state in states.TERMINAL
+        and all(a.ended_at is not None for a in job.shown_allocations)
+        and all(s.started_at is None or s.finished_at is not None for s in job.shown_stagings)
+    )
+
+
 # What prepare() hangs on each job of a page, by the prefetches' names.
 PREPARED = tuple(prefetch.to_attr for prefetch in (*JOB_PREFETCH, JOB_CREDITS))
+
+# The relations a job's JSON is written from (besides its row and its timeline events), and the
+# JSON of ended jobs, kept in this process while none of those rows changes (jobs.written).
+WRITTEN_FROM = (*JOB_PREFETCH, JOB_CREDITS)
+KEPT = KeptJobs()
 
 
 # Request bodies -------------------------------------------------------------------------------
