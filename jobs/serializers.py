@@ -16,6 +16,7 @@ between lists while none of their rows changes (jobs.written), and read again wi
 Also here: the request bodies of the views that answer these shapes.
 """
 
+from contextlib import nullcontext
 from decimal import Decimal
 
 from django.conf import settings
@@ -29,7 +30,7 @@ from e31.recipes.precision import PRECISIONS
 from jobs import states
 from jobs.ceiling import job_ceiling
 from jobs.models import Job, JobEvent, Upload, add_credits
-from jobs.written import KeptJobs
+from jobs.written import ROW_VERSION, KeptJobs, one_snapshot
 
 # Jobs -----------------------------------------------------------------------------------------
 
@@ -275,8 +276,14 @@ class JobSerializer(FactsSerializer):
         it two subqueries a job (issue 24).
 
         A job read with its row's version (PostgreSQL) whose JSON is kept (jobs.written: it had
-        ended, and none of its rows has changed since) reads nothing more: list_item writes it."""
-        KEPT.keys(jobs, WRITTEN_FROM, JobEvent._meta.db_table, Job.TIMELINE_KINDS)
+        ended, and none of its rows has changed since) reads nothing more: list_item writes it.
+        Only an ended job's JSON may be kept: a page of jobs still queued or running asks for no
+        fingerprint."""
+        ended = {job.pk for job in jobs if job.state in states.TERMINAL and getattr(job, ROW_VERSION, None) is not None}
+        for job in jobs:
+            job.written_key = None
+        # The fingerprints of the ended jobs kept in some version (none: no query).
+        KEPT.keys([job for job in jobs if job.pk in ended and KEPT.holds(job.pk)], WRITTEN_FROM, JobEvent._meta.db_table, Job.TIMELINE_KINDS)
         rest = []
         for job in jobs:
             job.written = KEPT.get(job.written_key)
@@ -284,8 +291,13 @@ class JobSerializer(FactsSerializer):
                 rest.append(job)
         if not rest:
             return
-        prefetch_sparse(rest, *JOB_PREFETCH, JOB_CREDITS)
-        read_timelines(rest)
+        to_keep = [job for job in rest if job.pk in ended]
+        with one_snapshot(rest[0]._state.db or "default") if to_keep else nullcontext():
+            # Their keys again, in the snapshot their rows are read in: the JSON is kept under
+            # the fingerprint of what it was written from (jobs.written).
+            KEPT.keys(to_keep, WRITTEN_FROM, JobEvent._meta.db_table, Job.TIMELINE_KINDS)
+            prefetch_sparse(rest, *JOB_PREFETCH, JOB_CREDITS)
+            read_timelines(rest)
         for job in rest:
             job.credited_seconds_total, job.credited_amount_total = add_credits((c.seconds, c.amount) for c in job.shown_credits)
 

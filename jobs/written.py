@@ -13,10 +13,13 @@ with any insert, update or delete of them by any writer (the ORM, a bulk update,
 admin), and the JSON kept under the old fingerprint is never read again. No writer has to say
 what it changed.
 
-Order matters: the fingerprint is read before the rows the JSON is then written from, so a change
-committed in between leaves new JSON under an old fingerprint (never read: the next read's
-fingerprint is the new one), never old JSON under a new one. The job's own row and its xmin come
-in the same query (the page's).
+The JSON is kept under the fingerprint of the rows it was written from: a page reads the
+fingerprints of the jobs whose JSON it has to write again, and then their rows, in one snapshot
+(one_snapshot: a REPEATABLE READ transaction), so a change committed meanwhile is in both or in
+neither. (Read one after the other, a row inserted in between and deleted later would have left
+JSON with the row under the fingerprint without it, which the delete brings back.) The job's own
+row and its version come in one query (the page's): a JSON written from an older row than the
+snapshot's is kept under that row's version, which no later read finds.
 
 What a job's JSON reads beyond those rows is in the key, too: the currency (a setting). Of a
 related row the page shows a column of (an allocation's or staging's node, a credit's usage
@@ -27,10 +30,11 @@ SQLite has no row versions: nothing is kept there, and every page is written as 
 """
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models.expressions import RawSQL
 
 from core.compiled import pg_array
@@ -80,6 +84,21 @@ def fingerprint_sql(relations, events_table, events_kinds, quote):
     return " UNION ALL ".join(parts)
 
 
+@contextmanager
+def one_snapshot(using):
+    """The reads inside see one snapshot of the database: a REPEATABLE READ transaction of their
+    own on PostgreSQL; inside a caller's transaction (or elsewhere), the caller's reads as they
+    are."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
 class KeptJobs:
     """JSON of ended jobs by (id, row version, fingerprint, currency), least recently read out
     first."""
@@ -87,19 +106,26 @@ class KeptJobs:
     def __init__(self, size=KEPT_JOBS):
         self.size = size
         self._kept = OrderedDict()
+        self._held = Counter()  # the jobs' ids: how many of their versions are kept
         self._lock = threading.Lock()
         self._sql = {}
 
     def clear(self):
         with self._lock:
             self._kept.clear()
+            self._held.clear()
+
+    def holds(self, job_id):
+        """Whether some version of the job's JSON is kept (else its fingerprint need not be read
+        before its rows)."""
+        return str(job_id) in self._held
 
     def __len__(self):
         return len(self._kept)
 
     def keys(self, jobs, relations, events_table, events_kinds):
-        """Each job's key (on job.written_key), for jobs read with their row version: one query.
-        Jobs read without one (SQLite, a filtered list) get None."""
+        """Each job's key (on job.written_key), for jobs read with their row version: one query
+        (none for no such job). Jobs read without one (SQLite) get None."""
         versioned = [job for job in jobs if getattr(job, ROW_VERSION, None) is not None]
         for job in jobs:
             job.written_key = None
@@ -135,7 +161,12 @@ class KeptJobs:
         if key is None:
             return
         with self._lock:
+            if key not in self._kept:
+                self._held[key[0]] += 1
             self._kept[key] = written
             self._kept.move_to_end(key)
             while len(self._kept) > self.size:
-                self._kept.popitem(last=False)
+                gone, _ = self._kept.popitem(last=False)
+                self._held[gone[0]] -= 1
+                if not self._held[gone[0]]:
+                    del self._held[gone[0]]

@@ -73,6 +73,19 @@ def test_an_ended_jobs_json_is_kept_and_read_again_without_its_rows(client, jobs
         assert listed(client) == first
     assert not reads_of(queries, "scheduler_allocation") and not reads_of(queries, "jobs_jobevent"), "every job kept: none of their rows read"
 
+    fingerprints = [sql for sql in queries_of_a_cold_read(client) if "md5(" in sql]
+    # Nothing kept: only those of the jobs it writes, in the snapshot their rows are read in;
+    # each part passes the ids as one array.
+    assert len(fingerprints) == 1 and fingerprints[0].count("= ANY(") == fingerprints[0].count("SELECT ") == 7
+    # One kept, one changed since: the page's, then the changed one's again with its rows.
+    KEPT.clear()
+    listed(client)
+    change_job_row(jobs[0])
+    with CaptureQueriesContext(connection) as queries:
+        shown = listed(client)
+    assert len([q for q in queries if "md5(" in q["sql"]]) == 2
+    assert shown == written_now(client)
+
     running = make_job(alice, name="running")
     Allocation.objects.create(
         job=running, node=Node.objects.get(name="node-0"), devices=[1], device_type="cpu", rate=Decimal("2.40"), started_at=datetime.now(UTC)
@@ -82,9 +95,25 @@ def test_an_ended_jobs_json_is_kept_and_read_again_without_its_rows(client, jobs
     assert len(KEPT) == 3, "a running job's JSON is not kept: its meter runs"
     with CaptureQueriesContext(connection) as queries:
         again = listed(client)
-    assert {k: v for k, v in again.items() if k != str(running.pk)} == first
+    assert {k: v for k, v in again.items() if k != str(running.pk)} == shown
     [allocations] = reads_of(queries, "scheduler_allocation")
     assert str(running.pk) in allocations and not any(str(job.pk) in allocations for job in jobs)
+
+
+def queries_of_a_cold_read(client):
+    KEPT.clear()
+    with CaptureQueriesContext(connection) as queries:
+        listed(client)
+    return [q["sql"] for q in queries]
+
+
+def test_a_page_of_jobs_still_queued_or_running_asks_for_no_fingerprint(client, alice, rate):
+    client.force_login(alice)
+    make_job(alice, name="queued")
+    running = make_job(alice, name="running")
+    Job.objects.filter(pk=running.pk).update(state="running")
+    assert not [sql for sql in queries_of_a_cold_read(client) if "md5(" in sql]
+    assert len(KEPT) == 0
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
@@ -92,6 +121,37 @@ def test_an_ended_job_whose_staging_still_counts_its_seconds_is_not_kept(client,
     Staging.objects.create(job=jobs[0], node=Node.objects.get(name="node-0"), state=Staging.STAGING, started_at=STARTED)
     listed(client)
     assert len(KEPT) == 2, "its staging's seconds run on with the clock"
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.django_db(transaction=True)
+def test_a_row_committed_while_a_page_is_written_is_in_both_its_fingerprint_and_its_json_or_in_neither(client, jobs, monkeypatch):
+    """Another writer's row committed between the page's fingerprints and its rows, then deleted:
+    the JSON kept had it, under the fingerprint without it, which the delete brought back."""
+    import threading
+
+    from jobs import serializers
+
+    job = jobs[1]
+    real = serializers.prefetch_sparse
+
+    def meanwhile(*args, **kwargs):
+        def write():
+            try:
+                add_input(job)
+            finally:
+                connection.close()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        writer.join()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serializers, "prefetch_sparse", meanwhile)
+    listed(client)
+    monkeypatch.setattr(serializers, "prefetch_sparse", real)
+    Upload.objects.filter(job=job, role=Upload.INPUT).delete()
+    assert listed(client)[str(job.pk)] == written_now(client)[str(job.pk)]
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
@@ -164,10 +224,16 @@ def test_kept_json_goes_least_recently_read_first():
     from jobs.written import KeptJobs
 
     kept = KeptJobs(size=2)
-    kept.put("a", {"n": 1})
-    kept.put("b", {"n": 2})
-    assert kept.get("a") == {"n": 1}
-    kept.put("c", {"n": 3})
-    assert kept.get("b") is None and kept.get("a") == {"n": 1} and kept.get("c") == {"n": 3}
-    kept.put(None, {"n": 4})
+    kept.put(("a", 1), {"n": 1})
+    kept.put(("b", 1), {"n": 2})
+    assert kept.get(("a", 1)) == {"n": 1}
+    kept.put(("c", 1), {"n": 3})
+    assert kept.get(("b", 1)) is None and kept.get(("a", 1)) == {"n": 1} and kept.get(("c", 1)) == {"n": 3}
+    assert not kept.holds("b") and kept.holds("a") and kept.holds("c")
+    kept.put(("a", 2), {"n": 4})  # a second version of a: its first goes, a is still held
+    assert kept.get(("a", 1)) is None and kept.holds("a") and kept.holds("c")
+    kept.put(("d", 1), {"n": 5})
+    kept.put(("d", 2), {"n": 6})
+    assert not kept.holds("a") and not kept.holds("c") and kept.holds("d")
+    kept.put(None, {"n": 7})
     assert kept.get(None) is None and len(kept) == 2
