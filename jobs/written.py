@@ -100,7 +100,7 @@ def one_snapshot(using):
 
 
 class KeptJobs:
-    """JSON of ended jobs by (id, row version, fingerprint, currency), least recently read out
+    """JSON of ended jobs by (id, row version, currency, fingerprint), least recently read out
     first."""
 
     def __init__(self, size=KEPT_JOBS):
