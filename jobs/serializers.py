@@ -283,7 +283,7 @@ class JobSerializer(FactsSerializer):
         for job in jobs:
             job.written_key = None
         # The fingerprints of the ended jobs kept in some version (none: no query).
-        KEPT.keys([job for job in jobs if job.pk in ended and KEPT.holds(job.pk)], WRITTEN_FROM, JobEvent._meta.db_table, Job.TIMELINE_KINDS)
+        KEPT.keys([job for job in jobs if job.pk in ended and KEPT.holds(job.pk)])
         rest = []
         for job in jobs:
             job.written = KEPT.get(job.written_key)
@@ -295,7 +295,7 @@ class JobSerializer(FactsSerializer):
         with one_snapshot(rest[0]._state.db or "default") if to_keep else nullcontext():
             # Their keys again, in the snapshot their rows are read in: the JSON is kept under
             # the fingerprint of what it was written from (jobs.written).
-            KEPT.keys(to_keep, WRITTEN_FROM, JobEvent._meta.db_table, Job.TIMELINE_KINDS)
+            KEPT.keys(to_keep)
             prefetch_sparse(rest, *JOB_PREFETCH, JOB_CREDITS)
             read_timelines(rest)
         for job in rest:
@@ -338,10 +338,9 @@ def settled(job):
 # What prepare() hangs on each job of a page, by the prefetches' names.
 PREPARED = tuple(prefetch.to_attr for prefetch in (*JOB_PREFETCH, JOB_CREDITS))
 
-# The relations a job's JSON is written from (besides its row and its timeline events), and the
-# JSON of ended jobs, kept in this process while none of those rows changes (jobs.written).
-WRITTEN_FROM = (*JOB_PREFETCH, JOB_CREDITS)
-KEPT = KeptJobs()
+# The JSON of ended jobs, kept in this process while none of the rows it is written from changes
+# (jobs.written): the job's own, those of its relations read above, and its timeline events.
+KEPT = KeptJobs((*JOB_PREFETCH, JOB_CREDITS), JobEvent._meta.db_table, Job.TIMELINE_KINDS)
 
 
 # Request bodies -------------------------------------------------------------------------------

@@ -103,7 +103,10 @@ class KeptJobs:
     """JSON of ended jobs by (id, row version, currency, fingerprint), least recently read out
     first."""
 
-    def __init__(self, size=KEPT_JOBS):
+    def __init__(self, relations, events_table, events_kinds, size=KEPT_JOBS):
+        """relations: the ReadPrefetches a job's JSON is written from; events_table and
+        events_kinds: its timeline events' table and kinds."""
+        self.relations, self.events_table, self.events_kinds = tuple(relations), events_table, tuple(events_kinds)
         self.size = size
         self._kept = OrderedDict()
         self._held = Counter()  # the jobs' ids: how many of their versions are kept
@@ -123,7 +126,7 @@ class KeptJobs:
     def __len__(self):
         return len(self._kept)
 
-    def keys(self, jobs, relations, events_table, events_kinds):
+    def keys(self, jobs):
         """Each job's key (on job.written_key), for jobs read with their row version: one query
         (none for no such job). Jobs read without one (SQLite) get None."""
         versioned = [job for job in jobs if getattr(job, ROW_VERSION, None) is not None]
@@ -134,10 +137,10 @@ class KeptJobs:
         connection = connections[versioned[0]._state.db or "default"]
         sql = self._sql.get(connection.alias)
         if sql is None:
-            sql = self._sql[connection.alias] = fingerprint_sql(relations, events_table, events_kinds, connection.ops.quote_name)
+            sql = self._sql[connection.alias] = fingerprint_sql(self.relations, self.events_table, self.events_kinds, connection.ops.quote_name)
         pk = type(versioned[0])._meta.pk
         ids = pg_array([pk.get_db_prep_value(job.pk, connection) for job in versioned])
-        parts = len(relations) + 1
+        parts = len(self.relations) + 1
         found = {}
         with connection.cursor() as cursor:
             cursor.execute(sql, [ids] * parts)

@@ -26,6 +26,19 @@ pytestmark = pytest.mark.django_db
 STARTED = datetime(2026, 11, 3, tzinfo=UTC)
 
 
+def held_an_hour(job, node, started, end_reason):
+    """An allocation of one CPU slot held for an hour from started, ended for end_reason, and its
+    usage record."""
+    allocation = Allocation.objects.create(
+        job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=started,
+        ended_at=started + timedelta(hours=1), end_reason=end_reason,
+    )  # fmt: skip
+    UsageRecord.objects.create(
+        team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=started, ended_at=started + timedelta(hours=1),
+        held_seconds=3600, rate=Decimal("2.40"), amount=meter.charge(1, 3600, Decimal("2.40")),
+    )  # fmt: skip
+
+
 def busy_job(user, node, n, scale):
     """A job that ran `scale` times (an allocation and a usage record each), printed and logged
     metrics, kept outputs, and runs again now (an open allocation)."""
@@ -34,15 +47,7 @@ def busy_job(user, node, n, scale):
     JobEvent.append(job.pk, [JobEvent(kind="log", at=at, stream="stdout", text=f"line {i}") for i in range(20 * scale)])
     JobEvent.append(job.pk, [JobEvent(kind="metric", at=at, data={"step": i, "values": {"loss": 1 / (i + 1), "acc": i / 100}}) for i in range(10 * scale)])
     for i in range(scale):
-        started = STARTED + timedelta(hours=2 * i)
-        allocation = Allocation.objects.create(
-            job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=started,
-            ended_at=started + timedelta(hours=1), end_reason=Allocation.PREEMPTED,
-        )  # fmt: skip
-        UsageRecord.objects.create(
-            team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=started, ended_at=started + timedelta(hours=1),
-            held_seconds=3600, rate=Decimal("2.40"), amount=meter.charge(1, 3600, Decimal("2.40")),
-        )  # fmt: skip
+        held_an_hour(job, node, STARTED + timedelta(hours=2 * i), Allocation.PREEMPTED)
         key, size, sha256 = get_storage().save_blob(io.BytesIO(b"weights %d" % i))
         Artifact.objects.create(job=job, name=f"out/model-{i}.pt", key=key, size=size, sha256=sha256)
     Allocation.objects.create(job=job, node=node, devices=[1], device_type="cpu", rate=Decimal("2.40"), started_at=datetime.now(UTC))

@@ -9,12 +9,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from billing import meter
 from billing.models import Credit, UsageRecord, billing_month
 from jobs.models import Job, JobEvent, Upload
 from jobs.serializers import KEPT
 from scheduler.models import Allocation, Node, Staging
 from tests.conftest import make_job
+from tests.test_read_queries import held_an_hour
 
 pytestmark = pytest.mark.django_db
 
@@ -30,14 +30,7 @@ def nothing_kept():
 
 def ended_job(user, node, name, state="succeeded"):
     job = make_job(user, name=name)
-    allocation = Allocation.objects.create(
-        job=job, node=node, devices=[0], device_type="cpu", rate=Decimal("2.40"), started_at=STARTED,
-        ended_at=STARTED + timedelta(hours=1), end_reason=Allocation.EXITED,
-    )  # fmt: skip
-    UsageRecord.objects.create(
-        team=job.team, job=job, allocation=allocation, gpu_type="cpu", gpus=1, started_at=STARTED, ended_at=STARTED + timedelta(hours=1),
-        held_seconds=3600, rate=Decimal("2.40"), amount=meter.charge(1, 3600, Decimal("2.40")),
-    )  # fmt: skip
+    held_an_hour(job, node, STARTED, Allocation.EXITED)
     job.record("state", data={"state": state, "from": "running", "reason": "process exited 0"})
     Job.objects.filter(pk=job.pk).update(state=state, finished_at=STARTED + timedelta(hours=1))
     return job
@@ -223,7 +216,7 @@ def test_nothing_is_kept_where_the_database_has_no_row_versions(client, jobs):
 def test_kept_json_goes_least_recently_read_first():
     from jobs.written import KeptJobs
 
-    kept = KeptJobs(size=2)
+    kept = KeptJobs((), "jobs_jobevent", ("state",), size=2)
     kept.put(("a", 1), {"n": 1})
     kept.put(("b", 1), {"n": 2})
     assert kept.get(("a", 1)) == {"n": 1}
