@@ -117,12 +117,7 @@ class Read:
         """The rows for these values, as a list of what the queryset gives. known: {attribute:
         object} set on each model instance, as a related manager's queryset sets the object it
         was read through (allocation.job: the job, with no query)."""
-        rows = self.compiled(using).run(values)
-        if known:
-            for row in rows:
-                for name, obj in known.items():
-                    setattr(row, name, obj)
-        return rows
+        return _knowing(self.compiled(using).run(values), known)
 
     def first(self, using=DEFAULT_DB_ALIAS, known=None, **values):
         """The first row, or None (the queryset should be sliced [:1])."""
@@ -169,6 +164,13 @@ class _Compiled:
         self.composite = self.compiler.has_composite_fields(self.columns)
 
     def run(self, values):
+        connection = connections[self.alias]
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, self.bind(values, connection))
+            return self.result(cursor.fetchall())
+
+    def bind(self, values, connection):
+        """The SQL's params for these values (each prepared by its Param's field)."""
         if set(values) != self.names:
             missing, unknown = sorted(self.names - set(values)), sorted(set(values) - self.names)
             raise TypeError(
@@ -176,13 +178,13 @@ class _Compiled:
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; unknown {', '.join(unknown)}" if unknown else "")
             )
-        connection = connections[self.alias]
         params = list(self.params)
         for i, name, field in self.slots:
             params[i] = field.get_db_prep_value(values[name], connection, prepared=False)
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            rows = cursor.fetchall()
+        return params
+
+    def result(self, rows):
+        """The rows as the queryset gives them."""
         if not rows:
             return []
         converted = self.compiler.apply_converters(rows, self.converters) if self.converters else rows
@@ -203,6 +205,41 @@ class _Compiled:
         if self.kind is FlatValuesListIterable:
             return [row[0] for row in converted]
         return [tuple(row) for row in converted]
+
+
+def together(*calls, using=DEFAULT_DB_ALIAS):
+    """Several Reads in one round trip: each call (read, values) or (read, values, known) gives
+    what read(known=known, **values) would, in a list in the calls' order. On PostgreSQL their
+    statements go in one query, each statement's rows a result set of its own (Django's psycopg
+    cursors bind client-side and send the query as a simple query, which may hold several): a
+    job's page read its log lines, metric points, timeline, allocations and files in five round
+    trips. Elsewhere (SQLite, in the process: no round trip to save) one after the other."""
+    calls = [(call[0], call[1], call[2] if len(call) > 2 else None) for call in calls]
+    connection = connections[using]
+    if connection.vendor != "postgresql" or len(calls) < 2:
+        return [read(using, known, **values) for read, values, known in calls]
+    made = [read.compiled(using) for read, _, _ in calls]
+    sql, params = [], []
+    for compiled, (_, values, _) in zip(made, calls, strict=True):
+        sql.append(compiled.sql)
+        params += compiled.bind(values, connection)
+    results = []
+    with connection.cursor() as cursor:
+        cursor.execute(";\n".join(sql), params)
+        for i, compiled in enumerate(made):
+            if i:
+                cursor.nextset()
+            results.append(compiled.result(cursor.fetchall()))
+    return [_knowing(rows, known) for rows, (_, _, known) in zip(results, calls, strict=True)]
+
+
+def _knowing(rows, known):
+    """The rows, each model instance given the known objects ({attribute: object})."""
+    if known:
+        for row in rows:
+            for name, obj in known.items():
+                setattr(row, name, obj)
+    return rows
 
 
 class Pages:

@@ -19,7 +19,7 @@ LAST_SEQ = 2**63 - 1  # the largest seq there can be (a bigint)
 
 
 @cache
-def _metric_points(chunk):
+def metric_points(chunk):
     """A job's metric points after a seq and up to one, `chunk` at most, their SQL made once
     (core.compiled)."""
     return Read(
@@ -33,15 +33,19 @@ def _metric_points(chunk):
     )
 
 
-def metric_events(job, after=0, upto=None, chunk=METRIC_CHUNK):
+def metric_events(job, after=0, upto=None, chunk=METRIC_CHUNK, first=None):
     """The job's metric events after seq `after` (up to `upto`), in order, as the websocket
     sends them; read `chunk` at a time, each chunk after the last seq read (events are only
     appended, with growing seqs), so a job with many thousands of points is not held as rows.
     A job's page reads its usual hundred points in one query, where a server-side cursor cost
-    three round trips (DECLARE, FETCH, CLOSE) and a copy of the rows into the cursor."""
-    read = _metric_points(chunk)
+    three round trips (DECLARE, FETCH, CLOSE) and a copy of the rows into the cursor.
+    first: the first chunk, where the caller read it (metric_points(chunk) with these values)."""
+    read = metric_points(chunk)
     while True:
-        page = read(job=job.pk, after=after, upto=LAST_SEQ if upto is None else upto)
+        if first is None:
+            page = read(job=job.pk, after=after, upto=LAST_SEQ if upto is None else upto)
+        else:
+            page, first = first, None
         for seq, at, data in page:
             yield event_message(seq, "metric", at, "", "", data)
         if len(page) < chunk:
@@ -54,10 +58,10 @@ def metric_modes(job):
     return {job.early_stop_metric: job.early_stop_mode} if job.early_stop_metric else {}
 
 
-def metrics_data(job, after=0, upto=None, names=None, limit=None):
+def metrics_data(job, after=0, upto=None, names=None, limit=None, first=None):
     """{"series", "summary", "events", "last_seq"} of the job's metric points after seq `after`
     (see jobs.metrics); events: how many metric events the job had up to the last one read
-    (the x of step-less points continues from there)."""
+    (the x of step-less points continues from there). first: metric_events'."""
     offset = job.events.filter(kind="metric", seq__lte=after).count() if after else 0
     counted = []
 
@@ -66,7 +70,7 @@ def metrics_data(job, after=0, upto=None, names=None, limit=None):
             counted.append(event["seq"])
             yield event
 
-    data = metrics.build(counting(metric_events(job, after, upto)), names=names, offset=offset, limit=limit, modes=metric_modes(job))
+    data = metrics.build(counting(metric_events(job, after, upto, first=first)), names=names, offset=offset, limit=limit, modes=metric_modes(job))
     data["events"] = offset + len(counted)
     data["last_seq"] = max(counted[-1] if counted else 0, after, upto or 0)
     return data

@@ -14,7 +14,7 @@ from rest_framework.exceptions import ValidationError
 
 from accounts import audit
 from accounts.access import require_team, team_of
-from core.compiled import Param, Read
+from core.compiled import Param, Read, together
 from core.downloads import download_response
 from core.prefetch import relations_with_rows
 from jobs import durations, lineage, metrics, specfile, states, utilization
@@ -26,7 +26,7 @@ from jobs.estimates import budget_left, prediction
 from jobs.forms import JobForm, RequestForm, keep_uploads
 from jobs.logs import lines_html
 from jobs.models import Job, JobEvent, Upload
-from jobs.run_data import checkpoint_is_gone, get_checkpoint, gone_message, job_checkpoints, metrics_data
+from jobs.run_data import METRIC_CHUNK, checkpoint_is_gone, get_checkpoint, gone_message, job_checkpoints, metric_points, metrics_data
 from jobs.spec_form import form_initial
 
 LOG_LINES_ON_PAGE = 500
@@ -205,7 +205,7 @@ LAST_LINES = Read(
     lambda: (
         JobEvent.objects.filter(job_id=Param("job", UUIDField()), kind="log", seq__lte=Param("upto", BigIntegerField()))
         .order_by("-seq")
-        .values("seq", "stream", "rank", "text")[: LOG_LINES_ON_PAGE + 1]
+        .values_list("seq", "stream", "rank", "text")[: LOG_LINES_ON_PAGE + 1]
     )
 )
 PAGE_EVENTS = Read(
@@ -237,18 +237,27 @@ def job_detail(request, job_id):
     if request.htmx and request.GET.get("part") == "ceiling":
         return render(request, "jobs/_ceiling.html", {"job": job, "ceiling": ceiling_of(job)})
     # Everything below shows the job up to job.last_seq; the websocket sends what comes after.
-    chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE)
+    # Its rows in one round trip: its last log lines, as plain rows (seq, stream, rank, text), not
+    # events or dicts (cheaper to make and to render: dicts of 500 lines cost half a millisecond),
+    # one line more than the page shows, which says whether there are earlier ones; its metric
+    # points (the first chunk: most jobs have no more); its timeline and notices; its allocations
+    # with their nodes; the files it was given.
+    job_rows, upto = {"job": job.pk}, {"job": job.pk, "upto": job.last_seq}
+    lines, points, events, allocations, uploads = together(
+        (LAST_LINES, upto),
+        (metric_points(METRIC_CHUNK), {**upto, "after": 0}),
+        (PAGE_EVENTS, upto, {"job": job}),
+        (JOB_ALLOCATIONS, job_rows, {"job": job}),
+        (SHOWN_UPLOADS, job_rows, {"job": job}),
+    )
+    chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE, first=points)
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
-    # As plain rows (what the template reads of them), not events: cheaper to make and to render.
-    # One line more than the page shows says whether there are earlier ones (no second query).
-    lines = LAST_LINES(job=job.pk, upto=job.last_seq)[::-1]
+    lines = lines[::-1]
     earlier_lines = len(lines) > LOG_LINES_ON_PAGE
     lines = lines[1:] if earlier_lines else lines
-    timeline, unisolated, environment = page_events(job)
-    # Its allocations read once; of its other parts, only those it has rows in (most jobs have
-    # no stagings left, credits, models or utilization): an empty query costs as much to make
-    # (every job has its code among its uploads: those are read).
-    allocations = JOB_ALLOCATIONS(job=job.pk, known={"job": job})
+    timeline, unisolated, environment = page_events(job, events)
+    # Of its other parts, only those it has rows in (most jobs have no stagings left, credits,
+    # models or utilization): an empty query costs as much to make.
     has = relations_with_rows(job, PAGE_PARTS)
     credited = "credits" in has
     artifacts = list(job.artifacts.all()) if "artifacts" in has else []
@@ -257,7 +266,6 @@ def job_detail(request, job_id):
         "timeline": timeline,
         "unisolated": unisolated,
         "environment": environment,
-        "lines": lines,
         "lines_html": lines_html(lines),
         "earlier_lines": earlier_lines,
         "meter": job.meter_event(allocations=allocations, credited=None if credited else (0, Decimal(0))),
@@ -267,12 +275,12 @@ def job_detail(request, job_id):
         "staging": job.shown_staging(None if "stagings" in has else []),
         "artifacts": artifacts,
         "inputs": list(job.inputs.all()) if "inputs" in has else [],  # named inputs (most jobs have none)
-        "uploads": SHOWN_UPLOADS(job=job.pk, known={"job": job}),
+        "uploads": uploads,
         "config_text": json.dumps(job.config),
         "last_seq": job.last_seq,
         "checkpoints": job_checkpoints(job) if "checkpoints" in has else [],
         # The ranks of the lines shown (a run under torchrun), for the filter; live lines add theirs.
-        "log_ranks": sorted({line["rank"] for line in lines if line["rank"] is not None}),
+        "log_ranks": sorted({rank for _, _, rank, _ in lines if rank is not None}),
         "metrics": chart,
         "metric_rows": metric_rows(chart["summary"]),
     }
@@ -284,13 +292,13 @@ def job_detail(request, job_id):
     return render(request, "jobs/detail.html", context)
 
 
-def page_events(job):
+def page_events(job, events):
     """(its timeline, the notice that it ran without isolation or None, the latest notice of
-    its environment, being built or ready, or None) up to job.last_seq, in one query: its
+    its environment, being built or ready, or None) from its PAGE_EVENTS up to job.last_seq: its
     state changes, checkpoints, resumes and notices are few, beside its log lines and metric
     points (an index of their own: jobs.models.JobEvent)."""
     timeline, unisolated, environment = [], None, None
-    for event in PAGE_EVENTS(job=job.pk, upto=job.last_seq, known={"job": job}):
+    for event in events:
         if event.kind != "notice":
             timeline.append(event)
             continue

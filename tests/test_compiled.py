@@ -109,3 +109,37 @@ def test_a_reads_converters_are_worked_out_once_and_still_convert(job):
         [again] = read(job=job.pk)
     orm = Job.objects.get(pk=job.pk)
     assert values_of(again) == values_of(orm) and again.config == orm.config and again.span_hours == orm.span_hours
+
+
+def test_reads_together_give_what_each_gives_alone_in_one_round_trip_on_postgresql(job, django_assert_num_queries):
+    """core.compiled.together: model instances with related rows and known objects, dicts, tuples
+    and flat values, an empty result between others, a value with a quote, a percent sign and a
+    semicolon; one query on PostgreSQL (the statements in one), one per Read elsewhere."""
+    from django.db import connection
+
+    from core.compiled import together
+
+    UUID = UUIDField()
+    allocations = Read(lambda: Allocation.objects.filter(job_id=Param("job", UUID)).select_related("node").order_by("started_at"))
+    lines = Read(lambda: JobEvent.objects.filter(job_id=Param("job", UUID), kind="log").order_by("-seq").values("seq", "text")[:3])
+    nothing = Read(lambda: JobEvent.objects.filter(job_id=Param("job", UUID), kind="nothing").values_list("seq", "at"))
+    metrics = Read(lambda: JobEvent.objects.filter(job_id=Param("job", UUID), kind="metric").values_list("seq", "at", "data"))
+    named = Read(lambda: Job.objects.filter(name=Param("name", Job._meta.get_field("name"))).values_list("pk", flat=True))
+    calls = [
+        (allocations, {"job": job.pk}, {"job": job}),
+        (lines, {"job": job.pk}),
+        (nothing, {"job": job.pk}),
+        (metrics, {"job": job.pk}),
+        (named, {"name": "it's 100%; DROP TABLE jobs_job; --"}),
+        (named, {"name": job.name}),
+    ]
+    alone = [read(known=rest[1] if len(rest) > 1 else None, **rest[0]) for read, *rest in calls]
+    with django_assert_num_queries(1 if connection.vendor == "postgresql" else len(calls)):
+        got = together(*calls)
+        assert all(a.job is job and a.node.name == "n1" for a in got[0])  # nothing left to read
+    assert [[values_of(a) for a in got[0]], *got[1:]] == [[values_of(a) for a in alone[0]], *alone[1:]]
+    assert got[1][0]["text"] == "line 4" and got[2] == [] and got[3][0][2]["values"] == {"loss": 0.5} and got[4] == [] and got[5] == [job.pk]
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert together((lines, {"job": job.pk})) == [alone[1]]
+    with pytest.raises(TypeError, match="missing job"):
+        together((lines, {}), (metrics, {"job": job.pk}))

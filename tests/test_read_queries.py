@@ -96,6 +96,12 @@ def first_table(sql):
     return found and found.group(1)
 
 
+def statements(queries):
+    """The SQL statements of captured queries, those sent together (core.compiled.together)
+    one by one."""
+    return [statement for q in queries for statement in q["sql"].split(";\n")]
+
+
 def test_a_token_call_reads_its_user_membership_and_team_in_the_tokens_query(client, alice, rate):
     """A CLI polling with its token: who it is and for which team, in one query before the job's."""
     from rest_framework.authtoken.models import Token
@@ -214,7 +220,7 @@ def test_a_signed_in_page_reads_its_session_user_and_files_without_compiling_the
 
     with mock.patch.object(SQLCompiler, "as_sql", as_sql), CaptureQueriesContext(connection) as queries:
         assert client.get(f"/jobs/{job.pk}/").status_code == 200
-    read = [first_table(q["sql"]) for q in queries]
+    read = [first_table(statement) for statement in statements(queries)]
     assert {"django_session", "auth_user", "jobs_upload"} <= set(read), read
     assert not {"django_session", "auth_user", "jobs_upload"} & set(compiled), compiled
 
@@ -270,9 +276,10 @@ def test_a_session_of_an_inactive_or_removed_user_signs_nobody_in(client, alice,
     assert body.status_code == 200 and body.json()["team"] is None
 
 
-def test_the_job_page_reads_its_log_lines_timeline_and_notices_in_two_queries(client, alice, rate):
+def test_the_job_page_reads_its_log_lines_timeline_and_notices_in_one_round_trip(client, alice, rate):
     """One line more than the page shows says there are earlier ones; the state changes, the
-    unisolated notice and the environment's latest notice come in one query."""
+    unisolated notice and the environment's latest notice come in one query; on PostgreSQL the
+    page's reads of the job's rows go in one round trip (core.compiled.together)."""
     from jobs import views
 
     client.force_login(alice)
@@ -292,7 +299,10 @@ def test_the_job_page_reads_its_log_lines_timeline_and_notices_in_two_queries(cl
     def page():
         with CaptureQueriesContext(connection) as queries:
             html = client.get(f"/jobs/{job.pk}/").content.decode()
-        return html, [q["sql"] for q in queries if first_table(q["sql"]) == "jobs_jobevent"]
+        if connection.vendor == "postgresql":  # the log lines, the metric points, the rest, the allocations and files
+            [batch] = [q["sql"] for q in queries if q["sql"].count(";\n") == 4]
+            assert [first_table(s) for s in batch.split(";\n")] == ["jobs_jobevent"] * 3 + ["scheduler_allocation", "jobs_upload"]
+        return html, [s for s in statements(queries) if first_table(s) == "jobs_jobevent"]
 
     html, events = page()
     assert len(events) == 3, events  # the metric points, the log lines, the rest
@@ -328,6 +338,40 @@ def test_a_page_reverses_each_kind_of_url_once(rf):
     assert urls == [request.build_absolute_uri(reverse("jobs:detail", args=[pk])) for pk in ids]
 
 
+def test_a_link_is_reversed_once_per_view_and_is_what_url_makes(rf):
+    """{% link %} (jobs/templatetags/e31.py): the first id's URL of each view is reversed, the
+    others' made from it; the same text as {% url %}, for a view with no id, one id of either
+    type, an id that is neither, and under a script prefix."""
+    import uuid
+    from unittest import mock
+
+    from django.template import engines
+    from django.urls import reverse, set_script_prefix
+
+    from jobs.templatetags import e31
+
+    ids = [uuid.uuid4() for _ in range(4)]
+    link = engines["django"].from_string(
+        "{% load e31 %}{% link 'jobs:list' %} {% for pk in ids %}{% link 'jobs:detail' pk %} {% endfor %}{% link 'jobs:log' ids.0 %}"
+    )
+    url = engines["django"].from_string("{% url 'jobs:list' %} {% for pk in ids %}{% url 'jobs:detail' pk %} {% endfor %}{% url 'jobs:log' ids.0 %}")
+    with mock.patch.dict(e31._LINKS, clear=True), mock.patch.object(e31, "reverse", wraps=reverse) as reversing:
+        assert link.render({"ids": ids}) == url.render({"ids": ids})
+        assert reversing.call_count == 3  # the list, a job's page, its log
+        assert link.render({"ids": ids}) == url.render({"ids": ids})
+        assert reversing.call_count == 3
+        try:
+            set_script_prefix("/e31/")
+            assert link.render({"ids": ids[:1]}) == url.render({"ids": ids[:1]}) and "/e31/jobs/" in url.render({"ids": ids[:1]})
+        finally:
+            set_script_prefix("/")
+        # Not an id: reversed each time, as {% url %} would (here: refused as it refuses).
+        from django.urls import NoReverseMatch
+
+        with pytest.raises(NoReverseMatch):
+            engines["django"].from_string("{% load e31 %}{% link 'jobs:detail' name %}").render({"name": "not-a-uuid"})
+
+
 # The job page's log lines, made in Python (jobs.logs.lines_html), not by a template loop.
 LOOP = (
     '{% for line in lines %}<span class="line {{ line.stream }}" data-seq="{{ line.seq }}"{% if line.rank is not None %} data-rank="{{ line.rank }}"'
@@ -347,7 +391,8 @@ def test_the_log_lines_html_is_what_the_template_loop_wrote():
 
     from jobs.logs import lines_html
 
-    assert lines_html(LINES) == engines["django"].from_string(LOOP).render({"lines": LINES})
+    rows = [(line["seq"], line["stream"], line["rank"], line["text"]) for line in LINES]
+    assert lines_html(rows) == engines["django"].from_string(LOOP).render({"lines": LINES})
     assert lines_html([]) == ""
 
 
@@ -819,7 +864,7 @@ def test_a_jobs_metric_points_are_found_without_reading_through_its_log_lines(al
     its events, PostgreSQL read a thousand log lines to find a hundred points (1.3 ms)."""
     if connection.vendor != "postgresql":
         pytest.skip("the plan is PostgreSQL's")
-    from jobs.run_data import LAST_SEQ, _metric_points
+    from jobs.run_data import LAST_SEQ, metric_points
 
     job = make_job(alice)
     at = datetime.now(UTC)
@@ -832,7 +877,7 @@ def test_a_jobs_metric_points_are_found_without_reading_through_its_log_lines(al
             for n in range(1100)
         ],
     )
-    read = _metric_points(2000)
+    read = metric_points(2000)
     compiled = read.compiled()
     values = {"job": job.pk, "after": 0, "upto": LAST_SEQ}
     params = list(compiled.params)
