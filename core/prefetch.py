@@ -15,7 +15,7 @@ its allocations alone (issue 24).
 
 from functools import cached_property
 
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Prefetch, prefetch_related_objects
 from django.db.models.fields.reverse_related import ManyToOneRel
 
@@ -105,10 +105,47 @@ def having_rows(instances, tables):
     return found
 
 
-def relations_with_rows(instance, names):
-    """Of the instance's reverse foreign keys named, those with rows: one query for them all."""
-    found = having_rows([instance], [_where(type(instance), name) for name in names])
-    return {name for name, ids in zip(names, found, strict=True) if ids}
+class RowsIn:
+    """Which of an object's reverse foreign keys (of `model`, the `names` given) have rows, in
+    one query: a set of those names. Called with the object's id (`of`), or sent beside Reads by
+    core.compiled.together, as a Read is ((RowsIn, {"of": id}))."""
+
+    def __init__(self, model, names):
+        self.model, self.names = model, tuple(names)
+        self._made = {}
+
+    def compiled(self, using=DEFAULT_DB_ALIAS):
+        made = self._made.get(using)
+        if made is None:
+            made = self._made[using] = _RowsInSQL(self, connections[using])
+        return made
+
+    def __call__(self, using=DEFAULT_DB_ALIAS, known=None, **values):
+        compiled = self.compiled(using)
+        connection = connections[using]
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, compiled.bind(values, connection))
+            return compiled.result(cursor.fetchall())
+
+
+class _RowsInSQL:
+    """A RowsIn's SQL for one database: what core.compiled.together reads of a Read's."""
+
+    def __init__(self, rows_in, connection):
+        quote = connection.ops.quote_name
+        tables = [_where(rows_in.model, name) for name in rows_in.names]
+        self.names, self.field = rows_in.names, rows_in.model._meta.pk
+        self.sql = " UNION ALL ".join(
+            f"SELECT {n} WHERE EXISTS (SELECT 1 FROM {quote(table)} WHERE {quote(column)} = %s)" for n, (table, column) in enumerate(tables)
+        )
+
+    def bind(self, values, connection):
+        if set(values) != {"of"}:
+            raise TypeError("a RowsIn takes of (the object's id)")
+        return [self.field.get_db_prep_value(values["of"], connection)] * len(self.names)
+
+    def result(self, rows):
+        return {self.names[n] for (n,) in rows}
 
 
 def prefetch_sparse(instances, *prefetches):

@@ -16,7 +16,7 @@ from accounts import audit
 from accounts.access import require_team, team_of
 from core.compiled import Param, Read, together
 from core.downloads import download_response
-from core.prefetch import relations_with_rows
+from core.prefetch import RowsIn
 from jobs import durations, lineage, metrics, specfile, states, utilization
 from jobs.access import get_artifact, get_job
 from jobs.ceiling import job_ceiling
@@ -220,8 +220,9 @@ JOB_ALLOCATIONS = Read(
 # The files it was given, but its code (every job has code: read always, its SQL made once).
 SHOWN_UPLOADS = Read(lambda: Upload.objects.filter(job_id=Param("job", UUIDField())).exclude(role=Upload.CODE))
 
-# The parts of a job its page reads only when the job has rows in them.
-PAGE_PARTS = ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs", "inputs")
+# The parts of a job its page reads only when the job has rows in them (most jobs have no
+# stagings left, credits, models or utilization: an empty query costs as much to make).
+PAGE_PARTS = RowsIn(Job, ("credits", "artifacts", "stagings", "checkpoints", "models", "utilization_runs", "inputs"))
 
 
 @login_required
@@ -241,14 +242,15 @@ def job_detail(request, job_id):
     # events or dicts (cheaper to make and to render: dicts of 500 lines cost half a millisecond),
     # one line more than the page shows, which says whether there are earlier ones; its metric
     # points (the first chunk: most jobs have no more); its timeline and notices; its allocations
-    # with their nodes; the files it was given.
+    # with their nodes; the files it was given; which of its other parts it has rows in.
     job_rows, upto = {"job": job.pk}, {"job": job.pk, "upto": job.last_seq}
-    lines, points, events, allocations, uploads = together(
+    lines, points, events, allocations, uploads, has = together(
         (LAST_LINES, upto),
         (metric_points(METRIC_CHUNK), {**upto, "after": 0}),
         (PAGE_EVENTS, upto, {"job": job}),
         (JOB_ALLOCATIONS, job_rows, {"job": job}),
         (SHOWN_UPLOADS, job_rows, {"job": job}),
+        (PAGE_PARTS, {"of": job.pk}),
     )
     chart = metrics_data(job, upto=job.last_seq, limit=METRIC_POINTS_ON_PAGE, first=points)
     chart.update(early_stop_metric=job.early_stop_metric, early_stop_mode=job.early_stop_mode)
@@ -256,9 +258,6 @@ def job_detail(request, job_id):
     earlier_lines = len(lines) > LOG_LINES_ON_PAGE
     lines = lines[1:] if earlier_lines else lines
     timeline, unisolated, environment = page_events(job, events)
-    # Of its other parts, only those it has rows in (most jobs have no stagings left, credits,
-    # models or utilization): an empty query costs as much to make.
-    has = relations_with_rows(job, PAGE_PARTS)
     credited = "credits" in has
     artifacts = list(job.artifacts.all()) if "artifacts" in has else []
     context = {

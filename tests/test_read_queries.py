@@ -299,9 +299,9 @@ def test_the_job_page_reads_its_log_lines_timeline_and_notices_in_one_round_trip
     def page():
         with CaptureQueriesContext(connection) as queries:
             html = client.get(f"/jobs/{job.pk}/").content.decode()
-        if connection.vendor == "postgresql":  # the log lines, the metric points, the rest, the allocations and files
-            [batch] = [q["sql"] for q in queries if q["sql"].count(";\n") == 4]
-            assert [first_table(s) for s in batch.split(";\n")] == ["jobs_jobevent"] * 3 + ["scheduler_allocation", "jobs_upload"]
+        if connection.vendor == "postgresql":  # the log lines, the metric points, the rest, the allocations, files and other parts
+            [batch] = [q["sql"] for q in queries if q["sql"].count(";\n") == 5]
+            assert [first_table(s) for s in batch.split(";\n")] == ["jobs_jobevent"] * 3 + ["scheduler_allocation", "jobs_upload", "billing_credit"]
         return html, [s for s in statements(queries) if first_table(s) == "jobs_jobevent"]
 
     html, events = page()
@@ -697,6 +697,7 @@ def test_the_probe_reads_sqlite_and_postgres_ids_back_as_the_model_has_them(alic
 def test_the_job_page_reads_its_allocations_once_and_only_the_parts_the_job_has(client, alice, rate, monkeypatch):
     """The same page as with every part read; a job without credits, stagings, checkpoints,
     models or utilization reads none of those tables, and its allocations once."""
+    from core import prefetch
     from jobs import views
 
     client.force_login(alice)
@@ -710,15 +711,15 @@ def test_the_job_page_reads_its_allocations_once_and_only_the_parts_the_job_has(
             response = client.get(path)
         assert response.status_code == 200
         html = re.sub(r'(csrfmiddlewaretoken" value="|CSRFToken": ")[^"]+', r"\\1", response.content.decode())  # a new token each time
-        # Every table a query reads (the probe's union aside)
-        return html, [table for q in queries if not q["sql"].startswith("SELECT DISTINCT 0") for table in re.findall(r'FROM "(\w+)"', q["sql"])]
+        # Every table a statement reads (the probe of its parts aside)
+        return html, [table for s in statements(queries) if not s.startswith("SELECT 0 WHERE EXISTS") for table in re.findall(r'FROM "(\w+)"', s)]
 
     html, tables = page()
     assert tables.count("scheduler_allocation") == 1, tables
     unread = {"billing_credit", "scheduler_staging", "jobs_checkpoint", "jobs_jobmodel", "jobs_utilization"}
     assert not unread & set(tables), unread & set(tables)
     assert "jobs_artifact" in tables and "out/model-1.pt" in html
-    monkeypatch.setattr(views, "relations_with_rows", lambda job, names: set(names))
+    monkeypatch.setattr(prefetch._RowsInSQL, "result", lambda self, rows: set(self.names))  # every part read
     every_part, tables = page()
     assert unread <= set(tables)
     assert every_part == html
