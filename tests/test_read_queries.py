@@ -698,7 +698,6 @@ def test_the_job_page_reads_its_allocations_once_and_only_the_parts_the_job_has(
     """The same page as with every part read; a job without credits, stagings, checkpoints,
     models or utilization reads none of those tables, and its allocations once."""
     from core import prefetch
-    from jobs import views
 
     client.force_login(alice)
     [job] = team_of(alice, 1, 2)
