@@ -216,7 +216,9 @@ def together(*calls, using=DEFAULT_DB_ALIAS):
     trips. Elsewhere (SQLite, in the process: no round trip to save) one after the other."""
     calls = [(call[0], call[1], call[2] if len(call) > 2 else None) for call in calls]
     connection = connections[using]
-    if connection.vendor != "postgresql" or len(calls) < 2:
+    # Server-side binding (an option of Django's psycopg backend, not ours) sends each query
+    # as a prepared statement, which holds one statement.
+    if connection.vendor != "postgresql" or len(calls) < 2 or connection.settings_dict["OPTIONS"].get("server_side_binding"):
         return [read(using, known, **values) for read, values, known in calls]
     made = [read.compiled(using) for read, _, _ in calls]
     sql, params = [], []

@@ -141,5 +141,8 @@ def test_reads_together_give_what_each_gives_alone_in_one_round_trip_on_postgres
     assert got[1][0]["text"] == "line 4" and got[2] == [] and got[3][0][2]["values"] == {"loss": 0.5} and got[4] == [] and got[5] == [job.pk]
     assert Job.objects.filter(pk=job.pk).exists()
     assert together((lines, {"job": job.pk})) == [alone[1]]
+    # With server-side binding (prepared statements, one statement each) they go one by one.
+    with mock.patch.dict(connection.settings_dict["OPTIONS"], server_side_binding=True), django_assert_num_queries(len(calls)):
+        assert together(*calls)[1:] == alone[1:]
     with pytest.raises(TypeError, match="missing job"):
         together((lines, {}), (metrics, {"job": job.pk}))
