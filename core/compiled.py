@@ -164,10 +164,7 @@ class _Compiled:
         self.composite = self.compiler.has_composite_fields(self.columns)
 
     def run(self, values):
-        connection = connections[self.alias]
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, self.bind(values, connection))
-            return self.result(cursor.fetchall())
+        return run_alone(self, values, self.alias)
 
     def bind(self, values, connection):
         """The SQL's params for these values (each prepared by its Param's field)."""
@@ -207,13 +204,23 @@ class _Compiled:
         return [tuple(row) for row in converted]
 
 
+def run_alone(compiled, values, using):
+    """A compiled statement (what together() reads of one: its sql, bind and result) run in a
+    query of its own: its rows, as it gives them."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(compiled.sql, compiled.bind(values, connection))
+        return compiled.result(cursor.fetchall())
+
+
 def together(*calls, using=DEFAULT_DB_ALIAS):
     """Several Reads in one round trip: each call (read, values) or (read, values, known) gives
     what read(known=known, **values) would, in a list in the calls' order. On PostgreSQL their
     statements go in one query, each statement's rows a result set of its own (Django's psycopg
     cursors bind client-side and send the query as a simple query, which may hold several): a
-    job's page read its log lines, metric points, timeline, allocations and files in five round
-    trips. Elsewhere (SQLite, in the process: no round trip to save) one after the other."""
+    job's page read its log lines, metric points, timeline, allocations, files and which other
+    parts it has rows in (core.prefetch.RowsIn) in six round trips. Elsewhere (SQLite, in the
+    process: no round trip to save) one after the other."""
     calls = [(call[0], call[1], call[2] if len(call) > 2 else None) for call in calls]
     connection = connections[using]
     # Server-side binding (an option of Django's psycopg backend, not ours) sends each query

@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Prefetch, prefetch_related_objects
 from django.db.models.fields.reverse_related import ManyToOneRel
 
-from core.compiled import OneOf, Read, pg_array
+from core.compiled import OneOf, Read, pg_array, run_alone
 
 
 class ReadPrefetch:
@@ -121,11 +121,7 @@ class RowsIn:
         return made
 
     def __call__(self, using=DEFAULT_DB_ALIAS, known=None, **values):
-        compiled = self.compiled(using)
-        connection = connections[using]
-        with connection.cursor() as cursor:
-            cursor.execute(compiled.sql, compiled.bind(values, connection))
-            return compiled.result(cursor.fetchall())
+        return run_alone(self.compiled(using), values, using)
 
 
 class _RowsInSQL:
