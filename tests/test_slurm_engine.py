@@ -287,8 +287,10 @@ def test_slurms_time_limit_ends_a_job_whose_agent_cannot_enforce_its_span(slurm,
         spec = {"name": "frozen", "gpus": 1, "span_hours": round(30 / 3600, 4), "config": {"steps": 100000, "sleep": 0.5}, "train_dataset": "digits"}
         job_id = system.submit(spec, script)["id"]
         system.wait_until(lambda: system.job(job_id)["state"] == "running", 120, "the job to run")
+        # Its latest allocation: where an earlier one already ended (the flake below), the test
+        # goes on to the assertion that shows the agents' output and the scheduler's log.
         allocation_id = system.manage(
-            "shell", "-v", "0", "-c", f"from scheduler.models import Allocation; print(Allocation.objects.get(job_id='{job_id}').pk)"
+            "shell", "-v", "0", "-c", f"from scheduler.models import Allocation; print(Allocation.objects.filter(job_id='{job_id}').latest('started_at').pk)"
         ).strip()
         agent = system.wait_until(lambda: agent_pid(allocation_id), 30, "the agent")
         os.kill(agent, signal.SIGSTOP)
