@@ -29,6 +29,7 @@ from billing.models import NoRateInForce, Rate
 from catalog import datasets
 from catalog.models import Dataset, DatasetVersion
 from core.compiled import Param, Read
+from core.forms import Form, field_copy
 from core.storage import get_storage
 from e31.recipes import RECIPES, validate
 from e31.recipes.precision import CHOICES as PRECISION_CHOICES
@@ -113,7 +114,7 @@ class LazyQueryset:
 
     def __deepcopy__(self, memo):
         # Django's clones the queryset (ModelChoiceField.__deepcopy__): this one is cloned when read.
-        result = forms.Field.__deepcopy__(self, memo)
+        result = field_copy(self, memo)
         if self._make is None and self._queryset is not None:
             result._make = self._queryset.all
         result.widget.choices = result.choices
@@ -328,7 +329,7 @@ def device_type_choices():
     return [("", "Any type")] + [(t, t) for t in sorted(types)]
 
 
-class RequestForm(forms.Form):
+class RequestForm(Form):
     """The compute request: GPUs, how long, and what it may cost. Also the form's live estimate."""
 
     # Request
