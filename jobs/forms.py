@@ -17,7 +17,6 @@ from pathlib import PurePosixPath
 from django import forms
 from django.conf import settings
 from django.db import transaction
-from django.db.models import UUIDField
 from django.forms.models import ModelChoiceIterator
 from django.http import QueryDict
 from django.utils import timezone
@@ -28,7 +27,7 @@ from billing import meter
 from billing.models import NoRateInForce, Rate
 from catalog import datasets
 from catalog.models import Dataset, DatasetVersion
-from core.compiled import Param, Read
+from core.compiled import Insert, Read
 from core.forms import Form, field_copy
 from core.storage import get_storage
 from e31.recipes import RECIPES, validate
@@ -320,7 +319,7 @@ def _as_querydict(mapping):
     return query
 
 
-STORED_JOB = Read(lambda: Job.objects.filter(pk=Param("job", UUIDField()))[:1])
+INSERT_JOB = Insert(Job)
 RATE_TYPES = Read(lambda: Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))  # made once (core.compiled)
 
 
@@ -971,7 +970,7 @@ class JobForm(WorkTextFields, RequestForm):
     def save(self, user):
         cleaned = self.cleaned_data
         request = self.meter_request()
-        job = Job.objects.create(
+        job = Job(
             team=self.team,
             created_by=user,
             name=cleaned["name"],
@@ -1008,6 +1007,11 @@ class JobForm(WorkTextFields, RequestForm):
             stop_if_idle=bool(cleaned.get("stop_if_idle")),
             last_seq=1,  # its first event, below
         )
+        job.fill_derived()
+        # Inserted and read back as stored (values normalised: decimals to their places, JSON
+        # as it comes back) in one statement, its SQL made once; its team and user are the
+        # form's, already on it.
+        INSERT_JOB(job)
         submitted = JobEvent(kind="state", at=job.created_at, data={"state": job.state, "from": None, "reason": "submitted"})
         JobEvent.store_first(job, [submitted])
         inputs = JobInput.objects.bulk_create(
@@ -1022,11 +1026,6 @@ class JobForm(WorkTextFields, RequestForm):
         models = [lineage.pin_model(job, label, files, source_job=source, description=description) for label, files, source, description in self.models]
         if cleaned.get("smoke_first"):
             lineage.smoke_run(job)
-        # Read back as stored (values normalised: decimals to their places, JSON as it comes
-        # back), its SQL made once; its team and user are the form's, already on it.
-        stored = STORED_JOB.first(job=job.pk)
-        for field in Job._meta.concrete_fields:
-            setattr(job, field.attname, getattr(stored, field.attname))
         # What was made with the job, as reading it back would find it (jobs.serializers.as_made).
         self.made = {"inputs": inputs, "uploads": uploads, "models": models, "events": [submitted]}
         return job

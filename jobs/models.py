@@ -139,17 +139,25 @@ class Job(models.Model):
         return f"{self.name} ({self.short_id})"
 
     def save(self, *args, **kwargs):
+        filled = self.fill_derived()
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], *(f for f in filled if f != "experiment")}
+        super().save(*args, **kwargs)
+
+    def fill_derived(self):
+        """Fills what a job's save derives from its other fields; the names of those it filled.
+        Its experiment is its name's, where it has none. The pinned versions' names are kept as
+        text, so the job still says what it trained on after the dataset is deleted."""
+        filled = []
         if not self.experiment:
             self.experiment = self.name[: self._meta.get_field("experiment").max_length]
-        # The pinned versions' names are kept as text, so the job still says what it trained on
-        # after the dataset is deleted.
+            filled.append("experiment")
         for role in ("train", "heldout"):
             version = getattr(self, f"{role}_version")
             if version is not None and not getattr(self, f"{role}_label"):
                 setattr(self, f"{role}_label", version.label)
-                if kwargs.get("update_fields") is not None:
-                    kwargs["update_fields"] = {*kwargs["update_fields"], f"{role}_label"}
-        super().save(*args, **kwargs)
+                filled.append(f"{role}_label")
+        return filled
 
     def shown_staging(self, stagings=None):
         """The staging a job's page and API show: of a job staged on several nodes (its first

@@ -5,9 +5,12 @@ from decimal import Decimal
 from unittest import mock
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import BigIntegerField, Count, UUIDField
+from django.db.models.signals import post_save, pre_save
 
-from core.compiled import Param, Read
+from core.compiled import Insert, Param, Read
 from jobs.models import Job, JobEvent
 from scheduler.models import Allocation, Node
 from tests.conftest import make_job
@@ -146,3 +149,67 @@ def test_reads_together_give_what_each_gives_alone_in_one_round_trip_on_postgres
         assert together(*calls)[1:] == alone[1:]
     with pytest.raises(TypeError, match="missing job"):
         together((lines, {}), (metrics, {"job": job.pk}))
+
+
+# Insert ---------------------------------------------------------------------------------------
+
+
+def a_job(alice, name="inserted", **fields):
+    team = alice.membership.team
+    return Job(
+        team=team, created_by=alice, name=name, entrypoint="train.py", gpus=2, span_hours=Decimal("1.5"), args=["--lr", "0.1"],
+        config={"lr": 0.1, "layers": [1, 2]}, env={"A": "1"}, ceiling_amount=Decimal("12.5"), last_seq=1, **fields,
+    )  # fmt: skip
+
+
+def test_an_insert_stores_what_save_stores_and_reads_back_as_stored_in_one_query(alice, django_assert_num_queries):
+    insert = Insert(Job)
+    saved = a_job(alice, name="saved")
+    saved.save(force_insert=True)
+    saved.refresh_from_db()
+    with django_assert_num_queries(1):
+        ours = insert(a_job(alice, name="ours"))
+    assert not ours._state.adding and ours._state.db == "default"
+    read = Job.objects.get(pk=ours.pk)
+    differ = {"id", "name", "experiment", "created_at"}
+    assert {k: v for k, v in values_of(ours).items() if k not in differ} == {k: v for k, v in values_of(saved).items() if k not in differ}
+    assert values_of(ours) == values_of(read)  # as a read finds it: decimals to their places
+    assert ours.span_hours == Decimal("1.50") and str(ours.ceiling_amount) == str(read.ceiling_amount)
+    assert ours.created_at == read.created_at and ours.experiment == ""  # fill_derived is the caller's
+    with django_assert_num_queries(1):
+        insert(a_job(alice, name="again"))  # the SQL made once: the same one query
+
+
+def test_an_insert_sends_saves_signals_and_refuses_unsaved_related_objects(alice):
+    seen = []
+
+    def pre(sender, instance, **kw):
+        seen.append(("pre", instance.name, instance._state.adding))
+
+    def post(sender, instance, created, **kw):
+        seen.append(("post", instance.name, created))
+
+    pre_save.connect(pre, sender=Job)
+    post_save.connect(post, sender=Job)
+    try:
+        Insert(Job)(a_job(alice, name="signalled"))
+    finally:
+        pre_save.disconnect(pre, sender=Job)
+        post_save.disconnect(post, sender=Job)
+    assert seen == [("pre", "signalled", True), ("post", "signalled", True)]
+    unsaved = a_job(alice)
+    unsaved.created_by = get_user_model()(username="never-saved")
+    with pytest.raises(ValueError, match="unsaved related object"):
+        Insert(Job)(unsaved)
+    assert not Job.objects.filter(name="inserted").exists()
+
+
+def test_an_insert_refuses_a_model_whose_database_makes_a_value(alice):
+    with pytest.raises(TypeError, match="the database makes jobs.JobEvent.id"):
+        Insert(JobEvent)(JobEvent(job_id=a_job(alice).pk, seq=1, kind="log"))
+
+
+def test_where_the_database_cannot_return_columns_an_insert_saves_and_reads_back(alice, django_assert_num_queries):
+    with mock.patch.object(connection.features, "can_return_columns_from_insert", False), django_assert_num_queries(2):
+        job = Insert(Job)(a_job(alice))
+    assert values_of(job) == values_of(Job.objects.get(pk=job.pk)) and job.span_hours == Decimal("1.50")
