@@ -120,12 +120,17 @@ def test_submit_the_digits_example_and_watch_it_run(page, system):
     assert held_seconds(second[0]) > held_seconds(first[0]), (first, second)
     assert amount(second[1]) > amount(first[1]), (first, second)
     expect(page.locator("#meter-note")).to_contain_text("Running: 1 device at USD 2.50 per GPU-hour")
+    # The metrics' header follows the meter (no credit here): it was written once, at load.
+    expect(page.locator("#metrics-cost-label")).to_have_text("cost so far")
+    expect(page.locator("#metrics-cost-amount")).not_to_have_text("USD 0.0000")
 
     # The end: the badge, the last log line, the meter stopped, and the output listed.
     expect(state).to_have_text("Succeeded", timeout=180_000)
     expect(log).to_contain_text("epoch 300/300")
     expect(log).to_contain_text("done:")
     expect(page.locator("#meter-note")).to_have_text("Stopped: compute released.")
+    expect(page.locator("#metrics-cost-label")).to_have_text("final cost")
+    expect(page.locator("#metrics-cost-amount")).to_have_text(cost.inner_text())
     expect(page.locator("#cancel-form")).to_have_count(0)
     artifacts = page.locator("#artifacts")
     expect(artifacts.get_by_role("link", name="model.pt")).to_be_visible(timeout=30_000)

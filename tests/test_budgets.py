@@ -266,11 +266,12 @@ def test_the_job_page_shows_the_cost_beside_the_metrics(client, alice, rate, nod
     [allocation] = schedule_now()
     client.force_login(alice)
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
-    assert 'id="metrics-cost"' in page and "cost so far USD 0.00" in page
+    # With the meter's four places: a running job's first minutes cost less than a cent.
+    assert '<span id="metrics-cost-label">cost so far</span> <span id="metrics-cost-amount">USD 0.0000</span>' in page
     allocation.release(allocation.started_at + timedelta(seconds=600), "exited")  # 10 min x 2.40 = 0.40
     Job.objects.filter(pk=job.pk).update(state="succeeded")
     page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
-    assert "final cost USD 0.40" in page
+    assert '<span id="metrics-cost-label">final cost</span> <span id="metrics-cost-amount">USD 0.4000</span>' in page
 
 
 def test_the_job_list_sorts_by_cost(client, alice, rate, node):

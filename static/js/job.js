@@ -86,6 +86,8 @@
       if (wait) wait.remove();
       const idle = document.getElementById("idle-notice");
       if (idle) idle.remove();  // an ended job holds nothing: no longer idle
+      const costLabel = document.getElementById("metrics-cost-label");
+      if (costLabel) costLabel.textContent = "final cost";
       document.body.dispatchEvent(new Event("job-ended"));
     }
   }
@@ -97,6 +99,9 @@
     document.getElementById("meter-note").textContent = e.running
       ? "Running: " + e.gpus + " device" + (e.gpus === 1 ? "" : "s") + " at " + money(e.rate, 2, 4) + " per GPU-hour."
       : "Stopped: compute released.";
+    // The metrics' header: what the job costs, its credit taken off, as the meter ticks.
+    const cost = document.getElementById("metrics-cost-amount");
+    if (cost) cost.textContent = money(Number(e.amount) - Number(e.credit_amount || 0), 4);
     const credit = document.getElementById("meter-credit");
     if (credit && e.credit_seconds > 0) {
       document.getElementById("credit-held").textContent = duration(e.credit_seconds);
