@@ -21,6 +21,10 @@ from django.db.models import Count, Max
 
 from accounts.access import team_of
 from accounts.models import AuditEvent
+from core.compiled import Insert
+
+# An event's INSERT, its SQL made once (a submission records one: core.compiled.Insert).
+INSERT_EVENT = Insert(AuditEvent)
 
 ANONYMOUS = "(anonymous)"  # not a username: Django's allow only letters, digits and @.+-_
 _request = contextvars.ContextVar("audit_request", default=None)
@@ -111,16 +115,18 @@ def record(request, action, obj=None, team=None, label="", via=None, actor=None)
     if team is None:
         team = team_of(user)
     object_type, object_id = object_ref(obj)
-    return AuditEvent.objects.create(
-        user=user,
-        actor=text(user.get_username() if user is not None else (actor or "system"), 150),
-        team=team,
-        action=action,
-        object_type=object_type,
-        object_id=object_id[:100],
-        label=text(label or default_label(obj), 300),
-        via=via or via_of(request),
-        ip=client_ip(request),
+    return INSERT_EVENT(
+        AuditEvent(
+            user=user,
+            actor=text(user.get_username() if user is not None else (actor or "system"), 150),
+            team=team,
+            action=action,
+            object_type=object_type,
+            object_id=object_id[:100],
+            label=text(label or default_label(obj), 300),
+            via=via or via_of(request),
+            ip=client_ip(request),
+        )
     )
 
 
@@ -138,16 +144,18 @@ def append(request, action, obj=None, *, user=None, actor="", team=None, label="
     if user is not None and not user.is_authenticated:
         user = None
     object_type, object_id = ref or object_ref(obj)
-    return AuditEvent.objects.create(
-        user=user,
-        actor=text(user.get_username() if user is not None else (actor or ANONYMOUS), 150),
-        team=team,
-        action=action,
-        object_type=object_type,
-        object_id=text(object_id, 100),
-        label=text(label or default_label(obj), 300),
-        via=via or via_of(request),
-        ip=ip if ip is not None else client_ip(request),
+    return INSERT_EVENT(
+        AuditEvent(
+            user=user,
+            actor=text(user.get_username() if user is not None else (actor or ANONYMOUS), 150),
+            team=team,
+            action=action,
+            object_type=object_type,
+            object_id=text(object_id, 100),
+            label=text(label or default_label(obj), 300),
+            via=via or via_of(request),
+            ip=ip if ip is not None else client_ip(request),
+        )
     )
 
 

@@ -264,14 +264,14 @@ class Insert:
     signals, each value from its field's pre_save and get_db_prep_save) and sets the object's
     fields to the stored values, as refresh_from_db() would.
 
-    What it refuses (TypeError when first used): a field whose value the database makes (an
-    auto-increment key, a db_default, a generated column); a value that is an expression falls
-    back to save(). Where the database cannot return columns from an INSERT (SQLite before
-    3.35), it saves and reads the row back."""
+    An auto-increment key is left to the database, as save() leaves it, and read back with the
+    rest. What it refuses (TypeError when first used): a db_default or a generated column; a
+    value that is an expression falls back to save(). Where the database cannot return columns
+    from an INSERT (SQLite before 3.35), it saves and reads the row back."""
 
     def __init__(self, model):
         self.model = model
-        self._made = {}  # alias -> (sql, fields, compiler, converters)
+        self._made = {}  # alias -> (sql, fields sent, fields returned, compiler, converters)
         self._lock = threading.Lock()
 
     def compiled(self, connection):
@@ -283,16 +283,18 @@ class Insert:
 
     def _compile(self, connection):
         meta = self.model._meta
-        fields = list(meta.local_concrete_fields)
-        for field in fields:
-            if field in meta.db_returning_fields or field.db_default is not NOT_PROVIDED or getattr(field, "generated", False):
-                raise TypeError(f"an Insert sends every column's value; the database makes {meta.label}.{field.name}'s")
+        returned = list(meta.local_concrete_fields)
+        for field in returned:
+            if field.db_default is not NOT_PROVIDED or getattr(field, "generated", False):
+                raise TypeError(f"an Insert sends every column's value but an auto-increment key's; the database makes {meta.label}.{field.name}'s")
+        sent = [field for field in returned if field not in meta.db_returning_fields]
         quote = connection.ops.quote_name
-        returning, _ = connection.ops.return_insert_columns(fields)
-        sql = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) VALUES ({', '.join(['%s'] * len(fields))}) {returning}"
+        returning, _ = connection.ops.return_insert_columns(returned)
+        columns = ", ".join(quote(field.column) for field in sent)
+        sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(sent))}) {returning}"
         compiler = InsertQuery(self.model).get_compiler(connection=connection)
-        columns = [field.get_col(meta.db_table) for field in fields]
-        return sql, fields, compiler, compiler.get_converters(columns)
+        converters = compiler.get_converters([field.get_col(meta.db_table) for field in returned])
+        return sql, sent, returned, compiler, converters
 
     def __call__(self, obj, using=DEFAULT_DB_ALIAS):
         """Inserts obj (a new instance of the model) and sets its fields as stored; obj."""
@@ -301,11 +303,11 @@ class Insert:
             obj.save(force_insert=True, using=using)
             obj.refresh_from_db(using=using)
             return obj
-        sql, fields, compiler, converters = self.compiled(connection)
+        sql, sent, returned, compiler, converters = self.compiled(connection)
         obj._prepare_related_fields_for_save(operation_name="save")
         pre_save.send(sender=self.model, instance=obj, raw=False, using=using, update_fields=None)
         values = []
-        for field in fields:
+        for field in sent:
             value = field.pre_save(obj, add=True)
             if hasattr(value, "resolve_expression"):  # an expression: Django's save compiles it
                 obj.save(force_insert=True, using=using)
@@ -316,7 +318,7 @@ class Insert:
             cursor.execute(sql, values)
             rows = cursor.fetchall()
         [row] = compiler.apply_converters(rows, converters) if converters else rows
-        for field, value in zip(fields, row, strict=True):
+        for field, value in zip(returned, row, strict=True):
             setattr(obj, field.attname, value)
         obj._state.adding, obj._state.db = False, using
         post_save.send(sender=self.model, instance=obj, created=True, update_fields=None, raw=False, using=using)

@@ -196,7 +196,7 @@ def keep_uploads(request_files, data, team, user):
                 continue
             names.add(name)
             key, size, sha256 = storage.save_blob(uploaded)
-            upload = Upload.objects.create(team=team, uploaded_by=user, role=role, name=name, size=size, sha256=sha256, key=key)
+            upload = INSERT_UPLOAD(Upload(team=team, uploaded_by=user, role=role, name=name, size=size, sha256=sha256, key=key))
             created.append(upload)
             kept = KEPT_FIELD[role]
             if role == Upload.CODE:
@@ -219,7 +219,7 @@ def keep_uploads(request_files, data, team, user):
                 continue
             names.add(name)
             key, size, sha256 = storage.save_blob(uploaded)
-            upload = Upload.objects.create(team=team, uploaded_by=user, role=Upload.INPUT, channel=channel, name=name, size=size, sha256=sha256, key=key)
+            upload = INSERT_UPLOAD(Upload(team=team, uploaded_by=user, role=Upload.INPUT, channel=channel, name=name, size=size, sha256=sha256, key=key))
             created.append(upload)
             data.appendlist("kept_inputs", str(upload.pk))
     folder_ref = (data.get(FOLDER_UPLOAD) or "").strip()
@@ -320,6 +320,7 @@ def _as_querydict(mapping):
 
 
 INSERT_JOB = Insert(Job)
+INSERT_UPLOAD = Insert(Upload)
 RATE_TYPES = Read(lambda: Rate.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))  # made once (core.compiled)
 
 

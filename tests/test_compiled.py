@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import BigIntegerField, Count, UUIDField
 from django.db.models.signals import post_save, pre_save
+from django.test.utils import isolate_apps
 
 from core.compiled import Insert, Param, Read
 from jobs.models import Job, JobEvent
@@ -204,9 +205,32 @@ def test_an_insert_sends_saves_signals_and_refuses_unsaved_related_objects(alice
     assert not Job.objects.filter(name="inserted").exists()
 
 
-def test_an_insert_refuses_a_model_whose_database_makes_a_value(alice):
-    with pytest.raises(TypeError, match="the database makes jobs.JobEvent.id"):
-        Insert(JobEvent)(JobEvent(job_id=a_job(alice).pk, seq=1, kind="log"))
+def test_an_insert_leaves_an_auto_increment_key_to_the_database_and_reads_it_back(alice, django_assert_num_queries):
+    from accounts.models import AuditEvent
+
+    insert = Insert(AuditEvent)
+    with django_assert_num_queries(2):
+        first = insert(AuditEvent(user=alice, actor="alice", team=alice.membership.team, action="job.submit", label="a job"))
+        second = insert(AuditEvent(user=alice, actor="alice", team=alice.membership.team, action="job.cancel"))
+    assert isinstance(first.pk, int) and second.pk > first.pk
+    assert values_of(first) == values_of(AuditEvent.objects.get(pk=first.pk))
+
+
+@isolate_apps("jobs")  # a model of the test's own, not left among the app's
+def test_an_insert_refuses_a_model_whose_database_makes_a_columns_value():
+    from django.db import models
+
+    class Defaulted(models.Model):
+        made = models.IntegerField(db_default=7)
+
+        class Meta:
+            app_label = "jobs"
+
+        def __str__(self):
+            return str(self.made)
+
+    with pytest.raises(TypeError, match="the database makes jobs.Defaulted.made's"):
+        Insert(Defaulted)(Defaulted())
 
 
 def test_where_the_database_cannot_return_columns_an_insert_saves_and_reads_back(alice, django_assert_num_queries):
