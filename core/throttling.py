@@ -19,7 +19,14 @@ def count(key, seconds, now):
 
     An increment in the cache, never a read then a write: on Redis, processes counting at the
     same moment keep every one of each other's counts (a read-then-write loses those made in
-    between). Without Redis the cache, and so the count, is each process's own."""
+    between). Without Redis the cache, and so the count, is each process's own. The web tier's
+    Redis cache counts in one round trip (core.cache.SharedRedisCache.count_in_window)."""
+    in_window = getattr(cache, "count_in_window", None)
+    if in_window is not None:
+        counted, opened = in_window(key, seconds)
+        if opened:
+            cache.set(f"{key}:since", now, seconds)
+        return counted
     try:
         counted = cache.incr(key)
     except ValueError:  # no window open: this count opens one, unless another process's did first

@@ -17,10 +17,14 @@ from core.throttling import TokenRateThrottle
 REDIS_CACHE_URL = "redis://127.0.0.1:6379/3"
 
 
-@pytest.fixture
-def redis_cache(settings):
+# Django's Redis cache, and the web tier's (which counts in one round trip).
+BACKENDS = ["django.core.cache.backends.redis.RedisCache", "core.cache.SharedRedisCache"]
+
+
+@pytest.fixture(params=BACKENDS, ids=["django", "shared"])
+def redis_cache(settings, request):
     prefix = f"test-{uuid.uuid4().hex}"  # bin/test's passes run at once: keys of this test only
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_CACHE_URL, "KEY_PREFIX": prefix}}
+    settings.CACHES = {"default": {"BACKEND": request.param, "LOCATION": REDIS_CACHE_URL, "KEY_PREFIX": prefix}}
     yield
     server = redis.Redis.from_url(REDIS_CACHE_URL)
     for key in server.scan_iter(f"{prefix}:*"):
@@ -82,3 +86,25 @@ def test_api_calls_made_at_once_by_several_processes_all_count(redis_cache, sett
     assert not throttle.allow_request(request, None)
     assert 0 < throttle.wait() <= 60
     assert TokenRateThrottle().allow_request(call_with("another-token"), None)
+
+
+def test_the_web_tiers_cache_counts_an_api_call_in_one_round_trip_with_its_window_expiring(settings, monkeypatch):
+    from django.core.cache import cache
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings.CACHES = {"default": {"BACKEND": "core.cache.SharedRedisCache", "LOCATION": REDIS_CACHE_URL, "KEY_PREFIX": prefix}}
+    settings.E31_API_RATE = "5/min"
+    request = call_with("a-token")
+    assert TokenRateThrottle().allow_request(request, None)  # opens the window (and notes when)
+    sent = []
+    real = redis.connection.Connection.send_packed_command
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", lambda self, *a, **k: sent.append(1) or real(self, *a, **k))
+    assert TokenRateThrottle().allow_request(request, None)
+    assert len(sent) == 1  # Django's incr(): EXISTS, then INCRBY
+    server = redis.Redis.from_url(REDIS_CACHE_URL)
+    try:
+        [key] = [k for k in server.scan_iter(f"{prefix}:*") if k.endswith(b":calls")]
+        assert 0 < server.ttl(key) <= 60 and cache.get(key.decode().split(":", 2)[2]) == 2
+    finally:
+        for key in server.scan_iter(f"{prefix}:*"):
+            server.delete(key)
