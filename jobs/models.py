@@ -353,6 +353,11 @@ class Utilization(models.Model):
         return f"utilization of {self.allocation_id}"
 
 
+# A store of at most this many log lines goes as one statement on PostgreSQL
+# (JobEvent._append_in_one_statement); more go by COPY, in a transaction.
+ONE_STATEMENT_LINES = 200
+
+
 class JobEvent(models.Model):
     """A log line, state change, meter tick or notice: stored first, then announced."""
 
@@ -456,6 +461,11 @@ class JobEvent(models.Model):
         table = cls._meta.db_table
         columns = "job_id, seq, at, kind, stream, text, rank"
         rows = [(line[0], line[1], line[2], line[3] if len(line) > 3 else None) for line in lines]
+        if connection.vendor == "postgresql" and len(rows) <= ONE_STATEMENT_LINES:
+            last = cls._append_in_one_statement(job_id, rows)
+            carried = live.carried_lines(last - len(rows) + 1, rows)
+            transaction.on_commit(lambda: live.announce(job_id, last, carried))  # at once, outside a transaction
+            return last
         with transaction.atomic():
             first = cls._reserve(job_id, len(rows))
             with connection.cursor() as cursor:
@@ -476,6 +486,33 @@ class JobEvent(models.Model):
             carried = live.carried_lines(first, rows)
             transaction.on_commit(lambda: live.announce(job_id, last, carried))
         return last
+
+    @classmethod
+    def _append_in_one_statement(cls, job_id, rows):
+        """A store of a few lines on PostgreSQL: the counter's UPDATE and the rows' INSERT as one
+        statement (the lines as arrays, unnested in order), atomic on its own; the last seq.
+        A runner stores each job's lines about ten times a second, a few at a time: in a
+        transaction (BEGIN, the UPDATE, a COPY, COMMIT) that cost four round trips and Django's
+        transaction handling, 1.37 ms of CPU for 10 lines (in-process, with Redis's
+        announcement), a producer's most in bench/stream_load.py."""
+        meta, quote = Job._meta, connection.ops.quote_name
+        counter = quote(meta.get_field("last_seq").column)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH counter AS (UPDATE {quote(meta.db_table)} SET {counter} = {counter} + %s WHERE {quote(meta.pk.column)} = %s RETURNING {counter} AS last) "
+                f"INSERT INTO {quote(cls._meta.db_table)} (job_id, seq, at, kind, stream, text, rank) "
+                "SELECT %s, counter.last - %s + line.n, line.at, 'log', line.stream, line.text, line.rank FROM counter, "
+                "unnest(%s::timestamptz[], %s::varchar[], %s::text[], %s::integer[]) WITH ORDINALITY AS line(at, stream, text, rank, n) "
+                "RETURNING seq",
+                [
+                    len(rows), meta.pk.get_db_prep_value(job_id, connection), meta.pk.get_db_prep_value(job_id, connection), len(rows),
+                    [row[1] for row in rows], [row[0] for row in rows], [row[2] for row in rows], [row[3] for row in rows],
+                ],
+            )  # fmt: skip
+            stored = cursor.fetchall()
+        if not stored:
+            raise Job.DoesNotExist(f"no job {job_id}")
+        return max(seq for (seq,) in stored)
 
     def __str__(self):
         return f"{self.job_id} #{self.seq} {self.kind}"

@@ -276,27 +276,42 @@ def test_carried_lines_after_a_lost_announcement_are_read_from_the_rows(live_mod
 
 
 def test_storing_lines_takes_their_numbers_in_one_statement(alice):
-    """The runner's hot path: one statement takes the sequence numbers (an UPDATE that returns
-    the counter, not an UPDATE then a SELECT) and one stores the rows."""
+    """The runner's hot path. On PostgreSQL a store of a few lines is one statement in all: the
+    counter's UPDATE (which returns it) and the rows' INSERT, no transaction around them (four
+    round trips were: BEGIN, the UPDATE, a COPY, COMMIT). Elsewhere, and for a long store, one
+    statement takes the numbers (an UPDATE that returns the counter, not an UPDATE then a SELECT)
+    and one stores the rows."""
+    from jobs.models import ONE_STATEMENT_LINES
+
     job = make_job(alice)
     first = JobEvent.append_lines(job.pk, [("stdout", timezone.now(), "before")])
     with CaptureQueriesContext(connection) as queries:
-        last = JobEvent.append_lines(job.pk, [("stdout", timezone.now(), text) for text in ("a", "b", "c")])
-    # (PostgreSQL's COPY goes past Django's query log; SQLite's INSERT does not.)
-    statements = [q["sql"] for q in queries.captured_queries if q["sql"].split()[0] not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
-    counter = [sql for sql in statements if 'jobs_job"' in sql]
-    assert len(counter) == 1 and counter[0].startswith("UPDATE") and "RETURNING" in counter[0], statements
-    assert len(statements) == (1 if connection.vendor == "postgresql" else 2), statements
+        last = JobEvent.append_lines(job.pk, [("stdout", timezone.now(), text, rank) for text, rank in (("a", None), ("b 'quoted' \\ ü", 1), ("", 0))])
+    sql = [q["sql"] for q in queries.captured_queries]
+    if connection.vendor == "postgresql":
+        assert len(sql) == 1 and sql[0].startswith("WITH counter AS (UPDATE") and "INSERT INTO" in sql[0], sql
+    else:
+        statements = [q for q in sql if q.split()[0] not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
+        assert len(statements) == 2 and statements[0].startswith("UPDATE") and "RETURNING" in statements[0], statements
     assert last == first + 3
     job.refresh_from_db()
     assert job.last_seq == last
-    assert list(JobEvent.objects.filter(job=job, seq__gt=first).order_by("seq").values_list("seq", "text")) == [
-        (first + 1, "a"),
-        (first + 2, "b"),
-        (first + 3, "c"),
+    assert list(JobEvent.objects.filter(job=job, seq__gt=first).order_by("seq").values_list("seq", "kind", "stream", "text", "rank")) == [
+        (first + 1, "log", "stdout", "a", None),
+        (first + 2, "log", "stdout", "b 'quoted' \\ ü", 1),
+        (first + 3, "log", "stdout", "", 0),
     ]
-    with pytest.raises(type(job).DoesNotExist):
-        JobEvent.append_lines(uuid.uuid4(), [("stdout", timezone.now(), "nobody's")])
+    # A long store: the numbers in one statement, the rows by COPY (past Django's query log).
+    many = [("stderr", timezone.now(), f"line {n}") for n in range(ONE_STATEMENT_LINES + 1)]
+    with CaptureQueriesContext(connection) as queries:
+        end = JobEvent.append_lines(job.pk, many)
+    counter = [q["sql"] for q in queries.captured_queries if 'jobs_job"' in q["sql"]]
+    assert len(counter) == 1 and counter[0].startswith("UPDATE") and "RETURNING" in counter[0], counter
+    assert end == last + len(many) and JobEvent.objects.filter(job=job, seq__gt=last, stream="stderr").count() == len(many)
+    for size in (1, ONE_STATEMENT_LINES + 1):
+        with pytest.raises(type(job).DoesNotExist):
+            JobEvent.append_lines(uuid.uuid4(), [("stdout", timezone.now(), "nobody's")] * size)
+    assert not JobEvent.objects.filter(text="nobody's").exists()
 
 
 @pytest.mark.usefixtures("live_mode")
