@@ -265,9 +265,9 @@ class Insert:
     fields to the stored values, as refresh_from_db() would.
 
     An auto-increment key is left to the database, as save() leaves it, and read back with the
-    rest. What it refuses (TypeError when first used): a db_default or a generated column; a
-    value that is an expression falls back to save(). Where the database cannot return columns
-    from an INSERT (SQLite before 3.35), it saves and reads the row back."""
+    rest. What it refuses (TypeError): a db_default or a generated column (when first used), and
+    a value that is an expression (save() compiles those). Where the database cannot return
+    columns from an INSERT (SQLite before 3.35), it saves and reads the row back."""
 
     def __init__(self, model):
         self.model = model
@@ -309,10 +309,8 @@ class Insert:
         values = []
         for field in sent:
             value = field.pre_save(obj, add=True)
-            if hasattr(value, "resolve_expression"):  # an expression: Django's save compiles it
-                obj.save(force_insert=True, using=using)
-                obj.refresh_from_db(using=using)
-                return obj
+            if hasattr(value, "resolve_expression"):
+                raise TypeError(f"an Insert sends values, not expressions ({self.model._meta.label}.{field.name}): save() compiles those")
             values.append(field.get_db_prep_save(value, connection))
         with connection.cursor() as cursor:
             cursor.execute(sql, values)

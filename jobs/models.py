@@ -497,6 +497,7 @@ class JobEvent(models.Model):
         announcement), a producer's most in bench/stream_load.py."""
         meta, quote = Job._meta, connection.ops.quote_name
         counter = quote(meta.get_field("last_seq").column)
+        job = meta.pk.get_db_prep_value(job_id, connection)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"WITH counter AS (UPDATE {quote(meta.db_table)} SET {counter} = {counter} + %s WHERE {quote(meta.pk.column)} = %s RETURNING {counter} AS last) "
@@ -505,7 +506,7 @@ class JobEvent(models.Model):
                 "unnest(%s::timestamptz[], %s::varchar[], %s::text[], %s::integer[]) WITH ORDINALITY AS line(at, stream, text, rank, n) "
                 "RETURNING seq",
                 [
-                    len(rows), meta.pk.get_db_prep_value(job_id, connection), meta.pk.get_db_prep_value(job_id, connection), len(rows),
+                    len(rows), job, job, len(rows),
                     [row[1] for row in rows], [row[0] for row in rows], [row[2] for row in rows], [row[3] for row in rows],
                 ],
             )  # fmt: skip

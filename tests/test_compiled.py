@@ -233,6 +233,14 @@ def test_an_insert_refuses_a_model_whose_database_makes_a_columns_value():
         Insert(Defaulted)(Defaulted())
 
 
+def test_an_insert_refuses_an_expression_for_save_to_compile(alice):
+    from django.db.models import Value
+
+    with pytest.raises(TypeError, match=r"not expressions \(jobs.Job.name\)"):
+        Insert(Job)(a_job(alice, name=Value("made by the database")))
+    assert not Job.objects.exists()
+
+
 def test_where_the_database_cannot_return_columns_an_insert_saves_and_reads_back(alice, django_assert_num_queries):
     with mock.patch.object(connection.features, "can_return_columns_from_insert", False), django_assert_num_queries(2):
         job = Insert(Job)(a_job(alice))
