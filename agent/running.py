@@ -34,7 +34,7 @@ from agent import checkpoints, jobfiles, sampling, stopping
 from agent.isolation import disk_message, oom_message, sandbox_group, unlinked_open_bytes
 from agent.logcap import LogBudget
 from core.storage import get_storage
-from jobs import states, utilization
+from jobs import live, states, utilization
 from jobs.launch import artifact_name_problem
 from jobs.logs import stored_bytes
 from jobs.models import Artifact, Job, JobEvent, Utilization
@@ -205,6 +205,9 @@ class RunningJob:
         self.exited_monotonic = None
         self.last_tick = 0.0
         self.pending = []  # lines taken from the reader, not yet committed
+        self.pending_metrics = None  # (points, bytes read, rest): points parsed, not yet committed
+        self.tried = set()  # which of the two a store raised for: it may have committed all the same
+        self.stored_seq = allocation.job.last_seq or 0  # at or past the last seq this runner stored
         self.log_budget = None  # what is left of the job's log cap: made by the first pump()
         limit = allocation.limit_seconds
         self.limit_at = allocation.started_at + timedelta(seconds=limit) if limit is not None else None
@@ -233,26 +236,63 @@ class RunningJob:
             batch = self.reader.drain(PUMP_BATCH)
             more = len(batch) == PUMP_BATCH
             self.pending = self.log_budget.take(batch)
-        JobEvent.append_lines(self.job.pk, self.pending)
+        self.store("lines", self.pending, JobEvent.append_lines)
         self.pending = []
         return more
+
+    def store(self, what, events, append):
+        """Store a batch of the job's events with append(job, events), exactly once: a store
+        that raised may have committed (JobEvent.stored_batch), so its retry asks first."""
+        last = None
+        if what in self.tried:
+            last = JobEvent.stored_batch(self.job.pk, self.stored_seq, events)
+            if last is not None:
+                live.announce(self.job.pk, last)  # the try that raised announced nothing
+        if last is None:
+            self.tried.add(what)
+            last = append(self.job.pk, events)
+        self.tried.discard(what)
+        if last is not None:
+            self.stored_seq = max(self.stored_seq, last)
 
     def read_metrics(self, limit=METRICS_READ_BYTES):
         """Store the metric points the job wrote since the last call, and stop the job if a
         point says so (early stopping, a NaN loss). True if there may be more to read."""
         if self.keeper is not None:
             self.keeper.watch = self.watch  # the checkpoint of the best step is never pruned
+        if self.pending_metrics is None:
+            self.pending_metrics = self.parse_metrics(limit)
+            if self.pending_metrics is None:
+                return False
+        points, read, rest = self.pending_metrics
+        # New instances at each try: a failed bulk_create may have given the last ones keys.
+        self.store("metrics", [JobEvent(kind="metric", at=at, data={"step": step, "values": values}) for step, at, values in points], JobEvent.append)
+        # Only now, with the points stored, is the file read this far.
+        self.pending_metrics = None
+        self.metrics_pos += read
+        self.metrics_rest = rest
+        for step, _, values in points:
+            verdict = self.watch.add(step, values)
+            if verdict is not None and self.stop is None:
+                state = states.FAILED if verdict.failed else states.SUCCEEDED
+                self.request_stop(Allocation.EARLY_STOP, state, verdict.message, on_metric=not verdict.failed)
+        return read == limit
+
+    def parse_metrics(self, limit):
+        """The metric points the job wrote since the last store, as (points, bytes read, what
+        is left of a line not yet ended), or None if it wrote nothing. They are kept until they
+        are stored: a store that raised is retried with the same events, times and all."""
         try:
             # Not through a link the job put in any part of the path (its .e31 folder swapped
             # for a link to another job's), only a regular file, never blocking on a pipe.
             fd = jobfiles.open_file(self.dirs.root, self.dirs.metrics.relative_to(self.dirs.root))
         except OSError:
-            return False
+            return None
         with open(fd, "rb") as source:
             source.seek(self.metrics_pos)
             chunk = source.read(limit)
         if not chunk:
-            return False
+            return None
         lines = (self.metrics_rest + chunk).split(b"\n")
         rest = lines.pop()
         if len(rest) > limit:  # a "line" that never ends is not a metric
@@ -270,16 +310,7 @@ class RunningJob:
                     self.job.record("notice", data={"text": "a line of the metrics file is not a metric point; such lines are skipped"})
                 continue
             points.append(point)
-        JobEvent.append(self.job.pk, [JobEvent(kind="metric", at=at, data={"step": step, "values": values}) for step, at, values in points])
-        # Only now, with the points stored, is the file read this far.
-        self.metrics_pos += len(chunk)
-        self.metrics_rest = rest
-        for step, _, values in points:
-            verdict = self.watch.add(step, values)
-            if verdict is not None and self.stop is None:
-                state = states.FAILED if verdict.failed else states.SUCCEEDED
-                self.request_stop(Allocation.EARLY_STOP, state, verdict.message, on_metric=not verdict.failed)
-        return len(chunk) == limit
+        return points, len(chunk), rest
 
     def tick(self, now_monotonic):
         if now_monotonic - self.last_tick >= 1.0:

@@ -488,6 +488,34 @@ class JobEvent(models.Model):
         return last
 
     @classmethod
+    def stored_batch(cls, job_id, after, events):
+        """The last seq of a batch a writer tried to store and saw fail, if it was stored all
+        the same, else None. A store that raised may have committed: the connection lost after
+        the server ran it and before its answer came back (an outage, a restart), and the one
+        statement of a few log lines commits as soon as it runs. Writing the batch again would
+        store every event twice (tests/test_outages.py found a repeated line), so a writer that
+        retries asks here first. A batch is stored whole or not at all, in consecutive seqs:
+        its first event is looked for after the writer's last stored seq, by its kind and time
+        (taken when it was read, to the microsecond) and its content. A rare query, and a range
+        of the job's (job, seq) index.
+
+        events: JobEvent instances, or log lines as append_lines takes them."""
+        if not events:
+            return None
+        first = events[0]
+        if isinstance(first, JobEvent):
+            found = cls.objects.filter(job_id=job_id, seq__gt=after, kind=first.kind, at=first.at)
+            for seq, stream, text, rank, data in found.order_by("seq").values_list("seq", "stream", "text", "rank", "data"):
+                if (stream, text, rank, data) == (first.stream, first.text, first.rank, first.data):
+                    return seq + len(events) - 1
+            return None
+        stream, at, text = first[:3]
+        rank = first[3] if len(first) > 3 else None
+        found = cls.objects.filter(job_id=job_id, seq__gt=after, kind="log", at=at, stream=stream, text=text, rank=rank)
+        seq = found.order_by("seq").values_list("seq", flat=True).first()
+        return None if seq is None else seq + len(events) - 1
+
+    @classmethod
     def _append_in_one_statement(cls, job_id, rows):
         """A store of a few lines on PostgreSQL: the counter's UPDATE and the rows' INSERT as one
         statement (the lines as arrays, unnested in order), atomic on its own; the last seq.

@@ -456,6 +456,70 @@ def test_a_batch_of_lines_the_database_refused_is_written_again(runner, alice, r
     assert [t for _, t in log_lines(job)] == [str(i) for i in range(300)]
 
 
+def lose_the_answer_once(monkeypatch, name, kind="log"):
+    """JobEvent.<name> stores its batch, then raises as if the connection had been cut before
+    the answer came back (an outage): the first time it is given events of the kind."""
+    from django.db import OperationalError
+
+    from jobs.models import JobEvent
+
+    original = getattr(JobEvent, name).__func__
+    lost = []
+
+    def store(cls, job_id, events):
+        last = original(cls, job_id, events)
+        if events and getattr(events[0], "kind", "log") == kind and not lost:
+            lost.append(len(events))
+            raise OperationalError("server closed the connection unexpectedly")
+        return last
+
+    monkeypatch.setattr(JobEvent, name, classmethod(store))
+    return lost
+
+
+def test_a_batch_of_lines_stored_but_whose_answer_was_lost_is_not_stored_twice(runner, alice, rate, monkeypatch):
+    lost = lose_the_answer_once(monkeypatch, "append_lines")
+    job = run_job(runner, make_job(alice, script=b"for i in range(300): print(i)\n"))
+    assert lost and job.state == "succeeded"
+    assert [t for _, t in log_lines(job)] == [str(i) for i in range(300)]
+
+
+def test_metric_points_stored_but_whose_answer_was_lost_are_not_stored_twice(runner, alice, rate, monkeypatch):
+    lost = lose_the_answer_once(monkeypatch, "append", kind="metric")
+    script = b"""
+import json, os
+with open(os.environ["E31_METRICS_FILE"], "a") as out:
+    for step in range(50):
+        out.write(json.dumps({"step": step, "values": {"loss": 1 / (step + 1)}}) + "\\n")
+"""
+    job = run_job(runner, make_job(alice, script=script))
+    assert lost and job.state == "succeeded"
+    steps = [e.data["step"] for e in job.events.filter(kind="metric").order_by("seq")]
+    assert steps == list(range(50))
+
+
+def test_the_same_lines_printed_again_are_stored_again(runner, alice, rate, monkeypatch):
+    """The retry looks for its own batch, not for the same text: a job that prints a line it
+    printed before (after its batch failed) has it stored each time."""
+    from django.db import OperationalError
+
+    from jobs.models import JobEvent
+
+    original = JobEvent.append_lines.__func__
+    failures = []
+
+    def append_lines(cls, job_id, lines):
+        if lines and not failures:
+            failures.append(len(lines))
+            raise OperationalError("database is locked")  # refused: nothing stored
+        return original(cls, job_id, lines)
+
+    monkeypatch.setattr(JobEvent, "append_lines", classmethod(append_lines))
+    job = run_job(runner, make_job(alice, script=b"import time\nfor i in range(6):\n    print('same', flush=True)\n    time.sleep(0.05)\n"))
+    assert failures and job.state == "succeeded"
+    assert [t for _, t in log_lines(job)] == ["same"] * 6
+
+
 def test_the_live_meter_and_the_bill_agree_at_release(runner, alice, rate):
     from billing import meter
 
