@@ -268,6 +268,9 @@ def main():
         args.teams, args.records = SAMPLED + 10, 600
         args.chunk = args.chunk or 3
 
+    from tests.system import stop_on_sigterm
+
+    stop_on_sigterm()  # killed by SIGTERM, it still drops its database (below)
     name = f"e31_bench_{secrets.token_hex(4)}"
     admin(f'CREATE DATABASE "{name}"')
     env = {

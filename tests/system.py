@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -67,11 +68,26 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_on_sigterm():
+    """Take SIGTERM (a CI job's timeout, `kill`) as Ctrl-C in this process: the finally blocks and
+    fixtures' teardowns that stop a LiveSystem's processes and drop its database run, and pytest
+    ends its session as on Ctrl-C. Python's default is to die at once, which left a benchmark's
+    databases and the system's processes behind. Only where SIGTERM's handler is still the
+    default, from the main thread (the only one that may set one)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
 class LiveSystem:
     def __init__(self, database="sqlite", redis=False, devices=2, stop_grace=1.0, env=None, s3=None, seeded=True):
         """seeded: start() copies a database migrated and seeded once in this process (see
         _SEEDS) instead of running migrate, demo and apitoken again; never with S3 storage (the
         seed's files would stay in its bucket)."""
+        stop_on_sigterm()
         self.database = database
         self.seeded = seeded and s3 is None
         self.redis = redis
