@@ -22,12 +22,17 @@ threads serve request after request; its database connection goes back to the po
 request's end as before (request_finished).
 """
 
+import asyncio
 import collections
 from concurrent.futures import ThreadPoolExecutor
 
 import django
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse
+from django.urls import set_script_prefix
 
 
 class RequestThreads:
@@ -73,6 +78,82 @@ class OneHopASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+    def _finish(self, finished):
+        if not finished:
+            signals.request_finished.send(sender=self.__class__)
+
+    async def handle(self, scope, receive, send):
+        """ASGIHandler.handle with one hop to the request's thread, not three: Django sends
+        request_started (its receivers are sync) and closes the response (request_finished) each
+        in a hop of its own, before and after the one that makes the response. Here the thread
+        sends request_started, makes the response and, when its body is in memory (not
+        streamed), closes it, so the database connection goes back before the body is written,
+        not after. A streamed response is closed once sent, as Django does. The rest is
+        Django's: the disconnect watch, and request_finished sent for a request whose client
+        went away (unless its thread sent it already).
+        """
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        # Before request_started, where Django makes it after: it reads the scope and the body only.
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            await signals.request_started.asend(sender=self.__class__, scope=scope)
+            body_file.close()
+            await self.send_response(error_response, send)
+            await sync_to_async(error_response.close)()
+            return
+        finished = []  # the thread appends once it has sent request_finished
+
+        def respond():
+            signals.request_started.send(sender=self.__class__, scope=scope)
+            response = self.get_response(request)
+            response._handler_class = self.__class__
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size
+            if not response.streaming:
+                response.close()
+                finished.append(True)
+            return response
+
+        async def process_request():
+            response = await sync_to_async(respond, thread_sensitive=True)()
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # the client went away while the response was sent
+            return response
+
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), asyncio.create_task(process_request())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        try:
+            response = tasks[1].result()
+        except asyncio.CancelledError:
+            # Queued behind the view if it is still running (the thread is the request's own):
+            # whether the thread closed the response is known only then.
+            await sync_to_async(self._finish, thread_sensitive=True)(finished)
+        else:
+            if not finished:
+                await sync_to_async(response.close)()
+        body_file.close()
 
 
 def application():

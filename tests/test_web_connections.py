@@ -169,6 +169,138 @@ def test_under_daphne_a_request_goes_to_a_thread_once_not_per_middleware_method(
     assert isinstance(asgi.django_asgi_app, handler.OneHopASGIHandler)
 
 
+def _signals_and_hops(app, get_response=None, disconnect=None):
+    """Serve one GET of the login page through app (a OneHopASGIHandler), its view replaced by
+    get_response if given; (the messages sent, the threads request_started and
+    request_finished were sent in, the tasks given to the request's lent thread). disconnect:
+    an Event the client's disconnect waits for (else it stays until answered)."""
+    from django.core.signals import request_finished, request_started
+
+    from e31web.handler import RequestThreads
+
+    if get_response is not None:
+        app.get_response = get_response
+    sent, received, started, finished, given = [], [], [], [], []
+    lend = RequestThreads.lend
+
+    def counted_lend(threads):
+        executor = lend(threads)
+        submit = executor.submit
+
+        def counted(*args, **kwargs):
+            given.append(args[0])
+            return submit(*args, **kwargs)
+
+        executor.submit = counted
+        return executor
+
+    async def receive():
+        if received:
+            if disconnect is None:
+                await asyncio.Event().wait()
+            await asyncio.get_running_loop().run_in_executor(None, disconnect.wait, 30)
+            return {"type": "http.disconnect"}
+        received.append(True)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    def on_started(**kwargs):
+        started.append(threading.current_thread())
+
+    def on_finished(**kwargs):
+        finished.append(threading.current_thread())
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/accounts/login/",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+        "server": ("testserver", 80),
+    }
+    request_started.connect(on_started)
+    request_finished.connect(on_finished)
+    RequestThreads.lend = counted_lend
+    try:
+        with ThreadPoolExecutor(1) as thread:
+            thread.submit(async_to_sync(app), scope, receive, send).result()
+    finally:
+        RequestThreads.lend = lend
+        request_started.disconnect(on_started)
+        request_finished.disconnect(on_finished)
+    return sent, started, finished, given
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_daphne_a_request_goes_to_its_thread_once_in_all():
+    """Django's handler sends request_started (sync receivers) and closes the response
+    (request_finished) each in a hop to the thread of its own, besides the one that makes the
+    response: three, where one does (e31web.handler.OneHopASGIHandler.handle)."""
+    from e31web.handler import OneHopASGIHandler
+
+    sent, started, finished, given = _signals_and_hops(OneHopASGIHandler())
+    assert sent[0]["status"] == 200 and b"<form" in b"".join(m.get("body", b"") for m in sent[1:])
+    # One hop, and the lent thread's own return to the kept ones (RequestThreads.give_back).
+    assert len(given) == 2, given
+    assert len(started) == len(finished) == 1 and started == finished and started[0] is not threading.current_thread()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_streamed_answer_is_closed_once_it_is_sent():
+    from django.http import StreamingHttpResponse
+
+    from e31web.handler import OneHopASGIHandler
+
+    order = []
+
+    async def chunks():
+        order.append("first chunk")
+        yield b"a"
+        order.append("second chunk")
+        yield b"b"
+
+    def get_response(request):
+        return StreamingHttpResponse(chunks())
+
+    app = OneHopASGIHandler()
+    from django.core.signals import request_finished
+
+    def closed(**kwargs):
+        order.append("closed")
+
+    request_finished.connect(closed)
+    try:
+        sent, started, finished, _ = _signals_and_hops(app, get_response)
+    finally:
+        request_finished.disconnect(closed)
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"ab"
+    assert order == ["first chunk", "second chunk", "closed"] and len(started) == len(finished) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_whose_client_left_while_its_view_ran_is_finished_once():
+    """The client goes away while the view runs: request_finished is sent once, once the view
+    has returned (the thread closes its response), not a second time by the handler."""
+    from django.http import HttpResponse as Response
+
+    from e31web.handler import OneHopASGIHandler
+
+    left, view_returned = threading.Event(), []
+
+    def get_response(request):
+        left.set()  # the client leaves now
+        time.sleep(0.3)  # the view is still running when the handler hears of it
+        view_returned.append(True)
+        return Response("late")
+
+    app = OneHopASGIHandler()
+    sent, started, finished, _ = _signals_and_hops(app, get_response, disconnect=left)
+    assert view_returned and len(started) == 1
+    assert _eventually(lambda: len(finished) >= 1) and (time.sleep(0.2) or len(finished) == 1), finished
+
+
 def _eventually(check, seconds=10):
     end = time.monotonic() + seconds
     while not check():
