@@ -76,6 +76,36 @@ def test_a_request_that_waited_too_long_gets_a_503_to_retry_and_never_reaches_th
     assert app.served == 1 and app.scopes == ["http"]
 
 
+def test_a_free_turn_is_taken_at_once_and_only_a_request_that_waits_is_timed(monkeypatch):
+    """asyncio.wait_for makes a task and a timer for every call: a request that finds a free turn
+    (most, where the worker keeps up) needs neither."""
+    from e31web import admission
+
+    timed = []
+    wait_for = asyncio.wait_for
+
+    def counted(awaitable, timeout):
+        timed.append(timeout)
+        return wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(admission.asyncio, "wait_for", counted)
+    app = App(hold=0.01)
+    admitted = Admission(app, limit=2, wait_seconds=30)
+
+    async def one_by_one():
+        for _ in range(5):
+            await request(admitted)
+
+    asyncio.run(one_by_one())
+    assert app.served == 5 and timed == []
+
+    async def burst():
+        return await asyncio.gather(*(request(admitted) for _ in range(6)))
+
+    asyncio.run(burst())
+    assert app.served == 11 and app.most == 2 and len(timed) == 4  # the four that found no turn free
+
+
 def test_websockets_are_not_held_at_the_door():
     app = App(hold=0.05)
     admitted = Admission(app, limit=1, wait_seconds=0.01)
