@@ -520,6 +520,25 @@ def test_the_same_lines_printed_again_are_stored_again(runner, alice, rate, monk
     assert [t for _, t in log_lines(job)] == ["same"] * 6
 
 
+def test_a_torchrun_workers_line_written_in_pieces_is_stored_whole_with_its_rank(runner, alice, rate):
+    """torchrun copies each worker's output a line at a time, and copied the start of a line
+    written in pieces (print's arguments under `python -u`) before its end, glued to the other
+    worker's (agent.running.RankedLines; tests/test_ranked_lines.py)."""
+    script = b"""
+import os, sys, time
+rank = int(os.environ["RANK"])
+time.sleep(0.3 * rank)
+sys.stdout.write(f"rank {rank} says")
+sys.stdout.flush()
+time.sleep(1.5)  # torchrun's copy takes the start of the line meanwhile
+print(" hello", flush=True)
+"""
+    job = run_job(runner, make_job(alice, script=script, gpus=2, processes=2), timeout=120)
+    assert job.state == "succeeded", (job.reason, log_lines(job))
+    ranked = {(rank, text) for rank, text in job.events.filter(kind="log", stream="stdout").values_list("rank", "text") if "says" in text}
+    assert ranked == {(0, "rank 0 says hello"), (1, "rank 1 says hello")}
+
+
 def test_the_live_meter_and_the_bill_agree_at_release(runner, alice, rate):
     from billing import meter
 
