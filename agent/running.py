@@ -13,7 +13,6 @@ lines still pending, the metric watch, its sandbox): split, each part would need
 """
 
 import io
-import itertools
 import json
 import logging
 import os
@@ -57,50 +56,7 @@ METRICS_READ_BYTES = 1 << 20
 MAX_METRIC_VALUES = 50
 MAX_METRIC_NAME = 100
 
-RANK_MARK = re.compile(r"\[rank(\d+)\]:")
-
-
-class RankedLines:
-    """A torchrun stream's lines as each worker printed them: [(rank, text)], the marks off.
-
-    torchrun copies each worker's output from a file, a line at a time, marked "[rankN]:". A
-    worker's line written in pieces (print's arguments under `python -u`, a progress bar) may be
-    copied before its end: the piece goes out marked and without its end of line, and the rest
-    comes later, marked again, after whatever other workers printed meanwhile. One line of the
-    stream then reads "[rank0]:sum[rank1]:sum[rank0]: 3\n": rank 0's "sum 3" and the start of
-    rank 1's. Here each worker's pieces wait until its line ends. A mark right after another
-    (nothing copied between them) is the worker's own text: torchrun never copies an empty
-    piece. A line without a mark (torchrun's own) is taken whole."""
-
-    def __init__(self, limit):
-        self.limit = limit  # a line's most characters: a longer start goes out as a line of its own
-        self.started = {}  # rank: the start of its line, copied without its end
-
-    def feed(self, text):
-        """The lines of workers that a line of the stream ends: [(rank, text)]."""
-        marks = list(RANK_MARK.finditer(text))
-        if not marks or marks[0].start() != 0:
-            return [(None, text)]
-        pieces = []  # [rank, where its text starts, where its mark starts]
-        for mark in marks:
-            if pieces and mark.start() == pieces[-1][1]:
-                continue  # right after a mark: the worker's own text
-            pieces.append((int(mark.group(1)), mark.end(), mark.start()))
-        lines = []
-        for (rank, begin, _), following in itertools.pairwise(pieces):
-            started = self.started.get(rank, "") + text[begin : following[2]]
-            if len(started) >= self.limit:  # split, never held without end, as the reader splits a long line
-                lines.append((rank, started))
-                started = ""
-            self.started[rank] = started
-        rank, begin, _ = pieces[-1]
-        lines.append((rank, self.started.pop(rank, "") + text[begin:]))
-        return lines
-
-    def rest(self):
-        """The starts of lines that never ended (the stream closed), each as a line."""
-        lines, self.started = [(rank, text) for rank, text in sorted(self.started.items()) if text], {}
-        return lines
+RANKED_LINE = re.compile(r"^\[rank(\d{1,9})\]:")  # torchrun's mark: a rank, not a number to overflow a column
 
 
 class OutputReader:
@@ -122,19 +78,15 @@ class OutputReader:
             thread.start()
 
     def _read(self, pipe, stream, max_line_bytes):
-        ranked = RankedLines(max_line_bytes) if self.ranked else None
         try:
             # A line longer than max_line_bytes comes through as several lines: split, never dropped.
             for raw in iter(lambda: pipe.readline(max_line_bytes), b""):
                 # NUL cannot be stored in a PostgreSQL text column: shown as U+FFFD, like bad UTF-8.
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n").replace("\x00", "\ufffd")
-                if ranked is None:
-                    self.lines.put((stream, timezone.now(), text, None))
-                    continue
-                for rank, line in ranked.feed(text):
-                    self.lines.put((stream, timezone.now(), line, rank))
-            for rank, line in ranked.rest() if ranked is not None else ():
-                self.lines.put((stream, timezone.now(), line, rank))
+                rank = None
+                if self.ranked and (mark := RANKED_LINE.match(text)):
+                    rank, text = int(mark.group(1)), text[mark.end() :]
+                self.lines.put((stream, timezone.now(), text, rank))
         finally:
             pipe.close()
             if self.wake is not None:

@@ -410,7 +410,7 @@ def command_for(entrypoint, args, python=sys.executable, processes=1, gang=None,
         raise ValueError(f"cannot run entrypoint {entrypoint!r}: expected a .py or .sh file, or a built-in recipe")
     if not uses_torchrun(processes, gang):
         return target
-    command = [python, "-u", "-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--max-restarts=0", "--tee=3"]
+    command = [python, "-u", "-c", TORCHRUN_SHIM, f"--nproc-per-node={processes}", "--max-restarts=0", "--tee=3"]
     if log_dir is not None:
         command.append(f"--log-dir={log_dir}")
     if gang is None:
@@ -428,6 +428,51 @@ def command_for(entrypoint, args, python=sys.executable, processes=1, gang=None,
         command = [python, "-S", "-c", GANG_SHIM, str(gang.rank), *command]
     return command
 
+
+# torchrun copies each worker's output from a file to its own, a line at a time, marked with the
+# worker's rank (--tee). Its copy (tail_logfile) takes what readline() gives, and at the file's end
+# that is a line's start: a worker writing a line in pieces (print's arguments under python -u, as
+# every job runs) had its start copied as a line of its own, and the rest as another, with other
+# workers' lines between (CI stored a job's "sum 3 interfaces 1" as " 3 interfaces 1"). This runs
+# torchrun with a copy that holds a line's start until its end is written, the worker is done, or
+# the start reaches TAIL_HOLD characters. A torch whose copy is not the function this expects
+# (its parameters) runs torchrun as it is. torchrun runs as `python -m torch.distributed.run`.
+TAIL_HOLD = 1 << 16
+TORCHRUN_SHIM = f"""
+import os, runpy, time
+try:
+    import inspect
+    from torch.distributed.elastic.multiprocessing import tail_log
+    expected = ["header", "file", "dst", "finished", "interval_sec", "log_line_filter"]
+    if list(inspect.signature(tail_log.tail_logfile).parameters) == expected:
+        def tail_logfile(header, file, dst, finished, interval_sec, log_line_filter=None):
+            while not os.path.exists(file):
+                if finished.is_set():
+                    return
+                time.sleep(interval_sec)
+            start = ""
+            with open(file, errors="replace") as source:
+                while True:
+                    line, done = source.readline(), False
+                    if line:
+                        line, start = start + line, ""
+                        if not line.endswith("\\n") and len(line) < {TAIL_HOLD}:
+                            start = line
+                            continue
+                    elif finished.is_set():
+                        line, start, done = start, "", True
+                    else:
+                        time.sleep(interval_sec)
+                        continue
+                    if line and (log_line_filter is None or log_line_filter(line)):
+                        dst.write(header + line + ("" if line.endswith("\\n") else "\\n"))
+                    if done:
+                        break
+        tail_log.tail_logfile = tail_logfile
+except Exception:
+    pass
+runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+"""
 
 # torchrun starts each worker in a session of its own, out of reach of the signals sent to the
 # job's process group: each one asks the kernel to kill it when torchrun dies (SIGKILLed at the

@@ -522,21 +522,31 @@ def test_the_same_lines_printed_again_are_stored_again(runner, alice, rate, monk
 
 def test_a_torchrun_workers_line_written_in_pieces_is_stored_whole_with_its_rank(runner, alice, rate):
     """torchrun copies each worker's output a line at a time, and copied the start of a line
-    written in pieces (print's arguments under `python -u`) before its end, glued to the other
-    worker's (agent.running.RankedLines; tests/test_ranked_lines.py)."""
+    written in pieces (print's arguments under `python -u`) as a line of its own, glued to the
+    other worker's (jobs.launch.TORCHRUN_SHIM). What a worker prints that looks like torchrun's
+    mark stays its own text: a log format's "[rank0]:", a rank no column holds."""
     script = b"""
 import os, sys, time
 rank = int(os.environ["RANK"])
 time.sleep(0.3 * rank)
 sys.stdout.write(f"rank {rank} says")
 sys.stdout.flush()
-time.sleep(1.5)  # torchrun's copy takes the start of the line meanwhile
+time.sleep(1.5)  # torchrun's copy reaches the end of the file meanwhile
 print(" hello", flush=True)
+print(f"12:00:00 [rank{rank % 1}]: step 0", flush=True)
+print("a[rank99999999999999999999]:x", flush=True)
+sys.stdout.write("no end of line")
 """
     job = run_job(runner, make_job(alice, script=script, gpus=2, processes=2), timeout=120)
     assert job.state == "succeeded", (job.reason, log_lines(job))
-    ranked = {(rank, text) for rank, text in job.events.filter(kind="log", stream="stdout").values_list("rank", "text") if "says" in text}
-    assert ranked == {(0, "rank 0 says hello"), (1, "rank 1 says hello")}
+    stored = list(job.events.filter(kind="log", stream="stdout").order_by("seq").values_list("rank", "text"))
+    for rank in (0, 1):
+        assert [text for r, text in stored if r == rank] == [
+            f"rank {rank} says hello",
+            "12:00:00 [rank0]: step 0",
+            "a[rank99999999999999999999]:x",
+            "no end of line",
+        ]
 
 
 def test_the_live_meter_and_the_bill_agree_at_release(runner, alice, rate):
