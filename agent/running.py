@@ -206,7 +206,7 @@ class RunningJob:
         self.last_tick = 0.0
         self.pending = []  # lines taken from the reader, not yet committed
         self.pending_metrics = None  # (points, bytes read, rest): points parsed, not yet committed
-        self.tried = set()  # which of the two a store raised for: it may have committed all the same
+        self.tried = {}  # lines or metrics: the last seq stored when its store raised (it may have committed all the same)
         self.stored_seq = allocation.job.last_seq or 0  # at or past the last seq this runner stored
         self.log_budget = None  # what is left of the job's log cap: made by the first pump()
         limit = allocation.limit_seconds
@@ -245,13 +245,15 @@ class RunningJob:
         that raised may have committed (JobEvent.stored_batch), so its retry asks first."""
         last = None
         if what in self.tried:
-            last = JobEvent.stored_batch(self.job.pk, self.stored_seq, events)
+            # Looked for after what was stored when it first raised: lines stored since (the other
+            # kind's store runs between tries) may have come after it.
+            last = JobEvent.stored_batch(self.job.pk, self.tried[what], events)
             if last is not None:
                 live.announce(self.job.pk, last)  # the try that raised announced nothing
         if last is None:
-            self.tried.add(what)
+            self.tried.setdefault(what, self.stored_seq)
             last = append(self.job.pk, events)
-        self.tried.discard(what)
+        self.tried.pop(what, None)
         if last is not None:
             self.stored_seq = max(self.stored_seq, last)
 

@@ -6,6 +6,7 @@ Over 500 lines because a job's record is one table read by every part of the net
 and the few methods over them (the meter's view, the states' checks) stay together.
 """
 
+import math
 import uuid
 from decimal import Decimal
 
@@ -502,17 +503,22 @@ class JobEvent(models.Model):
         events: JobEvent instances, or log lines as append_lines takes them."""
         if not events:
             return None
-        first = events[0]
-        if isinstance(first, JobEvent):
-            found = cls.objects.filter(job_id=job_id, seq__gt=after, kind=first.kind, at=first.at)
-            for seq, stream, text, rank, data in found.order_by("seq").values_list("seq", "stream", "text", "rank", "data"):
-                if (stream, text, rank, data) == (first.stream, first.text, first.rank, first.data):
-                    return seq + len(events) - 1
-            return None
-        stream, at, text = first[:3]
-        rank = first[3] if len(first) > 3 else None
-        found = cls.objects.filter(job_id=job_id, seq__gt=after, kind="log", at=at, stream=stream, text=text, rank=rank)
-        seq = found.order_by("seq").values_list("seq", flat=True).first()
+        with transaction.atomic():
+            # The job's row first, as a store takes it: a store still running for a connection
+            # that was cut (waiting for the row) commits or fails before this reads.
+            if not Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True):
+                return None
+            first = events[0]
+            if isinstance(first, JobEvent):
+                found = cls.objects.filter(job_id=job_id, seq__gt=after, kind=first.kind, at=first.at)
+                for seq, stream, text, rank, data in found.order_by("seq").values_list("seq", "stream", "text", "rank", "data"):
+                    if (stream, text, rank) == (first.stream, first.text, first.rank) and same_json(data, first.data):
+                        return seq + len(events) - 1
+                return None
+            stream, at, text = first[:3]
+            rank = first[3] if len(first) > 3 else None
+            found = cls.objects.filter(job_id=job_id, seq__gt=after, kind="log", at=at, stream=stream, text=text, rank=rank)
+            seq = found.order_by("seq").values_list("seq", flat=True).first()
         return None if seq is None else seq + len(events) - 1
 
     @classmethod
@@ -545,6 +551,21 @@ class JobEvent(models.Model):
 
     def __str__(self):
         return f"{self.job_id} #{self.seq} {self.kind}"
+
+
+def same_json(stored, sent):
+    """Whether JSON read back equals what was sent, as far as JSON keeps it: numbers compare as
+    numbers (PostgreSQL's jsonb gives 3.14e18 back as the integer 3140000000000000000, which a
+    float of that value does not equal exactly)."""
+    if isinstance(sent, dict):
+        return isinstance(stored, dict) and stored.keys() == sent.keys() and all(same_json(stored[k], v) for k, v in sent.items())
+    if isinstance(sent, (list, tuple)):
+        return isinstance(stored, (list, tuple)) and len(stored) == len(sent) and all(map(same_json, stored, sent))
+    if isinstance(sent, bool) or isinstance(stored, bool):
+        return stored is sent
+    if isinstance(sent, float) and isinstance(stored, (int, float)):
+        return math.isclose(stored, sent, rel_tol=1e-12) or stored == sent
+    return stored == sent
 
 
 def event_message(seq, kind, at, stream, text, data, rank=None):

@@ -456,9 +456,10 @@ def test_a_batch_of_lines_the_database_refused_is_written_again(runner, alice, r
     assert [t for _, t in log_lines(job)] == [str(i) for i in range(300)]
 
 
-def lose_the_answer_once(monkeypatch, name, kind="log"):
+def lose_the_answer_once(monkeypatch, name, kind="log", pause=0.0):
     """JobEvent.<name> stores its batch, then raises as if the connection had been cut before
-    the answer came back (an outage): the first time it is given events of the kind."""
+    the answer came back (an outage): the first time it is given events of the kind, after
+    `pause` seconds."""
     from django.db import OperationalError
 
     from jobs.models import JobEvent
@@ -470,6 +471,7 @@ def lose_the_answer_once(monkeypatch, name, kind="log"):
         last = original(cls, job_id, events)
         if events and getattr(events[0], "kind", "log") == kind and not lost:
             lost.append(len(events))
+            time.sleep(pause)
             raise OperationalError("server closed the connection unexpectedly")
         return last
 
@@ -485,17 +487,87 @@ def test_a_batch_of_lines_stored_but_whose_answer_was_lost_is_not_stored_twice(r
 
 
 def test_metric_points_stored_but_whose_answer_was_lost_are_not_stored_twice(runner, alice, rate, monkeypatch):
-    lost = lose_the_answer_once(monkeypatch, "append", kind="metric")
+    # Lines printed while the points' store hangs: the next step stores them before it tries the
+    # points again, and the points are looked for after what was stored when their store raised,
+    # not after those lines (a review found them stored twice).
+    lost = lose_the_answer_once(monkeypatch, "append", kind="metric", pause=1.0)
     script = b"""
-import json, os
+import json, os, time
 with open(os.environ["E31_METRICS_FILE"], "a") as out:
     for step in range(50):
-        out.write(json.dumps({"step": step, "values": {"loss": 1 / (step + 1)}}) + "\\n")
+        out.write(json.dumps({"step": step, "values": {"loss": 1 / (step + 1), "flops": 3.14e18 * (step + 1)}}) + "\\n")
+time.sleep(0.5)
+for i in range(20):
+    print("line", i, flush=True)
+time.sleep(1)
 """
     job = run_job(runner, make_job(alice, script=script))
     assert lost and job.state == "succeeded"
     steps = [e.data["step"] for e in job.events.filter(kind="metric").order_by("seq")]
     assert steps == list(range(50))
+    assert [t for _, t in log_lines(job)] == [f"line {i}" for i in range(20)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lookup_waits_for_a_store_that_holds_the_jobs_row(alice):
+    """A store still running for a connection that was cut holds the job's row (its counter)
+    until it commits: the retry's lookup takes the row first, so it reads after that commit, not
+    before it and then stores the batch a second time."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from jobs.models import Job, JobEvent
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has one writer at a time: no store runs beside a lookup")
+    job = make_job(alice)
+    at = timezone.now()
+    holding, release, found = threading.Event(), threading.Event(), []
+
+    def orphan_store():  # the cut connection's store: it holds the row, then commits
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=job.pk)
+                holding.set()
+                release.wait(10)
+                JobEvent.append_lines(job.pk, [("stdout", at, "once")])
+        finally:
+            connection.close()
+
+    def lookup():
+        try:
+            found.append(JobEvent.stored_batch(job.pk, 0, [("stdout", at, "once")]))
+        finally:
+            connection.close()
+
+    store = threading.Thread(target=orphan_store)
+    store.start()
+    assert holding.wait(10)
+    looking = threading.Thread(target=lookup)
+    looking.start()
+    looking.join(0.5)
+    assert looking.is_alive() and not found  # waiting for the row
+    release.set()
+    store.join(10)
+    looking.join(10)
+    assert found and found[0] is not None
+
+
+def test_a_batch_is_found_as_stored_whatever_json_makes_of_its_numbers(alice):
+    """PostgreSQL's jsonb gives a float such as 3.14e18 back as an integer, which the float does
+    not equal exactly: the lookup compares numbers as numbers (jobs.models.same_json)."""
+    from jobs.models import JobEvent, same_json
+
+    job = make_job(alice)
+    at = timezone.now()
+    data = {"step": 3, "values": {"flops": 3.14e18, "perplexity": 1.14e26, "loss": 0.5}}
+    last = JobEvent.append(job.pk, [JobEvent(kind="metric", at=at, data=data)])
+    assert JobEvent.stored_batch(job.pk, 0, [JobEvent(kind="metric", at=at, data=data)]) == last
+    assert JobEvent.stored_batch(job.pk, last, [JobEvent(kind="metric", at=at, data=data)]) is None  # after it: not there
+    other = {"step": 3, "values": {"flops": 3.15e18, "perplexity": 1.14e26, "loss": 0.5}}
+    assert JobEvent.stored_batch(job.pk, 0, [JobEvent(kind="metric", at=at, data=other)]) is None
+    assert same_json(3140000000000000000, 3.14e18) and not same_json(True, 1.0) and not same_json({"a": 1}, {"a": 1, "b": 2})
 
 
 def test_the_same_lines_printed_again_are_stored_again(runner, alice, rate, monkeypatch):
