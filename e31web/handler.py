@@ -107,6 +107,7 @@ class OneHopASGIHandler(ASGIHandler):
             await sync_to_async(error_response.close)()
             return
         finished = []  # the thread appends once it has sent request_finished
+        failed = []  # what closing the response raised: raised once it is sent, as Django does
 
         def respond():
             signals.request_started.send(sender=self.__class__, scope=scope)
@@ -115,7 +116,10 @@ class OneHopASGIHandler(ASGIHandler):
             if isinstance(response, FileResponse):
                 response.block_size = self.chunk_size
             if not response.streaming:
-                response.close()
+                try:
+                    response.close()
+                except Exception as error:  # noqa: BLE001 - the answer goes out first all the same
+                    failed.append(error)
                 finished.append(True)
             return response
 
@@ -125,6 +129,8 @@ class OneHopASGIHandler(ASGIHandler):
                 await self.send_response(response, send)
             except asyncio.CancelledError:
                 pass  # the client went away while the response was sent
+            if failed:
+                raise failed[0]
             return response
 
         tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), asyncio.create_task(process_request())]

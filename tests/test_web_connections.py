@@ -304,6 +304,45 @@ def test_a_request_whose_client_left_while_its_view_ran_is_finished_once():
     assert len(finished) == 1, finished
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_goes_out_even_when_closing_it_raises():
+    """The handler closes an answer (request_finished) before it is sent: what that raises is
+    raised once the answer is out, as Django's handler, which closes after sending, does."""
+    from django.core.signals import request_finished
+
+    from e31web.handler import OneHopASGIHandler
+
+    sent, received = [], []
+
+    def broken(**kwargs):
+        raise RuntimeError("a receiver of request_finished failed")
+
+    async def receive():
+        if received:  # the client stays until it is answered
+            await asyncio.Event().wait()
+        received.append(True)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/accounts/login/",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+        "server": ("testserver", 80),
+    }
+    request_finished.connect(broken)
+    try:
+        with ThreadPoolExecutor(1) as thread, pytest.raises(RuntimeError, match="receiver of request_finished"):
+            thread.submit(async_to_sync(OneHopASGIHandler()), scope, receive, send).result()
+    finally:
+        request_finished.disconnect(broken)
+    assert sent[0]["status"] == 200 and b"<form" in b"".join(m.get("body", b"") for m in sent[1:])
+
+
 def _eventually(check, seconds=10):
     end = time.monotonic() + seconds
     while not check():
