@@ -76,9 +76,6 @@ class OneHopASGIHandler(ASGIHandler):
         finally:
             self.threads.give_back(executor)
 
-    async def get_response_async(self, request):
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
-
     def _finish(self, finished):
         if not finished:
             signals.request_finished.send(sender=self.__class__)

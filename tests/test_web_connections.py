@@ -115,14 +115,20 @@ def test_under_asgi_no_middleware_sends_the_request_to_a_thread_before_its_view(
     assert adapted == [], adapted
 
 
-def _served(app, path, headers=()):
-    """(status, headers) of a GET of path through an ASGI app, on a thread of its own (a
-    browser test's session-wide loop may be this thread's running loop)."""
-    sent, received = [], []
+def _serve(app, path="/accounts/login/", headers=(), sent=None, disconnect=None):
+    """The messages an ASGI app sends for a GET of path, run on a thread of its own (a browser
+    test's session-wide loop may be this thread's running loop). sent: the list they go into
+    (kept when the app raises); disconnect: an Event the client leaves on (else it stays until
+    it is answered)."""
+    sent = [] if sent is None else sent
+    received = []
 
     async def receive():
-        if received:  # the client stays until it is answered
-            await asyncio.Event().wait()
+        if received:
+            if disconnect is None:
+                await asyncio.Event().wait()
+            await asyncio.get_running_loop().run_in_executor(None, disconnect.wait, 30)
+            return {"type": "http.disconnect"}
         received.append(True)
         return {"type": "http.request", "body": b"", "more_body": False}
 
@@ -132,7 +138,12 @@ def _served(app, path, headers=()):
     scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": [(b"host", b"testserver"), *headers], "server": ("testserver", 80)}
     with ThreadPoolExecutor(1) as thread:
         thread.submit(async_to_sync(app), scope, receive, send).result()
-    start = next(m for m in sent if m["type"] == "http.response.start")
+    return sent
+
+
+def _served(app, path, headers=()):
+    """(status, headers) of a GET of path through an ASGI app."""
+    start = next(m for m in _serve(app, path, headers) if m["type"] == "http.response.start")
     return start["status"], [(k.decode().lower(), v.decode()) for k, v in start["headers"]]
 
 
@@ -180,7 +191,7 @@ def _signals_and_hops(app, get_response=None, disconnect=None):
 
     if get_response is not None:
         app.get_response = get_response
-    sent, received, started, finished, given = [], [], [], [], []
+    started, finished, given = [], [], []
     lend = RequestThreads.lend
 
     def counted_lend(threads):
@@ -194,38 +205,17 @@ def _signals_and_hops(app, get_response=None, disconnect=None):
         executor.submit = counted
         return executor
 
-    async def receive():
-        if received:
-            if disconnect is None:
-                await asyncio.Event().wait()
-            await asyncio.get_running_loop().run_in_executor(None, disconnect.wait, 30)
-            return {"type": "http.disconnect"}
-        received.append(True)
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
     def on_started(**kwargs):
         started.append(threading.current_thread())
 
     def on_finished(**kwargs):
         finished.append(threading.current_thread())
 
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": "/accounts/login/",
-        "query_string": b"",
-        "headers": [(b"host", b"testserver")],
-        "server": ("testserver", 80),
-    }
     request_started.connect(on_started)
     request_finished.connect(on_finished)
     RequestThreads.lend = counted_lend
     try:
-        with ThreadPoolExecutor(1) as thread:
-            thread.submit(async_to_sync(app), scope, receive, send).result()
+        sent = _serve(app, disconnect=disconnect)
     finally:
         RequestThreads.lend = lend
         request_started.disconnect(on_started)
@@ -312,32 +302,15 @@ def test_an_answer_goes_out_even_when_closing_it_raises():
 
     from e31web.handler import OneHopASGIHandler
 
-    sent, received = [], []
+    sent = []
 
     def broken(**kwargs):
         raise RuntimeError("a receiver of request_finished failed")
 
-    async def receive():
-        if received:  # the client stays until it is answered
-            await asyncio.Event().wait()
-        received.append(True)
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": "/accounts/login/",
-        "query_string": b"",
-        "headers": [(b"host", b"testserver")],
-        "server": ("testserver", 80),
-    }
     request_finished.connect(broken)
     try:
-        with ThreadPoolExecutor(1) as thread, pytest.raises(RuntimeError, match="receiver of request_finished"):
-            thread.submit(async_to_sync(OneHopASGIHandler()), scope, receive, send).result()
+        with pytest.raises(RuntimeError, match="receiver of request_finished"):
+            _serve(OneHopASGIHandler(), sent=sent)
     finally:
         request_finished.disconnect(broken)
     assert sent[0]["status"] == 200 and b"<form" in b"".join(m.get("body", b"") for m in sent[1:])
