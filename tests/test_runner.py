@@ -621,6 +621,26 @@ sys.stdout.write("no end of line")
         ]
 
 
+@pytest.mark.nodb
+def test_a_long_lines_rest_that_looks_like_torchruns_mark_is_text_not_a_rank():
+    """The reader splits a line longer than its limit; the rest starts a line of its own, and a
+    job can make it start with "[rank<20 digits>]:". Read as a rank, no column held it: the line
+    could never be stored, and the job never ended (the review of this stop's changes)."""
+    import subprocess
+    import sys
+
+    from agent.running import OutputReader
+
+    fake = "[rank99999999999999999999]:x"
+    line = "[rank0]:" + "a" * 20 + fake  # torchrun's mark, then the job's own text: 28 characters each
+    process = subprocess.Popen([sys.executable, "-c", f"print({line!r})"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader = OutputReader(process, max_line_bytes=len(fake), ranked=True)
+    process.wait(30)
+    reader.join(30)
+    lines = [(text, rank) for _, _, text, rank in reader.drain(10)]
+    assert lines == [("a" * 20, 0), (fake, None), ("", None)]  # the last: the line's end alone
+
+
 def test_the_live_meter_and_the_bill_agree_at_release(runner, alice, rate):
     from billing import meter
 
